@@ -1,0 +1,171 @@
+//! The functions `treeclone._native` exports; `treeclone.tree_util` wraps them.
+
+use crate::flatten::{flatten, Options};
+use crate::registry;
+use crate::treedef::PyTreeDef;
+use crate::{keysort, registry::compat};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+fn make_treedef(
+    py: Python<'_>,
+    nodes: Vec<crate::treedef::Node>,
+) -> PyResult<Bound<'_, PyTreeDef>> {
+    Bound::new(py, PyTreeDef::new(nodes))
+}
+
+/// `(leaves, treedef)` of `tree`, as `jax.tree_util.tree_flatten`.
+#[pyfunction(name = "flatten")]
+#[pyo3(signature = (tree, is_leaf=None))]
+pub fn py_flatten<'py>(
+    tree: &Bound<'py, PyAny>,
+    is_leaf: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyTreeDef>)> {
+    let py = tree.py();
+    let out = flatten(tree, &Options::plain(is_leaf))?;
+    Ok((PyList::new(py, out.leaves)?, make_treedef(py, out.nodes)?))
+}
+
+/// The leaves of `tree`.
+#[pyfunction]
+#[pyo3(signature = (tree, is_leaf=None))]
+pub fn leaves<'py>(
+    tree: &Bound<'py, PyAny>,
+    is_leaf: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(tree.py(), flatten(tree, &Options::plain(is_leaf))?.leaves)
+}
+
+/// The treedef of `tree`.
+#[pyfunction]
+#[pyo3(signature = (tree, is_leaf=None))]
+pub fn structure<'py>(
+    tree: &Bound<'py, PyAny>,
+    is_leaf: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTreeDef>> {
+    make_treedef(tree.py(), flatten(tree, &Options::plain(is_leaf))?.nodes)
+}
+
+/// `([(key_path, leaf), ...], treedef)`, as `jax.tree_util.tree_flatten_with_path`.
+#[pyfunction]
+#[pyo3(signature = (tree, is_leaf=None, is_leaf_takes_path=false))]
+pub fn flatten_with_path<'py>(
+    tree: &Bound<'py, PyAny>,
+    is_leaf: Option<Bound<'py, PyAny>>,
+    is_leaf_takes_path: bool,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyTreeDef>)> {
+    let py = tree.py();
+    let opts = Options {
+        is_leaf: is_leaf.filter(|f| !f.is_none()),
+        is_leaf_takes_path,
+        with_paths: true,
+    };
+    let out = flatten(tree, &opts)?;
+    let pairs = out
+        .paths
+        .into_iter()
+        .zip(out.leaves)
+        .map(|(p, l)| PyTuple::new(py, [p.into_any(), l]))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((PyList::new(py, pairs)?, make_treedef(py, out.nodes)?))
+}
+
+/// `treedef.unflatten(leaves)`.
+#[pyfunction]
+pub fn unflatten<'py>(
+    treedef: &Bound<'py, PyTreeDef>,
+    leaves: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    treedef.call_method1("unflatten", (leaves,))
+}
+
+/// `jax.tree_util.tree_map`: `f` over the leaves of `tree` and the matching subtrees of `rest`.
+#[pyfunction]
+#[pyo3(signature = (f, tree, *rest, is_leaf=None))]
+pub fn tree_map<'py>(
+    f: &Bound<'py, PyAny>,
+    tree: &Bound<'py, PyAny>,
+    rest: &Bound<'py, PyTuple>,
+    is_leaf: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = tree.py();
+    let is_leaf = is_leaf.filter(|f| !f.is_none());
+    let out = flatten(tree, &Options::plain(is_leaf.clone()))?;
+    let treedef = PyTreeDef::new(out.nodes);
+    let mut results: Vec<Py<PyAny>> = Vec::with_capacity(out.leaves.len());
+    if rest.is_empty() {
+        for leaf in &out.leaves {
+            results.push(f.call1((leaf,))?.unbind());
+        }
+    } else {
+        let mut others = Vec::with_capacity(rest.len());
+        for other in rest.iter() {
+            match treedef.flatten_up_to_vec(&other) {
+                Ok(v) => others.push(v),
+                Err(err) => {
+                    let hook = py
+                        .import("treeclone._jax_compat")?
+                        .getattr("prefix_error")?;
+                    let better = hook.call1((
+                        tree,
+                        &other,
+                        is_leaf.as_ref(),
+                        err.value(py),
+                        "tree_map tree",
+                    ))?;
+                    return Err(PyErr::from_value(better));
+                }
+            }
+        }
+        for (i, leaf) in out.leaves.iter().enumerate() {
+            let mut args = Vec::with_capacity(others.len() + 1);
+            args.push(leaf.clone());
+            for o in &others {
+                args.push(o[i].clone());
+            }
+            results.push(f.call1(PyTuple::new(py, args)?)?.unbind());
+        }
+    }
+    treedef.unflatten_vec(py, results)
+}
+
+/// Whether `x` is a leaf (not a registered node, not None, not a container).
+#[pyfunction]
+pub fn is_leaf_object(x: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(matches!(registry::classify(x)?, registry::Kind::Leaf))
+}
+
+/// Forget cached type classifications (called after every registration through treeclone).
+#[pyfunction]
+pub fn invalidate_registry_cache() {
+    registry::invalidate();
+}
+
+/// Forget cached dict key orders.
+#[pyfunction]
+pub fn clear_key_order_cache() {
+    keysort::clear_cache();
+}
+
+/// Make sure the JAX side is importable and readable (raises a clear error if not).
+#[pyfunction]
+pub fn check_jax(py: Python<'_>) -> PyResult<()> {
+    compat(py).map(|_| ())
+}
+
+/// The treedef of a tuple whose children have the given treedefs.
+#[pyfunction]
+pub fn treedef_tuple(py: Python<'_>, treedefs: Vec<PyRef<'_, PyTreeDef>>) -> PyResult<PyTreeDef> {
+    let mut parts = Vec::new();
+    for t in &treedefs {
+        for n in &t.nodes {
+            parts.push((
+                n.kind.clone(),
+                n.arity,
+                n.data.as_ref().map(|d| d.clone_ref(py)),
+            ));
+        }
+    }
+    parts.push((registry::Kind::Tuple, treedefs.len(), None));
+    Ok(PyTreeDef::new(crate::treedef::nodes_from_parts(parts)?))
+}

@@ -1,0 +1,340 @@
+//! Flatten a pytree into its leaves and treedef, iteratively (no native recursion, so any
+//! depth is safe), with JAX's exact order and node semantics.
+
+use crate::keysort;
+use crate::registry::{self, compat, CustomType, Kind};
+use crate::treedef::Node;
+use pyo3::exceptions::{PyRecursionError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use std::collections::HashSet;
+
+/// Beyond this depth a container already on the path is looked for (a cycle); above it the
+/// check is skipped, so ordinary trees pay nothing. A cycle still shows up past this depth.
+const CYCLE_CHECK_DEPTH: usize = 64;
+/// A tree deeper than this is refused with RecursionError rather than exhausting memory
+/// (e.g. a custom node that makes a fresh child node every time it is flattened).
+const MAX_DEPTH: usize = 1_000_000;
+
+pub struct Options<'py> {
+    pub is_leaf: Option<Bound<'py, PyAny>>,
+    /// `is_leaf(path, x)` instead of `is_leaf(x)`.
+    pub is_leaf_takes_path: bool,
+    /// Record each leaf's key path.
+    pub with_paths: bool,
+}
+
+impl<'py> Options<'py> {
+    pub fn plain(is_leaf: Option<Bound<'py, PyAny>>) -> Self {
+        Options {
+            is_leaf: is_leaf.filter(|f| !f.is_none()),
+            is_leaf_takes_path: false,
+            with_paths: false,
+        }
+    }
+}
+
+pub struct Flattened<'py> {
+    pub leaves: Vec<Bound<'py, PyAny>>,
+    pub paths: Vec<Bound<'py, PyTuple>>,
+    pub nodes: Vec<Node>,
+}
+
+struct Frame<'py> {
+    obj: Bound<'py, PyAny>,
+    kind: Kind,
+    data: Option<Py<PyAny>>,
+    arity: usize,
+    remaining: usize,
+    leaves_start: usize,
+    nodes_start: usize,
+    /// Inserted into the cycle-check set (and so to be removed when closed).
+    tracked: bool,
+}
+
+impl Frame<'_> {
+    /// Index of the child being visited.
+    fn current_child(&self) -> usize {
+        self.arity - self.remaining - 1
+    }
+}
+
+/// Call a custom node's flatten function and check its result as JAX does.
+pub fn call_custom_flatten<'py>(
+    obj: &Bound<'py, PyAny>,
+    custom: &CustomType,
+) -> PyResult<(Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>)> {
+    let out = custom.flatten.bind(obj.py()).call1((obj,))?;
+    let pair = match out.cast::<PyTuple>() {
+        Ok(t) if t.len() == 2 => t.clone(),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "The to_iterable function for a custom PyTree node should return a \
+                 (children, aux_data) tuple, got {}",
+                out.repr()?
+            )))
+        }
+    };
+    let children = pair.get_item(0)?;
+    let iter = children.try_iter().map_err(|_| match pair.repr() {
+        Ok(r) => PyValueError::new_err(format!(
+            "The to_iterable function for a custom PyTree node should return a \
+             (children, aux_data) tuple where 'children' is iterable, got {r}"
+        )),
+        Err(e) => e,
+    })?;
+    let children = iter.collect::<PyResult<Vec<_>>>()?;
+    Ok((children, pair.get_item(1)?))
+}
+
+/// Custom node children with their keys, through JAX's own keyed flatten.
+fn custom_flatten_with_keys<'py>(
+    obj: &Bound<'py, PyAny>,
+    children: &mut Vec<Py<PyAny>>,
+    keys: &mut Vec<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let out = compat(py)?
+        .flatten_one_level_with_keys
+        .bind(py)
+        .call1((obj,))?;
+    let (pairs, aux): (Bound<'py, PyAny>, Bound<'py, PyAny>) = out.extract()?;
+    for pair in pairs.try_iter()? {
+        let (key, child): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair?.extract()?;
+        keys.push(key.unbind());
+        children.push(child.unbind());
+    }
+    Ok(aux)
+}
+
+/// Push `obj`'s children (in order) onto `children` and return the node's data.
+fn expand<'py>(
+    obj: &Bound<'py, PyAny>,
+    kind: &Kind,
+    children: &mut Vec<Py<PyAny>>,
+    keys: Option<&mut Vec<Py<PyAny>>>,
+) -> PyResult<Option<Py<PyAny>>> {
+    let py = obj.py();
+    let start = children.len();
+    let data = match kind {
+        Kind::Leaf | Kind::None => None,
+        Kind::Tuple => {
+            // SAFETY: `classify` returned Tuple only for an exact tuple.
+            let t = unsafe { obj.cast_unchecked::<PyTuple>() };
+            children.extend(t.iter_borrowed().map(|x| x.to_owned().unbind()));
+            None
+        }
+        Kind::List => {
+            // SAFETY: `classify` returned List only for an exact list.
+            let l = unsafe { obj.cast_unchecked::<PyList>() };
+            children.extend(l.iter().map(Bound::unbind));
+            None
+        }
+        Kind::Dict => {
+            // SAFETY: `classify` returned Dict only for an exact dict.
+            let d = unsafe { obj.cast_unchecked::<PyDict>() };
+            Some(keysort::sorted_children(py, d, children)?.into_any())
+        }
+        Kind::NamedTuple => {
+            let t = obj.cast::<PyTuple>()?;
+            children.extend(t.iter_borrowed().map(|x| x.to_owned().unbind()));
+            Some(obj.get_type().into_any().unbind())
+        }
+        Kind::Custom(custom) => {
+            if let Some(keys) = keys {
+                let aux = custom_flatten_with_keys(obj, children, keys)?;
+                return Ok(Some(aux.unbind()));
+            }
+            let (kids, aux) = call_custom_flatten(obj, custom)?;
+            children.extend(kids.into_iter().map(Bound::unbind));
+            Some(aux.unbind())
+        }
+    };
+    if let Some(keys) = keys {
+        let n = children.len() - start;
+        for i in 0..n {
+            keys.push(key_entry(py, kind, data.as_ref(), obj, i)?.unbind());
+        }
+    }
+    Ok(data)
+}
+
+/// JAX's key entry for child `i` of a node.
+fn key_entry<'py>(
+    py: Python<'py>,
+    kind: &Kind,
+    data: Option<&Py<PyAny>>,
+    obj: &Bound<'py, PyAny>,
+    i: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let c = compat(py)?;
+    match kind {
+        Kind::Tuple | Kind::List => c.sequence_key.bind(py).call1((i,)),
+        Kind::Dict => {
+            let keys = data.expect("dict keys").bind(py).cast::<PyTuple>()?.clone();
+            c.dict_key.bind(py).call1((keys.get_item(i)?,))
+        }
+        Kind::NamedTuple => {
+            let field = obj.get_type().getattr("_fields")?.get_item(i)?;
+            c.getattr_key.bind(py).call1((field,))
+        }
+        _ => c.flattened_index_key.bind(py).call1((i,)),
+    }
+}
+
+/// Flatten `tree`.
+pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<Flattened<'py>> {
+    let py = tree.py();
+    let mut out = Flattened {
+        leaves: Vec::new(),
+        paths: Vec::new(),
+        nodes: Vec::new(),
+    };
+    let mut frames: Vec<Frame<'py>> = Vec::new();
+    // Children waiting to be visited, each frame's reversed so the next one is on top.
+    let mut pending: Vec<Py<PyAny>> = Vec::new();
+    let mut pending_keys: Vec<Py<PyAny>> = Vec::new();
+    let mut path: Vec<Py<PyAny>> = Vec::new();
+    let mut on_path: HashSet<usize> = HashSet::new();
+    let mut current = tree.clone();
+    loop {
+        let forced_leaf = match &opts.is_leaf {
+            None => false,
+            Some(f) => {
+                let answer = if opts.is_leaf_takes_path {
+                    f.call1((PyTuple::new(py, path.iter())?, &current))?
+                } else {
+                    f.call1((&current,))?
+                };
+                answer.is_truthy()?
+            }
+        };
+        let kind = if forced_leaf {
+            Kind::Leaf
+        } else {
+            registry::classify(&current)?
+        };
+        if let Kind::Leaf = kind {
+            out.nodes.push(Node::leaf());
+            if opts.with_paths {
+                out.paths.push(PyTuple::new(py, path.iter())?);
+            }
+            out.leaves.push(current);
+        } else {
+            let start = pending.len();
+            let data = expand(
+                &current,
+                &kind,
+                &mut pending,
+                opts.with_paths.then_some(&mut pending_keys),
+            )?;
+            let arity = pending.len() - start;
+            if arity == 0 {
+                out.nodes.push(Node {
+                    kind,
+                    arity: 0,
+                    num_leaves: 0,
+                    num_nodes: 1,
+                    data,
+                });
+            } else {
+                pending[start..].reverse();
+                if opts.with_paths {
+                    pending_keys[start..].reverse();
+                }
+                let depth = frames.len();
+                let mut tracked = false;
+                if depth >= CYCLE_CHECK_DEPTH {
+                    if depth >= MAX_DEPTH {
+                        return Err(PyRecursionError::new_err(format!(
+                            "pytree is nested more than {MAX_DEPTH} levels deep"
+                        )));
+                    }
+                    if !on_path.insert(current.as_ptr() as usize) {
+                        return Err(cycle_error(py, &frames, &current)?);
+                    }
+                    tracked = true;
+                }
+                frames.push(Frame {
+                    obj: current,
+                    kind,
+                    data,
+                    arity,
+                    remaining: arity,
+                    leaves_start: out.leaves.len(),
+                    nodes_start: out.nodes.len(),
+                    tracked,
+                });
+            }
+        }
+        // Move to the next object to visit, closing finished frames.
+        loop {
+            let Some(top) = frames.last_mut() else {
+                return Ok(out);
+            };
+            if top.remaining > 0 {
+                top.remaining -= 1;
+                current = pending.pop().expect("pending child").into_bound(py);
+                if opts.with_paths {
+                    path.truncate(frames.len() - 1);
+                    path.push(pending_keys.pop().expect("pending key"));
+                }
+                break;
+            }
+            let f = frames.pop().expect("a frame");
+            if f.tracked {
+                on_path.remove(&(f.obj.as_ptr() as usize));
+            }
+            out.nodes.push(Node {
+                kind: f.kind,
+                arity: f.arity,
+                num_leaves: out.leaves.len() - f.leaves_start,
+                num_nodes: out.nodes.len() - f.nodes_start + 1,
+                data: f.data,
+            });
+        }
+    }
+}
+
+/// A ValueError naming where a container contains itself.
+fn cycle_error<'py>(
+    py: Python<'py>,
+    frames: &[Frame<'py>],
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<PyErr> {
+    let occurrences: Vec<usize> = frames
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.obj.is(obj))
+        .map(|(i, _)| i)
+        .collect();
+    let first = occurrences[0];
+    let second = occurrences.get(1).copied().unwrap_or(frames.len());
+    let keys = |range: std::ops::Range<usize>| -> PyResult<Bound<'py, PyTuple>> {
+        let mut v = Vec::new();
+        for f in &frames[range] {
+            v.push(key_entry(
+                py,
+                &f.kind,
+                f.data.as_ref(),
+                &f.obj,
+                f.current_child(),
+            )?);
+        }
+        PyTuple::new(py, v)
+    };
+    let keystr = compat(py)?.keystr.bind(py);
+    let to_first = keys(0..first)?;
+    let where_first = if to_first.is_empty() {
+        "the root".to_string()
+    } else {
+        format!("key path {}", keystr.call1((to_first,))?)
+    };
+    let loop_path = keystr.call1((keys(first..second)?,))?;
+    Ok(PyValueError::new_err(format!(
+        "cycle detected in pytree: the {} at {} contains itself at relative key path {}",
+        obj.get_type().name()?,
+        where_first,
+        loop_path
+    )))
+}
