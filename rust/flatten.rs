@@ -7,11 +7,7 @@ use crate::treedef::Node;
 use pyo3::exceptions::{PyRecursionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use std::collections::HashSet;
 
-/// Beyond this depth a container already on the path is looked for (a cycle); above it the
-/// check is skipped, so ordinary trees pay nothing. A cycle still shows up past this depth.
-const CYCLE_CHECK_DEPTH: usize = 64;
 /// A tree deeper than this is refused with RecursionError rather than exhausting memory
 /// (e.g. a custom node that makes a fresh child node every time it is flattened).
 const MAX_DEPTH: usize = 1_000_000;
@@ -48,8 +44,6 @@ struct Frame<'py> {
     remaining: usize,
     leaves_start: usize,
     nodes_start: usize,
-    /// Inserted into the cycle-check set (and so to be removed when closed).
-    tracked: bool,
 }
 
 impl Frame<'_> {
@@ -195,7 +189,7 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
     let mut pending: Vec<Py<PyAny>> = Vec::new();
     let mut pending_keys: Vec<Py<PyAny>> = Vec::new();
     let mut path: Vec<Py<PyAny>> = Vec::new();
-    let mut on_path: HashSet<usize> = HashSet::new();
+    let mut classifier = registry::Classifier::new();
     let mut current = tree.clone();
     loop {
         let forced_leaf = match &opts.is_leaf {
@@ -212,7 +206,7 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
         let kind = if forced_leaf {
             Kind::Leaf
         } else {
-            registry::classify(&current)?
+            classifier.classify(&current)?
         };
         if let Kind::Leaf = kind {
             out.nodes.push(Node::leaf());
@@ -243,17 +237,20 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                     pending_keys[start..].reverse();
                 }
                 let depth = frames.len();
-                let mut tracked = false;
-                if depth >= CYCLE_CHECK_DEPTH {
-                    if depth >= MAX_DEPTH {
-                        return Err(PyRecursionError::new_err(format!(
-                            "pytree is nested more than {MAX_DEPTH} levels deep"
-                        )));
-                    }
-                    if !on_path.insert(current.as_ptr() as usize) {
+                // Cycle check, Brent's way: compare with the container on the path at the
+                // largest power-of-two depth not above this one. A container that contains
+                // itself makes the path periodic, and the period is found within a few
+                // multiples of (its start + its length) levels, at one comparison per level.
+                if depth > 0 {
+                    let anchor = 1usize << (usize::BITS - 1 - depth.leading_zeros());
+                    if anchor != depth && frames[anchor].obj.is(&current) {
                         return Err(cycle_error(py, &frames, &current)?);
                     }
-                    tracked = true;
+                }
+                if depth >= MAX_DEPTH {
+                    return Err(PyRecursionError::new_err(format!(
+                        "pytree is nested more than {MAX_DEPTH} levels deep"
+                    )));
                 }
                 frames.push(Frame {
                     obj: current,
@@ -263,7 +260,6 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                     remaining: arity,
                     leaves_start: out.leaves.len(),
                     nodes_start: out.nodes.len(),
-                    tracked,
                 });
             }
         }
@@ -282,9 +278,6 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 break;
             }
             let f = frames.pop().expect("a frame");
-            if f.tracked {
-                on_path.remove(&(f.obj.as_ptr() as usize));
-            }
             out.nodes.push(Node {
                 kind: f.kind,
                 arity: f.arity,

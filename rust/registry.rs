@@ -111,8 +111,58 @@ pub fn invalidate() {
     drop(old); // decrefs happen outside the lock
 }
 
+/// Classifies the objects of one traversal. Trees hold few distinct types, so a short list of
+/// the types seen so far answers almost every lookup without touching the shared cache. Each
+/// entry holds its type, so a remembered address cannot be reused by another type.
+pub struct Classifier<'py> {
+    seen: Vec<(Bound<'py, PyType>, Kind)>,
+}
+
+const CLASSIFIER_MEMO: usize = 8;
+
+impl<'py> Classifier<'py> {
+    pub fn new() -> Self {
+        Classifier { seen: Vec::new() }
+    }
+
+    /// The node kind of `obj`, as JAX's default registry sees it.
+    #[inline]
+    pub fn classify(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<Kind> {
+        // SAFETY: `obj` is a live object; reading its type pointer has no other requirement.
+        let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+        if ty == &raw mut ffi::PyDict_Type {
+            return Ok(Kind::Dict);
+        }
+        if ty == &raw mut ffi::PyList_Type {
+            return Ok(Kind::List);
+        }
+        if ty == &raw mut ffi::PyTuple_Type {
+            return Ok(Kind::Tuple);
+        }
+        if obj.is_none() {
+            return Ok(Kind::None);
+        }
+        for (seen, kind) in &self.seen {
+            if seen.as_ptr() as *mut ffi::PyTypeObject == ty {
+                return Ok(kind.clone());
+            }
+        }
+        let ty = obj.get_type();
+        let kind = classify_type(obj.py(), &ty)?;
+        if self.seen.len() < CLASSIFIER_MEMO {
+            self.seen.push((ty, kind.clone()));
+        }
+        Ok(kind)
+    }
+}
+
+impl Default for Classifier<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The node kind of `obj`, as JAX's default registry sees it.
-#[inline]
 pub fn classify(obj: &Bound<'_, PyAny>) -> PyResult<Kind> {
     // SAFETY: `obj` is a live object; reading its type pointer has no other requirement.
     let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };

@@ -2,13 +2,16 @@
 //! (children before their parent, the root last).
 
 use crate::registry::{self, compat, Kind};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRecursionError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
+
+/// Deepest treedef `to_jax` converts (see there).
+const MAX_JAX_DEPTH: usize = 10_000;
 
 pub struct Node {
     pub kind: Kind,
@@ -112,6 +115,18 @@ impl PyTreeDef {
         self.nodes.last().expect("a treedef has a root")
     }
 
+    /// Indices (in `nodes`) of node `i`'s children, in order.
+    fn child_indices(&self, i: usize) -> Vec<usize> {
+        let mut children = Vec::with_capacity(self.nodes[i].arity);
+        let mut end = i;
+        for _ in 0..self.nodes[i].arity {
+            children.push(end - 1);
+            end -= self.nodes[end - 1].num_nodes;
+        }
+        children.reverse();
+        children
+    }
+
     /// Index ranges of the root's children in `nodes`, in order.
     fn child_ranges(&self) -> Vec<std::ops::Range<usize>> {
         let root = self.nodes.len() - 1;
@@ -137,10 +152,23 @@ impl PyTreeDef {
             return Err(leaf_count_error(expected, leaves.len()));
         }
         let mut leaves = leaves.into_iter();
+        self.build(py, |_| Ok(leaves.next().expect("counted").into_bound(py)))
+    }
+
+    /// Rebuild a tree, taking the i-th leaf from `leaf(i)`.
+    fn build<'py>(
+        &self,
+        py: Python<'py>,
+        mut leaf: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
+        let mut next_leaf = 0;
         for node in &self.nodes {
             let obj = match &node.kind {
-                Kind::Leaf => leaves.next().expect("counted above").into_bound(py),
+                Kind::Leaf => {
+                    next_leaf += 1;
+                    leaf(next_leaf - 1)?
+                }
                 _ => {
                     let start = stack.len() - node.arity;
                     let children = stack.drain(start..);
@@ -258,6 +286,16 @@ impl PyTreeDef {
         Ok(leaves)
     }
 
+    /// Levels from the root to the deepest leaf.
+    fn depth(&self) -> usize {
+        let mut depths: Vec<usize> = Vec::new();
+        for node in &self.nodes {
+            let below = depths.drain(depths.len() - node.arity..).max().unwrap_or(0);
+            depths.push(below + 1);
+        }
+        depths.pop().unwrap_or(0)
+    }
+
     fn compute_hash(&self, py: Python<'_>) -> PyResult<isize> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for node in &self.nodes {
@@ -367,27 +405,6 @@ fn build_node<'py>(
     })
 }
 
-/// The leaves argument of `unflatten`: any iterable.
-fn collect_leaves<'py>(leaves: &Bound<'py, PyAny>) -> PyResult<Vec<Py<PyAny>>> {
-    if let Ok(list) = leaves.cast_exact::<PyList>() {
-        return Ok(list.iter().map(Bound::unbind).collect());
-    }
-    if let Ok(tuple) = leaves.cast_exact::<PyTuple>() {
-        return Ok(tuple.iter().map(Bound::unbind).collect());
-    }
-    let iter = leaves.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "unflatten() expects an iterable of leaves, got {}",
-            leaves
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })?;
-    iter.map(|x| x.map(Bound::unbind)).collect()
-}
-
 fn type_name(ty: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(ty.getattr("__name__")?.str()?.to_string())
 }
@@ -404,12 +421,45 @@ impl PyTreeDef {
         self.nodes.len()
     }
 
+    /// Rebuild the tree from an iterable of leaves.
     fn unflatten<'py>(
         &self,
         py: Python<'py>,
         leaves: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.unflatten_vec(py, collect_leaves(leaves)?)
+        let expected = self.root().num_leaves;
+        if let Ok(list) = leaves.cast_exact::<PyList>() {
+            // Read the list as we go: a custom unflatten function may change it meanwhile, so
+            // every read is bounds-checked and takes its own reference.
+            if list.len() != expected {
+                return Err(leaf_count_error(expected, list.len()));
+            }
+            return self.build(py, |i| {
+                list.get_item(i).map_err(|_| {
+                    PyValueError::new_err("the leaves list changed size during unflatten")
+                })
+            });
+        }
+        if let Ok(tuple) = leaves.cast_exact::<PyTuple>() {
+            if tuple.len() != expected {
+                return Err(leaf_count_error(expected, tuple.len()));
+            }
+            return self.build(py, |i| tuple.get_item(i));
+        }
+        let iter = leaves.try_iter().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "unflatten() expects an iterable of leaves, got {}",
+                leaves
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        let leaves = iter
+            .map(|x| x.map(Bound::unbind))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.unflatten_vec(py, leaves)
     }
 
     fn flatten_up_to<'py>(&self, tree: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
@@ -496,55 +546,72 @@ impl PyTreeDef {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut stack: Vec<String> = Vec::new();
-        for node in &self.nodes {
-            let children = stack.split_off(stack.len() - node.arity);
-            let s = match &node.kind {
-                Kind::Leaf => "*".to_string(),
-                Kind::None => "None".to_string(),
-                Kind::Tuple => {
-                    if children.len() == 1 {
-                        format!("({},)", children[0])
-                    } else {
-                        format!("({})", children.join(", "))
-                    }
+        // Pre-order over an explicit stack, writing into one string: linear at any depth.
+        enum Item {
+            Node(usize),
+            Text(String),
+        }
+        let mut out = String::from("PyTreeDef(");
+        let mut work = vec![Item::Node(self.nodes.len() - 1)];
+        while let Some(item) = work.pop() {
+            let i = match item {
+                Item::Text(t) => {
+                    out.push_str(&t);
+                    continue;
                 }
-                Kind::List => format!("[{}]", children.join(", ")),
-                Kind::Dict => {
-                    let keys = node
-                        .data
-                        .as_ref()
-                        .expect("keys")
-                        .bind(py)
-                        .cast::<PyTuple>()?
-                        .clone();
-                    let mut items = Vec::with_capacity(children.len());
-                    for (k, c) in keys.iter().zip(children) {
-                        items.push(format!("{}: {}", k.repr()?, c));
-                    }
-                    format!("{{{}}}", items.join(", "))
-                }
+                Item::Node(i) => i,
+            };
+            let node = &self.nodes[i];
+            let (open, close) = match &node.kind {
+                Kind::Leaf => ("*".to_string(), String::new()),
+                Kind::None => ("None".to_string(), String::new()),
+                Kind::Tuple if node.arity == 1 => ("(".to_string(), ",)".to_string()),
+                Kind::Tuple => ("(".to_string(), ")".to_string()),
+                Kind::List => ("[".to_string(), "]".to_string()),
+                Kind::Dict => ("{".to_string(), "}".to_string()),
                 Kind::NamedTuple => {
                     let ty = node.data.as_ref().expect("type").bind(py);
-                    format!(
-                        "CustomNode(namedtuple[{}], [{}])",
-                        type_name(ty)?,
-                        children.join(", ")
+                    (
+                        format!("CustomNode(namedtuple[{}], [", type_name(ty)?),
+                        "])".to_string(),
                     )
                 }
                 Kind::Custom(c) => {
                     let aux = node.data.as_ref().expect("aux").bind(py);
-                    format!(
-                        "CustomNode({}[{}], [{}])",
-                        type_name(c.ty.bind(py).as_any())?,
-                        aux.str()?,
-                        children.join(", ")
+                    let name = type_name(c.ty.bind(py).as_any())?;
+                    (
+                        format!("CustomNode({}[{}], [", name, aux.str()?),
+                        "])".to_string(),
                     )
                 }
             };
-            stack.push(s);
+            out.push_str(&open);
+            work.push(Item::Text(close));
+            let children = self.child_indices(i);
+            let keys = match &node.kind {
+                Kind::Dict => Some(
+                    node.data
+                        .as_ref()
+                        .expect("keys")
+                        .bind(py)
+                        .cast::<PyTuple>()?
+                        .clone(),
+                ),
+                _ => None,
+            };
+            // Pushed in reverse so they pop in order.
+            for (k, &child) in children.iter().enumerate().rev() {
+                work.push(Item::Node(child));
+                if let Some(keys) = &keys {
+                    work.push(Item::Text(format!("{}: ", keys.get_item(k)?.repr()?)));
+                }
+                if k > 0 {
+                    work.push(Item::Text(", ".to_string()));
+                }
+            }
         }
-        Ok(format!("PyTreeDef({})", stack.pop().unwrap_or_default()))
+        out.push(')');
+        Ok(out)
     }
 
     /// Pickled as its nodes: (kind code, arity, data, type) each; custom types by reference.
@@ -571,6 +638,15 @@ impl PyTreeDef {
 
     /// The equal jaxlib `PyTreeDef`.
     fn to_jax<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // JAX builds a node by copying its children, so the cost grows with depth squared;
+        // JAX's own flatten stops far shallower than this anyway.
+        let depth = self.depth();
+        if depth > MAX_JAX_DEPTH {
+            return Err(PyRecursionError::new_err(format!(
+                "to_jax: this treedef is nested {depth} levels deep; more than {MAX_JAX_DEPTH} \
+                 cannot be converted to a JAX treedef"
+            )));
+        }
         let make = compat(py)?.to_jax_node.bind(py);
         let mut stack: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in &self.nodes {
