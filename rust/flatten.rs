@@ -241,9 +241,8 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 // largest power-of-two depth not above this one. A container that contains
                 // itself makes the path periodic, and the period is found within a few
                 // multiples of (its start + its length) levels, at one comparison per level.
-                if depth > 0 {
-                    let anchor = 1usize << (usize::BITS - 1 - depth.leading_zeros());
-                    if anchor != depth && frames[anchor].obj.is(&current) {
+                if let Some(anchor) = cycle_anchor(depth) {
+                    if frames[anchor].obj.is(&current) {
                         return Err(cycle_error(py, &frames, &current)?);
                     }
                 }
@@ -289,6 +288,15 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
     }
 }
 
+/// The depth of the container a new container at `depth` is compared with: the largest power
+/// of two below `depth` (None when `depth` is itself a power of two, or 0).
+fn cycle_anchor(depth: usize) -> Option<usize> {
+    if depth == 0 || depth.is_power_of_two() {
+        return None;
+    }
+    Some(1usize << (usize::BITS - 1 - depth.leading_zeros()))
+}
+
 /// A ValueError naming where a container contains itself.
 fn cycle_error<'py>(
     py: Python<'py>,
@@ -330,4 +338,44 @@ fn cycle_error<'py>(
         where_first,
         loop_path
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cycle_anchor;
+
+    #[test]
+    fn anchor_is_the_previous_power_of_two() {
+        assert_eq!(cycle_anchor(0), None);
+        assert_eq!(cycle_anchor(1), None);
+        assert_eq!(cycle_anchor(2), None);
+        assert_eq!(cycle_anchor(3), Some(2));
+        assert_eq!(cycle_anchor(5), Some(4));
+        assert_eq!(cycle_anchor(7), Some(4));
+        assert_eq!(cycle_anchor(8), None);
+        assert_eq!(cycle_anchor(1000), Some(512));
+    }
+
+    /// Simulate a path that enters a cycle of length `period` at depth `start`: the anchor
+    /// scheme must meet a repeated container within a bounded number of levels.
+    #[test]
+    fn every_periodic_path_is_caught() {
+        for start in 0..70 {
+            for period in 1..70 {
+                let at = |d: usize| {
+                    if d < start {
+                        1000 + d
+                    } else {
+                        (d - start) % period
+                    }
+                };
+                let found = (0..10_000).find(|&d| cycle_anchor(d).is_some_and(|a| at(a) == at(d)));
+                let d = found.expect("cycle detected");
+                assert!(
+                    d <= 4 * (start + period) + 4,
+                    "start {start} period {period}: {d}"
+                );
+            }
+        }
+    }
 }

@@ -366,6 +366,27 @@ pub fn leaf_count_error(expected: usize, got: usize) -> PyErr {
     ))
 }
 
+#[cfg(not(Py_3_13))]
+extern "C" {
+    // Exported by CPython 3.8-3.12 (Include/cpython/dictobject.h): a dict with room for
+    // `minused` items, so filling a wide dict does not resize it over and over.
+    fn _PyDict_NewPresized(minused: ffi::Py_ssize_t) -> *mut ffi::PyObject;
+}
+
+/// An empty dict with room for `size` items.
+fn new_dict(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyDict>> {
+    #[cfg(not(Py_3_13))]
+    if size > 5 {
+        // SAFETY: returns a new reference to an exact dict, or NULL with an exception set.
+        return unsafe {
+            Bound::from_owned_ptr_or_err(py, _PyDict_NewPresized(size as ffi::Py_ssize_t))
+                .map(|d| d.cast_into_unchecked())
+        };
+    }
+    let _ = size;
+    Ok(PyDict::new(py))
+}
+
 /// Build one node's Python object from its already built children.
 fn build_node<'py>(
     py: Python<'py>,
@@ -380,7 +401,7 @@ fn build_node<'py>(
         Kind::Dict => {
             let keys = node.data.as_ref().expect("dict keys").bind(py);
             let keys = keys.cast::<PyTuple>()?;
-            let dict = PyDict::new(py);
+            let dict = new_dict(py, node.arity)?;
             for (key, value) in keys.iter_borrowed().zip(children) {
                 // SAFETY: dict, key and value are valid objects; PyDict_SetItem increfs both.
                 let rc =
@@ -760,4 +781,38 @@ pub fn _treedef_from_state(py: Python<'_>, state: &Bound<'_, PyList>) -> PyResul
         parts.push((kind, arity, data));
     }
     Ok(PyTreeDef::new(nodes_from_parts(parts)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(spec: &[(Kind, usize)]) -> Vec<(Kind, usize, Option<Py<PyAny>>)> {
+        spec.iter().map(|(k, a)| (k.clone(), *a, None)).collect()
+    }
+
+    #[test]
+    fn counts_are_computed_in_post_order() {
+        // [*, (*, None)]
+        let nodes = nodes_from_parts(parts(&[
+            (Kind::Leaf, 0),
+            (Kind::Leaf, 0),
+            (Kind::None, 0),
+            (Kind::Tuple, 2),
+            (Kind::List, 2),
+        ]))
+        .unwrap();
+        let root = nodes.last().unwrap();
+        assert_eq!((root.num_leaves, root.num_nodes), (2, 5));
+        assert_eq!((nodes[3].num_leaves, nodes[3].num_nodes), (1, 3));
+        assert_eq!((nodes[2].num_leaves, nodes[2].num_nodes), (0, 1));
+    }
+
+    #[test]
+    fn malformed_sequences_are_rejected() {
+        Python::attach(|_| {
+            assert!(nodes_from_parts(parts(&[(Kind::List, 1)])).is_err());
+            assert!(nodes_from_parts(parts(&[(Kind::Leaf, 0), (Kind::Leaf, 0)])).is_err());
+        });
+    }
 }
