@@ -200,7 +200,16 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 } else {
                     f.call1((&current,))?
                 };
-                answer.is_truthy()?
+                if answer.is(&*pyo3::types::PyBool::new(py, true)) {
+                    true
+                } else if answer.is_none() || answer.is(&*pyo3::types::PyBool::new(py, false)) {
+                    false
+                } else {
+                    return Err(PyValueError::new_err(format!(
+                        "is_leaf predicate returned a non-boolean value {}; expected a boolean",
+                        answer.repr()?
+                    )));
+                }
             }
         };
         let kind = if forced_leaf {

@@ -330,8 +330,22 @@ impl PyTreeDef {
             match (&a.data, &b.data) {
                 (None, None) => {}
                 (Some(x), Some(y)) => {
-                    if !x.is(y) && !x.bind(py).eq(y.bind(py))? {
-                        return Ok(false);
+                    if x.is(y) {
+                        continue;
+                    }
+                    match x.bind(py).eq(y.bind(py)) {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(false),
+                        Err(err) => {
+                            let new = PyValueError::new_err(
+                                "Exception raised while checking equality of metadata fields \
+                                 of pytree. Make sure that metadata fields are hashable and \
+                                 have simple equality semantics. (Note: arrays cannot be \
+                                 passed as metadata fields!)",
+                            );
+                            new.set_cause(py, Some(err));
+                            return Err(new);
+                        }
                     }
                 }
                 _ => return Ok(false),
