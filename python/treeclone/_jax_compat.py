@@ -53,9 +53,7 @@ def _opaque_functions(ty: type):
     def unflatten(aux, children):
         children = tuple(children)
         leaf = jax.tree_util.tree_structure(0)
-        treedef = _from_node_data_and_children(
-            default_registry, (ty, aux), [leaf] * len(children)
-        )
+        treedef = _from_node_data_and_children(default_registry, (ty, aux), [leaf] * len(children))
         return treedef.unflatten(children)
 
     return flatten, unflatten

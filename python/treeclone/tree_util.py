@@ -98,7 +98,7 @@ def all_leaves(iterable: Iterable[Any], is_leaf: Callable[[Any], bool] | None = 
         return all(_native.is_leaf_object(x) for x in iterable)
     items = list(iterable)
     leaves = _native.leaves(items, is_leaf)
-    return len(leaves) == len(items) and all(a is b for a, b in zip(items, leaves))
+    return len(leaves) == len(items) and all(a is b for a, b in zip(items, leaves, strict=True))
 
 
 def tree_transpose(outer_treedef: Any, inner_treedef: Any, pytree_to_transpose: Any) -> Any:
@@ -114,7 +114,7 @@ def tree_transpose(outer_treedef: Any, inner_treedef: Any, pytree_to_transpose: 
         expected = outer_treedef.compose(inner_treedef)
         raise TypeError(f"Mismatch\n{treedef}\n != \n{expected}")
     rows = [flat[i * inner_size : (i + 1) * inner_size] for i in range(outer_size)]
-    subtrees = [outer_treedef.unflatten(column) for column in zip(*rows)]
+    subtrees = [outer_treedef.unflatten(column) for column in zip(*rows, strict=True)]
     return inner_treedef.unflatten(subtrees)
 
 
