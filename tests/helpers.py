@@ -1,0 +1,175 @@
+"""Shared assertions for differential testing against ``jax.tree_util``."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+from trees import Rec
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+KEY_TYPES = (jtu.SequenceKey, jtu.DictKey, jtu.GetAttrKey, jtu.FlattenedIndexKey)
+_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict)
+
+
+def assert_same_objects(actual: list[Any], expected: list[Any], what: str = "leaves") -> None:
+    """Same length and the very same objects (``is``) in the same order."""
+    assert isinstance(actual, list), f"{what}: expected a list, got {type(actual).__name__}"
+    assert len(actual) == len(expected), f"{what}: {len(actual)} items, JAX has {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert a is e, f"{what}[{i}]: {a!r} is not the same object as JAX's {e!r}"
+
+
+def is_key_path(x: Any) -> bool:
+    return isinstance(x, tuple) and type(x) is tuple and all(isinstance(k, KEY_TYPES) for k in x)
+
+
+def same_leaf(a: Any, b: Any) -> bool:
+    """Identity for leaves; for ``Rec`` leaves compare the recorded args (paths by ==)."""
+    if a is b:
+        return True
+    if type(a) is Rec and type(b) is Rec:
+        if len(a.args) != len(b.args):
+            return False
+        for x, y in zip(a.args, b.args, strict=True):
+            if is_key_path(x) and is_key_path(y):
+                if x != y:
+                    return False
+            elif type(x) is Rec and type(y) is Rec:
+                if not same_leaf(x, y):
+                    return False
+            elif x is not y:
+                return False
+        return True
+    return False
+
+
+def assert_same_tree(actual: Any, expected: Any, leaf_eq: Callable[[Any, Any], bool] = same_leaf):
+    """``actual`` has JAX's structure, the same leaves, and the same container key order/types."""
+    a_leaves, a_def = jtu.tree_flatten(actual)
+    e_leaves, e_def = jtu.tree_flatten(expected)
+    assert a_def == e_def, f"structure {a_def} != JAX's {e_def}"
+    assert len(a_leaves) == len(e_leaves)
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves, strict=True)):
+        assert leaf_eq(a, e), f"leaf {i}: {a!r} vs JAX's {e!r}"
+    _walk_same(actual, expected, leaf_eq)
+
+
+def _walk_same(actual: Any, expected: Any, leaf_eq: Callable[[Any, Any], bool]) -> None:
+    stack = [(actual, expected, "root")]
+    while stack:
+        a, e, where = stack.pop()
+        assert type(a) is type(e), f"{where}: type {type(a).__name__} != {type(e).__name__}"
+        if e is None:
+            continue
+        if type(e) in _DICT_TYPES:
+            assert list(a.keys()) == list(e.keys()), f"{where}: key order {list(a)} != {list(e)}"
+            if type(e) is collections.defaultdict:
+                assert a.default_factory is e.default_factory, f"{where}: default_factory"
+            stack.extend((a[k], e[k], f"{where}[{k!r}]") for k in e)
+        elif type(e) in (list, tuple) or (isinstance(e, tuple) and hasattr(e, "_fields")):
+            assert len(a) == len(e), f"{where}: length {len(a)} != {len(e)}"
+            stack.extend((x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, e, strict=True)))
+        elif jtu.tree_structure(e).num_leaves == 1 and jtu.tree_structure(e).num_nodes == 1:
+            assert leaf_eq(a, e), f"{where}: leaf {a!r} vs {e!r}"
+        else:
+            a_children, a_aux = jtu.flatten_one_level(a)
+            e_children, e_aux = jtu.flatten_one_level(e)
+            assert a_aux == e_aux, f"{where}: aux {a_aux!r} != {e_aux!r}"
+            a_children, e_children = list(a_children), list(e_children)
+            assert len(a_children) == len(e_children)
+            stack.extend(
+                (x, y, f"{where}.<{i}>")
+                for i, (x, y) in enumerate(zip(a_children, e_children, strict=True))
+            )
+
+
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except Exception as exc:  # noqa: BLE001 - we compare exception types
+        return "err", exc
+
+
+def assert_same_outcome(
+    tc_fn: Callable[[], Any],
+    jax_fn: Callable[[], Any],
+    compare: Callable[[Any, Any], None],
+) -> None:
+    """Both succeed (then ``compare(tc_value, jax_value)``) or both raise the same type."""
+    jax_kind, jax_val = outcome(jax_fn)
+    tc_kind, tc_val = outcome(tc_fn)
+    if jax_kind == "err":
+        assert tc_kind == "err", f"JAX raised {jax_val!r} but treeclone returned {tc_val!r}"
+        assert type(tc_val) is type(jax_val), f"treeclone raised {tc_val!r}, JAX raised {jax_val!r}"
+    else:
+        assert tc_kind == "ok", f"treeclone raised {tc_val!r} but JAX returned {jax_val!r}"
+        compare(tc_val, jax_val)
+
+
+def capture(fn: Callable[[], Any]) -> BaseException | None:
+    """The exception ``fn()`` raises, or None."""
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def check_same_error(tc_fn: Callable[[], Any], jax_fn: Callable[[], Any], what: str = "") -> None:
+    """Both raise, with the same exception type and message (used for propagated errors)."""
+    jax_exc = capture(jax_fn)
+    tc_exc = capture(tc_fn)
+    assert jax_exc is not None, f"{what}: JAX did not raise"
+    assert tc_exc is not None, f"{what}: treeclone did not raise (JAX raised {jax_exc!r})"
+    assert type(tc_exc) is type(jax_exc), f"{what}: treeclone raised {tc_exc!r}, JAX {jax_exc!r}"
+    assert str(tc_exc) == str(jax_exc), f"{what}: message {str(tc_exc)!r} != {str(jax_exc)!r}"
+
+
+_PATH_SETUP = f"""
+import sys
+sys.path.insert(0, {TESTS_DIR!r})
+"""
+
+PRELUDE = (
+    _PATH_SETUP
+    + """
+import jax.tree_util as jtu
+import treeclone.tree_util as tc
+"""
+)
+
+
+def run_script(
+    body: str, marker: str = "SCRIPT-OK", timeout: float = 300, prelude: bool = True
+) -> str:
+    """Run ``body`` in a fresh interpreter; it must exit 0 and print ``marker``.
+
+    A segfault/abort shows up as a negative return code and fails the calling test instead of
+    killing pytest. Returns stdout.
+    """
+    code = (PRELUDE if prelude else _PATH_SETUP) + textwrap.dedent(body) + f"\nprint({marker!r})\n"
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=TESTS_DIR,
+    )
+    detail = (
+        f"exit code {proc.returncode}"
+        + (" (killed by a signal: the process crashed)" if proc.returncode < 0 else "")
+        + f"\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    )
+    assert proc.returncode == 0, detail
+    assert marker in proc.stdout, detail
+    return proc.stdout
