@@ -1,0 +1,2 @@
+"""treeclone's benchmarks (a package so that pytest imports them as ``benches.*``, apart from
+``tests/``, which has modules of the same names)."""
