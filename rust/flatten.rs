@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 /// A tree deeper than this is refused with RecursionError rather than exhausting memory
 /// (e.g. a custom node that makes a fresh child node every time it is flattened).
-const MAX_DEPTH: usize = 1_000_000;
+pub(crate) const MAX_DEPTH: usize = 1_000_000;
 
 pub struct Options<'py> {
     pub is_leaf: Option<Bound<'py, PyAny>>,
@@ -102,7 +102,7 @@ fn custom_flatten_with_keys<'py>(
 }
 
 /// Push `obj`'s children (in order) onto `children` and return the node's data.
-fn expand<'py>(
+pub(crate) fn expand<'py>(
     obj: &Bound<'py, PyAny>,
     kind: &Kind,
     children: &mut Vec<Py<PyAny>>,
@@ -154,7 +154,7 @@ fn expand<'py>(
 }
 
 /// JAX's key entry for child `i` of a node.
-fn key_entry<'py>(
+pub(crate) fn key_entry<'py>(
     py: Python<'py>,
     kind: &Kind,
     data: Option<&Py<PyAny>>,

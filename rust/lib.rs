@@ -6,6 +6,7 @@ mod api;
 mod flatten;
 mod keysort;
 mod registry;
+mod shared;
 mod treedef;
 
 // `gil_used = true`: the caches are guarded by mutexes, but user callbacks (flatten functions,
@@ -14,6 +15,9 @@ mod treedef;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<treedef::PyTreeDef>()?;
+    m.add_class::<shared::SharedTreeDef>()?;
+    m.add_class::<shared::CallPlan>()?;
+    m.add_function(wrap_pyfunction!(shared::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(api::py_flatten, m)?)?;
     m.add_function(wrap_pyfunction!(api::leaves, m)?)?;
     m.add_function(wrap_pyfunction!(api::structure, m)?)?;

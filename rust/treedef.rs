@@ -402,7 +402,7 @@ fn new_dict(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// Build one node's Python object from its already built children.
-fn build_node<'py>(
+pub(crate) fn build_node<'py>(
     py: Python<'py>,
     node: &Node,
     children: std::vec::Drain<'_, Bound<'py, PyAny>>,

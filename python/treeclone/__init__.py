@@ -1,10 +1,40 @@
-"""treeclone: a Rust pytree layer for JAX.
+"""treeclone: a Rust pytree layer for JAX and a drop-in ``jit`` with explicit policies.
 
 ``treeclone.tree_util`` is a drop-in for ``jax.tree_util`` with the same semantics (JAX's
-registry is the single source of truth), implemented in Rust.
+registry is the single source of truth), implemented in Rust. ``treeclone.jit`` is a drop-in
+for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations of its inputs
+and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
+does) or ``"strict"`` (mutating an input without returning it is an error). See
+``docs/semantics.md``.
 """
 
 from treeclone import tree_util
-from treeclone._native import PyTreeDef, __version__
+from treeclone._native import PyTreeDef, SharedTreeDef, __version__
+from treeclone._trace import call
+from treeclone.jit import Jitted, jit
+from treeclone.policies import (
+    ALIAS,
+    CLONE,
+    STRICT,
+    MutationError,
+    Policy,
+    policy,
+    register_inplace,
+)
 
-__all__ = ["PyTreeDef", "__version__", "tree_util"]
+__all__ = [
+    "ALIAS",
+    "CLONE",
+    "STRICT",
+    "Jitted",
+    "MutationError",
+    "Policy",
+    "PyTreeDef",
+    "SharedTreeDef",
+    "__version__",
+    "call",
+    "jit",
+    "policy",
+    "register_inplace",
+    "tree_util",
+]

@@ -1,0 +1,324 @@
+"""``treeclone.jit``: a drop-in for ``jax.jit`` with the call's policy chosen explicitly.
+
+Under ``clone`` (the default) a call is exactly a ``jax.jit`` call: the same object does the
+work. Under any other policy the arguments are flattened by treeclone's identity-tracking
+flatten; the distinct leaves go to one ``jax.jit`` of an inner function, boxed in a pytree node
+whose static data is the arguments' structure with its sharing (so JAX's own cache keys on
+it); the inner function rebuilds the arguments, runs the user's function and records, once per
+trace, a native ``CallPlan`` that rebuilds the results (and writes mutations back) at every
+call. The plan travels as the static data of the output box, so each of JAX's cache entries
+carries its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+
+from treeclone import _native, _trace
+from treeclone.policies import CLONE, Policy, as_policy, current_override
+
+# Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
+_ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+_SHARDINGS = ("in_shardings", "out_shardings")
+
+
+class _ArgsBox:
+    """A call's distinct leaves, with ``key`` (structure, statics, donation) as static data."""
+
+    __slots__ = ("key", "leaves")
+
+    def __init__(self, leaves: list, key: tuple):
+        self.leaves = leaves
+        self.key = key
+
+
+class _ResultBox:
+    """The computation's outputs, with the trace's ``CallPlan`` as static data."""
+
+    __slots__ = ("leaves", "plan")
+
+    def __init__(self, plan: Any, leaves: list):
+        self.plan = plan
+        self.leaves = leaves
+
+
+jax.tree_util.register_pytree_node(
+    _ArgsBox, lambda b: (b.leaves, b.key), lambda key, leaves: _ArgsBox(list(leaves), key)
+)
+jax.tree_util.register_pytree_node(
+    _ResultBox, lambda b: (b.leaves, b.plan), lambda plan, leaves: _ResultBox(plan, list(leaves))
+)
+_native.invalidate_registry_cache()
+
+
+def _as_tuple(x: int | str | Iterable | None) -> tuple:
+    if x is None:
+        return ()
+    if isinstance(x, (int, str)):
+        return (x,)
+    return tuple(x)
+
+
+def _parameters(fun: Callable) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _resolve(fun: Callable, nums: Any, names: Any) -> tuple[frozenset[int], frozenset[str]]:
+    """Argument positions and names, each completed from the other as jax.jit does."""
+    nums, names = set(_as_tuple(nums)), set(_as_tuple(names))
+    params = _parameters(fun)
+    if params is not None:
+        positional = [
+            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        nums = {n + len(positional) if n < 0 else n for n in nums}
+        names |= {positional[n] for n in nums if 0 <= n < len(positional)}
+        nums |= {i for i, name in enumerate(positional) if name in names}
+    return frozenset(nums), frozenset(names)
+
+
+def _hash_static(value: Any) -> None:
+    try:
+        hash(value)
+    except TypeError as exc:
+        raise ValueError(
+            "Non-hashable static arguments are not supported. An error occurred while trying "
+            f"to hash an object of type {type(value)}, {value!r}. The error was:\n"
+            f"{type(exc).__name__}: {exc}\n"
+        ) from None
+
+
+class Jitted:
+    """What ``treeclone.jit(fun, ...)`` returns: call it like the ``jax.jit`` of ``fun``."""
+
+    def __init__(self, fun: Callable, policy: str | Policy, jit_kwargs: dict[str, Any]):
+        if not callable(fun):
+            raise TypeError(f"Expected a callable value, got {fun!r}")
+        self._fun = fun
+        self._policy = as_policy(policy)
+        self._kwargs = dict(jit_kwargs)
+        self._jax_jitted = jax.jit(fun, **jit_kwargs)  # the clone policy, and AOT entry points
+        self._static_nums, self._static_names = _resolve(
+            fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
+        )
+        self._donate_nums, self._donate_names = _resolve(
+            fun, jit_kwargs.get("donate_argnums"), jit_kwargs.get("donate_argnames")
+        )
+        params = _parameters(fun) or []
+        self._param_names = [p.name for p in params]
+        self._inner: dict[Policy, Any] = {}  # one jax.jit per policy: the policy is in the key
+        functools.update_wrapper(self, fun)
+
+    # --- policies -----------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def with_policy(self, policy: str | Policy) -> Jitted:
+        """The same jitted function under another policy (sharing compiled code)."""
+        other = object.__new__(Jitted)
+        other.__dict__.update(self.__dict__)
+        other._policy = as_policy(policy)
+        return other
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        policy = current_override() or self._policy
+        if policy == CLONE:
+            return self._jax_jitted(*args, **kwargs)
+        return self._call_policy(policy, args, kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    # --- the policy path ----------------------------------------------------------------------
+
+    def _call_policy(self, policy: Policy, args: tuple, kwargs: dict) -> Any:
+        inner = self._inner.get(policy)
+        if inner is None:
+            inner = self._inner[policy] = self._make_inner(policy)
+        statics = None
+        if self._static_nums or self._static_names:
+            args, kwargs, statics = self._split_statics(args, kwargs)
+        leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+        if self._donate_nums or self._donate_names:
+            keep = self._keep_mask(sdef, len(args))
+            kept = [x for x, k in zip(leaves, keep, strict=True) if k]
+            donated = [x for x, k in zip(leaves, keep, strict=True) if not k]
+            result = inner(_ArgsBox(kept, (sdef, statics, keep)), donated)
+        else:
+            result = inner(_ArgsBox(leaves, (sdef, statics, None)), None)
+        return result.plan.apply(leaves, objects, result.leaves)
+
+    def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        n = len(args)
+        static_pos = tuple((i, args[i]) for i in sorted(self._static_nums) if i < n)
+        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names))
+        statics = (n, static_pos, static_kw)
+        for _, v in static_pos + static_kw:
+            _hash_static(v)
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in self._static_nums)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        return dyn_args, dyn_kwargs, statics
+
+    def _keep_mask(self, sdef: Any, num_args: int) -> tuple[bool, ...]:
+        """Per distinct leaf: False when every occurrence is in a donated argument."""
+        root = sdef.num_nodes - 1
+        kept: set[int] = set()
+        donated: set[int] = set()
+        for i, slots in enumerate(sdef.child_slots(root)[:num_args]):
+            (donated if i in self._donate_nums else kept).update(slots)
+        kwargs_node = sdef.children_of(root)[num_args]
+        names = sdef.node_info()[kwargs_node][3] or ()
+        for name, slots in zip(names, sdef.child_slots(kwargs_node), strict=True):
+            (donated if name in self._donate_names else kept).update(slots)
+        return tuple(s in kept or s not in donated for s in range(sdef.num_leaves))
+
+    def _make_inner(self, policy: Policy) -> Any:
+        fun = self._fun
+        shardings = {k: self._kwargs[k] for k in _SHARDINGS if k in self._kwargs}
+        transform_out = None
+        if "out_shardings" in shardings:
+            transform_out = _constrain_outputs(shardings["out_shardings"])
+
+        def inner(box: _ArgsBox, donated: list | None) -> _ResultBox:
+            sdef, statics, keep = box.key
+            leaves = list(box.leaves)
+            if keep is not None:
+                it_kept, it_donated = iter(box.leaves), iter(donated)
+                leaves = [next(it_kept) if k else next(it_donated) for k in keep]
+            num_args = sdef.node_info()[-1][2] - 1
+            if statics is None:
+                positions = list(range(num_args))
+            else:
+                positions = [i for i in range(statics[0]) if i not in dict(statics[1])]
+            names = [
+                self._param_names[i] if i < len(self._param_names) else f"args[{i}]"
+                for i in positions
+            ]
+            if "in_shardings" in shardings:
+                leaves = _constrain_inputs(sdef, leaves, num_args, shardings["in_shardings"])
+
+            def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
+                if statics is None:
+                    return dyn_args, dyn_kwargs
+                total, static_pos, static_kw = statics
+                fixed = dict(static_pos)
+                it = iter(dyn_args)
+                full = tuple(fixed[i] if i in fixed else next(it) for i in range(total))
+                return full, {**dyn_kwargs, **dict(static_kw)}
+
+            plan, outputs = _trace.run(
+                fun,
+                sdef,
+                leaves,
+                _trace.Layout(num_args, names),
+                policy,
+                rebuild,
+                keep_inputs=keep,
+                transform_out=transform_out,
+            )
+            return _ResultBox(plan, outputs)
+
+        inner.__name__ = getattr(fun, "__name__", "fun")
+        inner.__qualname__ = getattr(fun, "__qualname__", inner.__name__)
+        options = {k: v for k, v in self._kwargs.items() if k not in _ARG_OPTIONS + _SHARDINGS}
+        if self._donate_nums or self._donate_names:
+            options["donate_argnums"] = (1,)
+        return jax.jit(inner, **options)
+
+    # --- the rest of jax.jit's interface --------------------------------------------------------
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(fun).lower(...)``: the computation of ``fun`` itself (no policy)."""
+        return self._jax_jitted.lower(*args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(fun).trace(...)``."""
+        return self._jax_jitted.trace(*args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(fun).eval_shape(...)``: shapes of the outputs; nothing is written back."""
+        return self._jax_jitted.eval_shape(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        self._jax_jitted.clear_cache()
+        for inner in self._inner.values():
+            inner.clear_cache()
+
+    def __repr__(self) -> str:
+        return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
+
+
+def _shardings_by_leaf(prefix: Any, tree: Any) -> dict[int, Any]:
+    """``id(leaf) -> sharding`` for the leaves of ``tree`` under the sharding prefix."""
+    found: dict[int, Any] = {}
+
+    def visit(sharding: Any, subtree: Any) -> None:
+        for leaf in jax.tree_util.tree_leaves(subtree):
+            found[id(leaf)] = sharding
+
+    jax.tree_util.tree_map(visit, prefix, tree, is_leaf=lambda x: x is None)
+    return found
+
+
+def _constrain_inputs(sdef: Any, leaves: list, num_args: int, in_shardings: Any) -> list:
+    """Apply ``in_shardings`` (a prefix of the positional arguments) to the input leaves."""
+    args = sdef.unflatten(leaves)[:num_args]
+    if not isinstance(in_shardings, (tuple, list)):
+        in_shardings = (in_shardings,) * num_args
+    by_leaf = _shardings_by_leaf(tuple(in_shardings), tuple(args))
+    return [
+        x if by_leaf.get(id(x)) is None else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
+        for x in leaves
+    ]
+
+
+def _constrain_outputs(out_shardings: Any) -> Callable[[Any], Any]:
+    """A function applying ``out_shardings`` (a prefix of the result) to a result."""
+
+    def constrain(out: Any) -> Any:
+        by_leaf = _shardings_by_leaf(out_shardings, out)
+        return jax.tree_util.tree_map(
+            lambda x: (
+                x
+                if by_leaf.get(id(x)) is None
+                else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
+            ),
+            out,
+        )
+
+    return constrain
+
+
+def jit(
+    fun: Callable | None = None,
+    /,
+    *,
+    policy: str | Policy = "clone",
+    **jit_kwargs: Any,
+) -> Any:
+    """``jax.jit(fun, **jit_kwargs)`` with an explicit policy (``"clone"``, ``"alias"``,
+    ``"strict"`` or a :class:`treeclone.Policy`).
+
+    Takes every keyword ``jax.jit`` takes (``in_shardings``, ``out_shardings``,
+    ``static_argnums``, ``static_argnames``, ``donate_argnums``, ``donate_argnames``,
+    ``keep_unused``, ``device``, ``backend``, ``inline``, ``compiler_options``, ...).
+    Without ``fun`` it returns a decorator.
+    """
+    if fun is None:
+        return lambda f: Jitted(f, policy, jit_kwargs)
+    return Jitted(fun, policy, jit_kwargs)
+
+
+__all__: Sequence[str] = ["Jitted", "jit"]
