@@ -440,7 +440,7 @@ def test_alias_donation_shared_with_kept_argument_is_not_donated():
     np.testing.assert_allclose(out, 2 * np.arange(4.0))
 
 
-@pytest.mark.parametrize("policy", ["alias", "strict"])
+@pytest.mark.parametrize("policy", ["clone", "alias", "strict"])
 def test_cycle_in_arguments_is_a_value_error(policy):
     cyclic = [jnp.zeros(1)]
     cyclic.append(cyclic)

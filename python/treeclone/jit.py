@@ -133,7 +133,12 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = current_override() or self._policy
         if policy == CLONE:
-            return self._jax_jitted(*args, **kwargs)
+            try:
+                return self._jax_jitted(*args, **kwargs)
+            except (SystemError, RecursionError):
+                # jax's flatten fails this way on a cycle; say so, and where.
+                _native.flatten((args, kwargs))
+                raise
         return self._call_policy(policy, args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
