@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from treeclone import _native, _trace
-from treeclone.policies import CLONE, Policy, as_policy, current_override
+from treeclone.policies import CLONE, Policy, _override, as_policy
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
 _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -131,8 +131,8 @@ class Jitted:
         return other
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        policy = current_override() or self._policy
-        if policy == CLONE:
+        policy = _override.get() or self._policy
+        if policy is CLONE:  # presets are canonical objects (as_policy)
             try:
                 return self._jax_jitted(*args, **kwargs)
             except (SystemError, RecursionError):

@@ -72,7 +72,7 @@ _NAMES = {(p.mutations, p.identity): name for name, p in PRESETS.items()}
 def as_policy(policy: str | Policy) -> Policy:
     """A :class:`Policy` from a preset name or a Policy."""
     if isinstance(policy, Policy):
-        return policy
+        return PRESETS.get(policy.name, policy)  # a preset is always the same object
     if isinstance(policy, str) and policy in PRESETS:
         return PRESETS[policy]
     raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(PRESETS)} or a Policy")
