@@ -524,11 +524,17 @@ enum Source {
     Output(usize),
 }
 
-/// `(input_node, old_child_nodes, same_data, writable)`, as Python gives an `Origin`.
-type OriginTuple = (usize, Vec<usize>, bool, bool);
+/// `(input_node, old_child_nodes, same_data, writable, key_order)`, as Python gives an
+/// `Origin`.
+type OriginTuple = (usize, Vec<usize>, bool, bool, Option<Py<PyTuple>>);
 
-/// A pending in-place write: the caller's object, its node, its new children.
-type Write<'a, 'py> = (Bound<'py, PyAny>, &'a Node, Vec<Bound<'py, PyAny>>);
+/// A pending in-place write: the caller's object, its node, its origin, its new children.
+type Write<'a, 'py> = (
+    Bound<'py, PyAny>,
+    &'a Node,
+    &'a Origin,
+    Vec<Bound<'py, PyAny>>,
+);
 
 /// How a node of the results relates to the caller's tree (for write-back).
 struct Origin {
@@ -540,6 +546,8 @@ struct Origin {
     same_data: bool,
     /// Whether it can be updated in place (list, dict, writable custom object).
     writable: bool,
+    /// A dict's keys in the order the function left them (insertion order of new keys).
+    key_order: Option<Py<PyTuple>>,
 }
 
 /// What a traced call returns and writes, fixed at trace time, applied at every call.
@@ -560,7 +568,7 @@ pub struct CallPlan {
 #[pymethods]
 impl CallPlan {
     /// `sources`: per leaf slot of `def`, `(0, input_slot)` or `(1, output_index)`. `origins`: per node of `def`, None or
-    /// `(input_node, old_child_nodes, same_data, writable)`.
+    /// `(input_node, old_child_nodes, same_data, writable, key_order)`.
     #[new]
     #[pyo3(signature = (def, sources, origins, write, result_child, write_custom))]
     fn new(
@@ -584,12 +592,15 @@ impl CallPlan {
         let origins = origins
             .into_iter()
             .map(|o| {
-                o.map(|(node, old_children, same_data, writable)| Origin {
-                    node,
-                    old_children,
-                    same_data,
-                    writable,
-                })
+                o.map(
+                    |(node, old_children, same_data, writable, key_order)| Origin {
+                        node,
+                        old_children,
+                        same_data,
+                        writable,
+                        key_order,
+                    },
+                )
             })
             .collect();
         Ok(CallPlan {
@@ -655,6 +666,7 @@ impl CallPlan {
                                 writes.push((
                                     original.clone(),
                                     node,
+                                    o,
                                     stack.drain(start..).collect(),
                                 ));
                                 original
@@ -687,8 +699,9 @@ enum Undo<'py> {
 impl CallPlan {
     fn write_all<'py>(&self, py: Python<'py>, writes: Vec<Write<'_, 'py>>) -> PyResult<()> {
         let mut done: Vec<Undo<'py>> = Vec::with_capacity(writes.len());
-        for (obj, node, children) in writes {
-            match write_one(py, &obj, node, children, self.write_custom.bind(py)) {
+        for (obj, node, origin, children) in writes {
+            let order = origin.key_order.as_ref().map(|o| o.bind(py));
+            match write_one(py, &obj, node, order, children, self.write_custom.bind(py)) {
                 Ok(undo) => done.push(undo),
                 Err(err) => {
                     // Put back what was written, newest first; the first error is the one
@@ -719,6 +732,7 @@ fn write_one<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
     node: &Node,
+    key_order: Option<&Bound<'py, PyTuple>>,
     children: Vec<Bound<'py, PyAny>>,
     write_custom: &Bound<'py, PyAny>,
 ) -> PyResult<Undo<'py>> {
@@ -745,8 +759,21 @@ fn write_one<'py>(
                         dict.del_item(&k)?;
                     }
                 }
-                for (k, v) in new.iter() {
-                    dict.set_item(k, v)?;
+                // Kept keys keep their place; new keys follow in the order the function added
+                // them (the order its dict had), else sorted.
+                match key_order {
+                    Some(order) => {
+                        for k in order.iter() {
+                            if let Some(v) = new.get_item(&k)? {
+                                dict.set_item(k, v)?;
+                            }
+                        }
+                    }
+                    None => {
+                        for (k, v) in new.iter() {
+                            dict.set_item(k, v)?;
+                        }
+                    }
                 }
                 Ok(())
             };

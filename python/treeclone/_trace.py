@@ -207,7 +207,8 @@ def run(
             continue
         old, new = pre_def.children_of(k), post_def.children_of(n)
         same = _same_data(pre_info[k][3], entry[3])
-        origin_of[n] = (k, old, same, entry[1] in (list, dict) or writable(post_objs[n]))
+        order = tuple(post_objs[n]) if entry[1] is dict else None
+        origin_of[n] = (k, old, same, entry[1] in (list, dict) or writable(post_objs[n]), order)
         changes = _describe(pre_info[k], entry, old, new, objs, post_objs)
         if changes:
             mutated.append(
