@@ -96,11 +96,14 @@ def contents(node):
 def net_changes(tree, program):
     """Paths of the containers of ``tree`` whose contents ``program`` changes (net)."""
     probe = copy.deepcopy(tree)
-    before = containers(probe, "t")  # holds every original container alive: ids stay unique
+    before = containers(probe, "t")  # these hold every original object alive: ids stay unique
+    alive = jax.tree.leaves(probe)
     shapes = {id(node): (path, contents(node)) for node, path in before}
     run_program(probe, program)
     now = {id(node): contents(node) for node, _ in containers(probe, "t")}
-    return {path for key, (path, shape) in shapes.items() if key in now and now[key] != shape}
+    changed = {path for key, (path, shape) in shapes.items() if key in now and now[key] != shape}
+    del alive
+    return changed
 
 
 def mutator(program):
