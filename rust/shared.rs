@@ -795,3 +795,71 @@ fn write_one<'py>(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(arity: usize) -> Entry {
+        Entry::Node(Node {
+            kind: Kind::List,
+            arity,
+            num_leaves: 0,
+            num_nodes: 0,
+            data: None,
+        })
+    }
+
+    /// `[[a, b], <ref to [a, b]>, a]`: post-order a, b, [a, b], ref, a, root.
+    fn sample() -> SharedTreeDef {
+        SharedTreeDef::new(
+            vec![
+                Entry::Leaf(0),
+                Entry::Leaf(1),
+                list(2),
+                Entry::Ref(2),
+                Entry::Leaf(0),
+                list(3),
+            ],
+            2,
+        )
+    }
+
+    #[test]
+    fn children_skip_whole_subtrees() {
+        let def = sample();
+        assert_eq!(def.child_indices(5).unwrap(), vec![2, 3, 4]);
+        assert_eq!(def.child_indices(2).unwrap(), vec![0, 1]);
+        assert!(def.child_indices(0).unwrap().is_empty());
+        assert!(def.child_indices(6).is_err());
+    }
+
+    #[test]
+    fn slots_follow_references() {
+        let def = sample();
+        let mut under_ref = def.slots_under(3).unwrap();
+        under_ref.sort_unstable();
+        assert_eq!(under_ref, vec![0, 1]);
+        assert_eq!(
+            def.child_slots(5).unwrap(),
+            vec![vec![0, 1], vec![0, 1], vec![0]]
+        );
+    }
+
+    #[test]
+    fn address_hash_spreads_aligned_pointers() {
+        let hash = |n: usize| {
+            let mut h = AddressHasher::default();
+            h.write_usize(n);
+            h.finish()
+        };
+        let hashes: std::collections::HashSet<u64> = (0..1000)
+            .map(|i| hash(0x7f00_0000 + 16 * i) >> 54)
+            .collect();
+        assert!(
+            hashes.len() > 500,
+            "top bits too clustered: {}",
+            hashes.len()
+        );
+    }
+}
