@@ -216,6 +216,28 @@ def test_alias_unchanged_leaf_is_not_materialized(mode):
 
 
 @pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_alias_unchanged_python_values_are_handed_back(policy):
+    """Not only arrays: an input value returned untouched is the caller's object, as in plain
+    Python (jax.jit would hand back a new jax.Array)."""
+    scalar, host = 2.0, np.arange(3.0)
+    out = tc.jit(lambda x, s, h: (x * 2, s, h), policy=policy)(jnp.ones(2), scalar, host)
+    assert out[1] is scalar and out[2] is host
+    assert isinstance(jax.jit(lambda s: s)(scalar), jax.Array)
+
+
+def test_alias_donated_container_holds_live_arrays():
+    """A donated dict argument: its arrays come back from the computation into the caller's
+    dict, so the caller never holds a deleted array."""
+    p, q = jnp.arange(3.0), jnp.ones(2)
+    d = {"p": p, "q": q}
+    out = tc.jit(lambda d: d["p"] * 2, policy="alias", donate_argnums=0)(d)
+    np.testing.assert_allclose(out, 2 * np.arange(3.0))
+    assert not d["p"].is_deleted() and not d["q"].is_deleted()
+    np.testing.assert_allclose(d["p"], np.arange(3.0))
+    np.testing.assert_allclose(d["q"], np.ones(2))
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
 def test_same_array_twice_is_one_input(policy):
     seen = []
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -96,6 +97,29 @@ def _hash_static(value: Any) -> None:
         ) from None
 
 
+def _normalize(indices: frozenset[int], n: int) -> frozenset[int]:
+    """Argument positions of one call, negative ones counted from the end as jax.jit does."""
+    if all(i >= 0 for i in indices):
+        return indices
+    return frozenset(i + n if i < 0 else i for i in indices)
+
+
+def _hashable_options(kwargs: dict[str, Any]) -> tuple | None:
+    """``kwargs`` as a hashable key, or None when some option is not hashable."""
+    items = []
+    for k, v in sorted(kwargs.items()):
+        items.append((k, tuple(v) if isinstance(v, list) else v))
+    key = tuple(items)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+_INNER_ATTR = "__treeclone_inner__"
+
+
 class Jitted:
     """What ``treeclone.jit(fun, ...)`` returns: call it like the ``jax.jit`` of ``fun``."""
 
@@ -114,8 +138,24 @@ class Jitted:
         )
         params = _parameters(fun) or []
         self._param_names = [p.name for p in params]
-        self._inner: dict[Policy, Any] = {}  # one jax.jit per policy: the policy is in the key
+        self._inner = self._inner_cache()
         functools.update_wrapper(self, fun)
+        self.__dict__.pop(_INNER_ATTR, None)  # copied from fun's __dict__ by update_wrapper
+
+    def _inner_cache(self) -> dict:
+        """Where the inner jax.jit of each policy lives: on ``fun`` itself when possible, so
+        that ``jit(f)`` written twice shares one trace cache, as two ``jax.jit(f)`` do."""
+        options = _hashable_options(self._kwargs)
+        store = getattr(self._fun, "__dict__", None)
+        if options is None or not isinstance(store, dict):
+            return {}
+        # The entry names its owner: functools.wraps copies __dict__ into wrappers (jax.vmap(f)
+        # among them), which must not inherit f's compiled code. fun -> its __dict__ -> the
+        # entry -> fun is a cycle the garbage collector frees.
+        entry = store.get(_INNER_ATTR)
+        if not (isinstance(entry, tuple) and entry[0] is self._fun):
+            entry = store[_INNER_ATTR] = (self._fun, {})
+        return entry[1].setdefault(options, {})
 
     # --- policies -----------------------------------------------------------------------------
 
@@ -151,13 +191,19 @@ class Jitted:
     def _call_policy(self, policy: Policy, args: tuple, kwargs: dict) -> Any:
         inner = self._inner.get(policy)
         if inner is None:
-            inner = self._inner[policy] = self._make_inner(policy)
+            inner = self._inner[policy] = _make_inner(
+                self._fun, policy, self._kwargs, self._param_names
+            )
+        if kwargs and "in_shardings" in self._kwargs:
+            raise ValueError("pjit does not support kwargs when in_shardings is specified.")
         statics = None
+        positions: Sequence[int] = range(len(args))
         if self._static_nums or self._static_names:
-            args, kwargs, statics = self._split_statics(args, kwargs)
+            args, kwargs, statics, positions = self._split_statics(args, kwargs)
         leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
         if self._donate_nums or self._donate_names:
-            keep = self._keep_mask(sdef, len(args))
+            n = len(positions) if statics is None else statics[0]
+            keep = self._keep_mask(sdef, positions, n)
             kept = [x for x, k in zip(leaves, keep, strict=True) if k]
             donated = [x for x, k in zip(leaves, keep, strict=True) if not k]
             result = inner(_ArgsBox(kept, (sdef, statics, keep)), donated)
@@ -165,82 +211,39 @@ class Jitted:
             result = inner(_ArgsBox(leaves, (sdef, statics, None)), None)
         return result.plan.apply(leaves, objects, result.leaves)
 
-    def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+    def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
+        """Take the static arguments out. Each static value is keyed with its type, as jax.jit
+        keys them (``2`` and ``2.0`` are equal but trace differently)."""
         n = len(args)
-        static_pos = tuple((i, args[i]) for i in sorted(self._static_nums) if i < n)
-        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names))
-        statics = (n, static_pos, static_kw)
-        for _, v in static_pos + static_kw:
+        static_nums = _normalize(self._static_nums, n)
+        static_pos = tuple((i, type(args[i]), args[i]) for i in sorted(static_nums) if i < n)
+        static_kw = tuple(
+            sorted((k, type(v), v) for k, v in kwargs.items() if k in self._static_names)
+        )
+        for *_, v in static_pos + static_kw:
             _hash_static(v)
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in self._static_nums)
+        positions = [i for i in range(n) if i not in static_nums]
+        dyn_args = tuple(args[i] for i in positions)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
-        return dyn_args, dyn_kwargs, statics
+        return dyn_args, dyn_kwargs, (n, static_pos, static_kw), positions
 
-    def _keep_mask(self, sdef: Any, num_args: int) -> tuple[bool, ...]:
-        """Per distinct leaf: False when every occurrence is in a donated argument."""
+    def _keep_mask(self, sdef: Any, positions: Sequence[int], n: int) -> tuple[bool, ...]:
+        """Per distinct leaf: False when every occurrence is in a donated argument.
+
+        ``positions[j]`` is the position, among the call's ``n``, of the j-th dynamic argument.
+        """
+        donate_nums = _normalize(self._donate_nums, n)
         root = sdef.num_nodes - 1
         kept: set[int] = set()
         donated: set[int] = set()
-        for i, slots in enumerate(sdef.child_slots(root)[:num_args]):
-            (donated if i in self._donate_nums else kept).update(slots)
-        kwargs_node = sdef.children_of(root)[num_args]
+        per_child = sdef.child_slots(root)
+        for j, position in enumerate(positions):
+            (donated if position in donate_nums else kept).update(per_child[j])
+        kwargs_node = sdef.children_of(root)[len(positions)]
         names = sdef.node_info()[kwargs_node][3] or ()
         for name, slots in zip(names, sdef.child_slots(kwargs_node), strict=True):
             (donated if name in self._donate_names else kept).update(slots)
         return tuple(s in kept or s not in donated for s in range(sdef.num_leaves))
-
-    def _make_inner(self, policy: Policy) -> Any:
-        fun = self._fun
-        shardings = {k: self._kwargs[k] for k in _SHARDINGS if k in self._kwargs}
-        transform_out = None
-        if "out_shardings" in shardings:
-            transform_out = _constrain_outputs(shardings["out_shardings"])
-
-        def inner(box: _ArgsBox, donated: list | None) -> _ResultBox:
-            sdef, statics, keep = box.key
-            leaves = list(box.leaves)
-            if keep is not None:
-                it_kept, it_donated = iter(box.leaves), iter(donated)
-                leaves = [next(it_kept) if k else next(it_donated) for k in keep]
-            num_args = sdef.node_info()[-1][2] - 1
-            if statics is None:
-                positions = list(range(num_args))
-            else:
-                positions = [i for i in range(statics[0]) if i not in dict(statics[1])]
-            names = [
-                self._param_names[i] if i < len(self._param_names) else f"args[{i}]"
-                for i in positions
-            ]
-            if "in_shardings" in shardings:
-                leaves = _constrain_inputs(sdef, leaves, num_args, shardings["in_shardings"])
-
-            def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
-                if statics is None:
-                    return dyn_args, dyn_kwargs
-                total, static_pos, static_kw = statics
-                fixed = dict(static_pos)
-                it = iter(dyn_args)
-                full = tuple(fixed[i] if i in fixed else next(it) for i in range(total))
-                return full, {**dyn_kwargs, **dict(static_kw)}
-
-            plan, outputs = _trace.run(
-                fun,
-                sdef,
-                leaves,
-                _trace.Layout(num_args, names),
-                policy,
-                rebuild,
-                keep_inputs=keep,
-                transform_out=transform_out,
-            )
-            return _ResultBox(plan, outputs)
-
-        inner.__name__ = getattr(fun, "__name__", "fun")
-        inner.__qualname__ = getattr(fun, "__qualname__", inner.__name__)
-        options = {k: v for k, v in self._kwargs.items() if k not in _ARG_OPTIONS + _SHARDINGS}
-        if self._donate_nums or self._donate_names:
-            options["donate_argnums"] = (1,)
-        return jax.jit(inner, **options)
 
     # --- the rest of jax.jit's interface --------------------------------------------------------
 
@@ -263,6 +266,63 @@ class Jitted:
 
     def __repr__(self) -> str:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
+
+
+def _make_inner(fun: Callable, policy: Policy, kwargs: dict[str, Any], param_names: list[str]):
+    """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves."""
+    in_shardings = kwargs.get("in_shardings")
+    transform_out = None
+    if "out_shardings" in kwargs:
+        transform_out = _constrain_outputs(kwargs["out_shardings"])
+
+    def inner(box: _ArgsBox, donated: list | None) -> _ResultBox:
+        sdef, statics, keep = box.key
+        leaves = list(box.leaves)
+        if keep is not None:
+            it_kept, it_donated = iter(box.leaves), iter(donated)
+            leaves = [next(it_kept) if k else next(it_donated) for k in keep]
+        num_args = sdef.node_info()[-1][2] - 1
+        if statics is None:
+            positions = list(range(num_args))
+        else:
+            fixed = {i for i, *_ in statics[1]}
+            positions = [i for i in range(statics[0]) if i not in fixed]
+        names = [param_names[i] if i < len(param_names) else f"args[{i}]" for i in positions]
+        if in_shardings is not None:
+            leaves = _constrain_inputs(sdef, leaves, num_args, in_shardings)
+            # Outputs must carry the shardings: nothing is handed back uncomputed.
+            keep = [False] * len(leaves)
+
+        def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
+            if statics is None:
+                return dyn_args, dyn_kwargs
+            total, static_pos, static_kw = statics
+            fixed_values = {i: v for i, _, v in static_pos}
+            it = iter(dyn_args)
+            full = tuple(fixed_values[i] if i in fixed_values else next(it) for i in range(total))
+            return full, {**dyn_kwargs, **{k: v for k, _, v in static_kw}}
+
+        plan, outputs = _trace.run(
+            fun,
+            sdef,
+            leaves,
+            _trace.Layout(num_args, names),
+            policy,
+            rebuild,
+            keep_inputs=keep,
+            transform_out=transform_out,
+        )
+        return _ResultBox(plan, outputs)
+
+    inner.__name__ = getattr(fun, "__name__", "fun")
+    inner.__qualname__ = getattr(fun, "__qualname__", inner.__name__)
+    options = {k: v for k, v in kwargs.items() if k not in _ARG_OPTIONS + _SHARDINGS}
+    if kwargs.get("donate_argnums") is not None or kwargs.get("donate_argnames") is not None:
+        options["donate_argnums"] = (1,)
+    with warnings.catch_warnings():
+        # jax.jit already warned about deprecated options when the user's function was wrapped.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return jax.jit(inner, **options)
 
 
 def _shardings_by_leaf(prefix: Any, tree: Any) -> dict[int, Any]:
