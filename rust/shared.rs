@@ -627,9 +627,13 @@ impl CallPlan {
         if self.sources.len() != def.num_slots || self.origins.len() != def.entries.len() {
             return Err(PyValueError::new_err("inconsistent call plan"));
         }
-        let outputs = outputs
-            .cast::<PyList>()
-            .map_err(|_| PyTypeError::new_err("the computation's outputs must come as a list"))?;
+        // jax hands the outputs over as a list or a tuple.
+        let outputs = match outputs.cast::<PyList>() {
+            Ok(list) => list.to_tuple(),
+            Err(_) => outputs.cast::<PyTuple>().cloned().map_err(|_| {
+                PyTypeError::new_err("the computation's outputs must come as a list or tuple")
+            })?,
+        };
         let mut leaves: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.sources.len());
         for s in &self.sources {
             leaves.push(match s {

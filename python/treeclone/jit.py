@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -43,17 +44,18 @@ class _ResultBox:
 
     __slots__ = ("leaves", "plan")
 
-    def __init__(self, plan: Any, leaves: list):
+    def __init__(self, plan: Any, leaves: Sequence[Any]):
         self.plan = plan
         self.leaves = leaves
 
 
+# jax flattens an _ArgsBox and rebuilds a _ResultBox at every call: attrgetter and the class
+# itself do it without a Python frame. (Rebuilding the result as anything but a _ResultBox
+# would take jax.jit off its C++ fast path.)
 jax.tree_util.register_pytree_node(
-    _ArgsBox, lambda b: (b.leaves, b.key), lambda key, leaves: _ArgsBox(list(leaves), key)
+    _ArgsBox, operator.attrgetter("leaves", "key"), lambda key, leaves: _ArgsBox(list(leaves), key)
 )
-jax.tree_util.register_pytree_node(
-    _ResultBox, lambda b: (b.leaves, b.plan), lambda plan, leaves: _ResultBox(plan, list(leaves))
-)
+jax.tree_util.register_pytree_node(_ResultBox, operator.attrgetter("leaves", "plan"), _ResultBox)
 _native.invalidate_registry_cache()
 
 
