@@ -270,12 +270,15 @@ def render(rows: list[dict], info: dict[str, str], command: str, config: dict) -
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    block = f"{BEGIN}\n{section}{END}\n"
+def write_section(
+    path: Path, section: str, begin_marker: str = BEGIN, end_marker: str = END
+) -> None:
+    """Put ``section`` between the markers in ``path``, keeping the rest of the file."""
+    block = f"{begin_marker}\n{section}{end_marker}\n"
     text = path.read_text() if path.exists() else INTRO
-    begin, end = text.find(BEGIN), text.find(END)
+    begin, end = text.find(begin_marker), text.find(end_marker)
     if begin != -1 and end > begin:
-        text = text[:begin] + block + text[end + len(END) :].lstrip("\n")
+        text = text[:begin] + block + text[end + len(end_marker) :].lstrip("\n")
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.parent.mkdir(parents=True, exist_ok=True)
