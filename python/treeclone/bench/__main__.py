@@ -1,0 +1,227 @@
+"""``python -m treeclone.bench``: time training loops under jax.jit, treeclone.jit and peers.
+
+python -m treeclone.bench                      # full run, writes bench-out/
+python -m treeclone.bench --quick --only mlp_adam,seed_pattern --out /tmp/b
+python -m treeclone.bench --docs docs/benchmarks.md   # also rewrite the docs section
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# steps: (aimed batch seconds, fewest, most) steps per timed batch unless --steps is given.
+FULL = {"rounds": 15, "steps": (0.1, 10, 100), "check_steps": 5}
+QUICK = {"rounds": 3, "steps": (0.02, 5, 20), "check_steps": 3}
+
+
+def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m treeclone.bench",
+        description="Time real training loops under jax.jit, treeclone.jit (clone, alias, "
+        "strict), flax.nnx.jit and equinox.filter_jit, after checking that all of them "
+        "compute the same thing. Writes results.json, report.md and bench.png.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a CI-sized smoke run: {QUICK['rounds']} rounds of batches of about "
+        f"{QUICK['steps'][0] * 1000:g} ms, {QUICK['check_steps']} check steps; indicative only",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)"
+    )
+    p.add_argument(
+        "--device",
+        help="cpu, gpu or cuda (default: JAX's default backend, a GPU when there is one)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help=f"workloads to run (repeatable or comma-separated): {', '.join(workload_names)}",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help=f"interleaved timing rounds (default {FULL['rounds']}; quick {QUICK['rounds']})",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="training steps per timed batch, the same for every contender (default: per "
+        "workload, as many as make a batch of jax.jit take about "
+        f"{FULL['steps'][0] * 1000:g} ms, within {FULL['steps'][1]}-{FULL['steps'][2]}; "
+        f"quick: {QUICK['steps'][0] * 1000:g} ms, {QUICK['steps'][1]}-{QUICK['steps'][2]})",
+    )
+    p.add_argument(
+        "--check-steps",
+        type=int,
+        help="steps whose losses are compared before timing (default "
+        f"{FULL['check_steps']}; quick {QUICK['check_steps']})",
+    )
+    p.add_argument(
+        "--rtol",
+        type=float,
+        help="relative tolerance of the loss check (default 1e-4 on CPU, 1e-2 on GPU)",
+    )
+    p.add_argument(
+        "--docs",
+        type=Path,
+        metavar="PATH",
+        help="also write the report between the bench-harness markers of this Markdown file",
+    )
+    p.add_argument(
+        "--fail-on-error",
+        action="store_true",
+        help="exit 1 if any contender failed its check or raised (default: only if jax.jit did)",
+    )
+    return p
+
+
+def resolve_device(name: str | None) -> Any:
+    import jax
+
+    backend = jax.default_backend() if name is None else name.lower()
+    backend = {"cuda": "gpu", "rocm": "gpu"}.get(backend, backend)
+    try:
+        devices = jax.devices(backend)
+    except RuntimeError as e:
+        raise SystemExit(f"error: no {name} device for JAX here: {e}") from None
+    if not devices:
+        raise SystemExit(f"error: no {name} device for JAX here")
+    return devices[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .workloads import WORKLOADS
+
+    args = _parser(list(WORKLOADS)).parse_args(argv)
+    only: list[str] = []
+    for item in args.only or []:
+        only += [n.strip() for n in item.split(",") if n.strip()]
+    unknown = [n for n in only if n not in WORKLOADS]
+    if unknown:
+        print(
+            f"error: unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})",
+            file=sys.stderr,
+        )
+        return 2
+    names = [n for n in WORKLOADS if n in only] if only else list(WORKLOADS)
+    preset = QUICK if args.quick else FULL
+    rounds = args.rounds or preset["rounds"]
+    steps = args.steps
+    check_steps = args.check_steps or preset["check_steps"]
+    if min(rounds, steps or 1, check_steps) < 1:
+        print("error: --rounds, --steps and --check-steps must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        import optax  # noqa: F401  (every workload trains with optax)
+    except ImportError:
+        print(
+            "error: optax is required: pip install 'treeclone[bench]' (or optax)", file=sys.stderr
+        )
+        return 2
+
+    from . import report
+    from .contenders import BASELINE, CONTENDERS, probe
+    from .harness import Config, run_workload
+    from .progress import Progress
+
+    device = resolve_device(args.device)
+    on_cpu = device.platform == "cpu"
+    rtol = args.rtol if args.rtol is not None else (1e-4 if on_cpu else 1e-2)
+    cfg = Config(
+        rounds=rounds,
+        steps=steps,
+        check_steps=check_steps,
+        rtol=rtol,
+        atol=1e-6 if on_cpu else 1e-4,
+        batch_s=preset["steps"][0],
+        min_steps=preset["steps"][1],
+        max_steps=preset["steps"][2],
+    )
+    av = probe()
+    for c, why in av.skipped.items():
+        print(f"note: {c}: skipped ({why})", file=sys.stderr)
+
+    started = time.perf_counter()
+    progress = Progress(len(names) * len(CONTENDERS) * (1 + rounds))
+    results: dict[str, Any] = {
+        "command": report.command_line(argv),
+        "device": report.device_label(device),
+        "config": {
+            "quick": args.quick,
+            "rounds": rounds,
+            "steps": steps if steps is not None else "auto",
+            "auto_steps": {
+                "batch_s": cfg.batch_s,
+                "min": cfg.min_steps,
+                "max": cfg.max_steps,
+            },
+            "check_steps": check_steps,
+            "rtol": rtol,
+            "atol": cfg.atol,
+            "workloads": names,
+            "contenders": list(CONTENDERS),
+        },
+        "workloads": {},
+    }
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names):
+        results["workloads"][name] = run_workload(WORKLOADS[name], device, av, cfg, progress)
+        wl = results["workloads"][name]
+        summary = ", ".join(
+            f"{c} {res['median_us']:.1f}" if "median_us" in res else f"{c} {res.get('status', '?')}"
+            for c, res in wl["contenders"].items()
+        )
+        progress.note(f"{name} (µs/step): {summary}")
+        if i < len(names) - 1:  # partial results, in case the run is cut short
+            results["elapsed_s"] = time.perf_counter() - started
+            results["machine"] = report.machine_info(device)
+            results["plot"] = f"none yet (partial results: {i + 1} of {len(names)} workloads)"
+            report.write_json(out / "results.json", results)
+            (out / "report.md").write_text(report.render(results, heading="#"))
+    progress.close()
+    results["elapsed_s"] = time.perf_counter() - started
+    results["machine"] = report.machine_info(device)
+
+    no_plot = report.write_plot(out / "bench.png", results)
+    results["plot"] = "`bench.png` in the output folder" if not no_plot else f"none ({no_plot})"
+    report.write_json(out / "results.json", results)
+    (out / "report.md").write_text(report.render(results, heading="#"))
+    if args.docs is not None:
+        report.write_section(
+            args.docs, report.render(results, heading="###", title="Training-loop results")
+        )
+        print(f"wrote the bench-harness section of {args.docs}", file=sys.stderr)
+    print(
+        f"wrote {out / 'results.json'}, {out / 'report.md'}"
+        + ("" if no_plot else f", {out / 'bench.png'}"),
+        file=sys.stderr,
+    )
+    if no_plot:
+        print(f"note: {no_plot}", file=sys.stderr)
+
+    bad = [
+        (name, c, res["status"])
+        for name, wl in results["workloads"].items()
+        for c, res in wl["contenders"].items()
+        if res.get("status") in ("failed", "error")
+    ]
+    if any(c == BASELINE for _, c, _ in bad):
+        print("error: jax.jit itself failed: the harness is broken", file=sys.stderr)
+        return 1
+    if bad and args.fail_on_error:
+        print(f"error: {len(bad)} contender runs failed or raised", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The contenders: which jit wrappers are compared, and whether each one can be imported here.
+
+Every workload is run under each of these. A contender whose library cannot be imported is
+reported as skipped with the reason; it is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BASELINE = "jax.jit"
+TC_CLONE = "treeclone.jit[clone]"
+TC_ALIAS = "treeclone.jit[alias]"
+TC_STRICT = "treeclone.jit[strict]"
+NNX = "flax.nnx.jit"
+EQX = "equinox.filter_jit"
+
+CONTENDERS = (BASELINE, TC_CLONE, TC_ALIAS, TC_STRICT, NNX, EQX)
+TC_POLICY = {TC_CLONE: "clone", TC_ALIAS: "alias", TC_STRICT: "strict"}
+
+
+@dataclass
+class Availability:
+    """For each contender: the jit wrapper to use, or why it is skipped."""
+
+    wrappers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    # Contenders under which an object in two places of the inputs is still one object
+    # inside the function (treeclone policies with identity "preserve"; nnx's graph mode).
+    preserving: frozenset[str] = frozenset()
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def probe() -> Availability:
+    """Import every contender's library; record its jit wrapper or the reason it is skipped."""
+    import jax
+
+    av = Availability()
+    av.wrappers[BASELINE] = jax.jit
+    try:
+        tc_jit = importlib.import_module("treeclone").jit
+        if not callable(tc_jit):
+            raise TypeError(f"treeclone.jit is not callable: {tc_jit!r}")
+    except ModuleNotFoundError as e:
+        if e.name == "treeclone":
+            for name in TC_POLICY:
+                av.skipped[name] = "not installed"
+        else:
+            for name in TC_POLICY:
+                av.skipped[name] = f"treeclone.jit not available: {_short(e)}"
+    except Exception as e:  # an ImportError, AttributeError, ... of a half-written package
+        for name in TC_POLICY:
+            av.skipped[name] = f"treeclone.jit not available: {_short(e)}"
+    else:
+        for name, policy in TC_POLICY.items():
+            av.wrappers[name] = _with_policy(tc_jit, policy)
+            if _preserves_identity(policy):
+                av.preserving |= {name}
+    try:
+        from flax import nnx
+    except ImportError:
+        av.skipped[NNX] = "not installed"
+    else:
+        av.wrappers[NNX] = nnx.jit
+        av.preserving |= {NNX}
+    try:
+        import equinox as eqx
+    except ImportError:
+        av.skipped[EQX] = "not installed"
+    else:
+        av.wrappers[EQX] = eqx.filter_jit
+    return av
+
+
+def _preserves_identity(policy: str) -> bool:
+    """Whether a treeclone preset keeps shared objects shared (its identity axis)."""
+    try:
+        policies = importlib.import_module("treeclone.policies")
+        return policies.as_policy(policy).identity == "preserve"
+    except Exception:
+        return policy == "alias"
+
+
+def is_policy_rejection(e: BaseException) -> bool:
+    """True if ``e`` is treeclone refusing a call on purpose (``strict``'s MutationError)."""
+    try:
+        error = importlib.import_module("treeclone.policies").MutationError
+    except Exception:
+        return type(e).__name__ == "MutationError"
+    return isinstance(e, error)
+
+
+def _with_policy(tc_jit: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    def wrap(fun: Callable[..., Any], **kwargs: Any) -> Any:
+        return tc_jit(fun, policy=policy, **kwargs)
+
+    wrap.__name__ = f"treeclone.jit[{policy}]"
+    return wrap
+
+
+def describe_error(e: BaseException) -> str:
+    return _short(e)

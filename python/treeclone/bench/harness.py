@@ -1,0 +1,248 @@
+"""Run one workload: check that every contender computes the same thing, then time it.
+
+Per workload:
+
+1. the plain-Python (un-jitted) reference runs, one per semantics the contenders need;
+2. per contender: build its runner, run the check steps one at a time (the first one
+   traces and compiles: that is the warm-up, excluded from timing), compare the losses with
+   the reference of its semantics, run its extra check; a contender that disagrees is a
+   failure and is not timed;
+3. one untimed batch per remaining contender, then interleaved rounds: each round times
+   every contender once (a batch of ``steps`` steps, then ``jax.block_until_ready`` on the
+   outputs), in an order rotated from round to round. The garbage collector runs once
+   before the rounds and is off during each batch.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from .contenders import (
+    BASELINE,
+    CONTENDERS,
+    TC_POLICY,
+    Availability,
+    describe_error,
+    is_policy_rejection,
+)
+from .progress import Progress
+from .workloads import NotApplicable, Runner, Workload
+
+
+@dataclass
+class Config:
+    rounds: int
+    steps: int | None  # steps per timed batch; None: chosen per workload (``auto_steps``)
+    check_steps: int
+    rtol: float
+    atol: float
+    batch_s: float = 0.1  # with steps=None: the batch time to aim for...
+    min_steps: int = 10  # ...within these bounds
+    max_steps: int = 100
+
+
+def auto_steps(cfg: Config, seconds_per_step: float) -> int:
+    """Steps per batch so that a batch takes about ``cfg.batch_s`` (same for all contenders)."""
+    if cfg.steps is not None:
+        return cfg.steps
+    want = math.ceil(cfg.batch_s / max(seconds_per_step, 1e-9))
+    return max(cfg.min_steps, min(cfg.max_steps, want))
+
+
+def _stats(samples: list[float]) -> dict[str, Any]:
+    a = np.asarray(samples, dtype=float)
+    q1, med, q3 = (float(v) for v in np.percentile(a, [25, 50, 75]))
+    return {
+        "median_us": med,
+        "q1_us": q1,
+        "q3_us": q3,
+        "min_us": float(a.min()),
+        "max_us": float(a.max()),
+        "steps_per_s": 1e6 / med if med > 0 else math.inf,
+        "samples_us": [float(v) for v in a],
+    }
+
+
+def _losses_agree(got: list[float], want: list[float], rtol: float, atol: float) -> bool:
+    return len(got) == len(want) and bool(np.allclose(got, want, rtol=rtol, atol=atol))
+
+
+def _fmt_losses(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.7g}" for v in values) + "]"
+
+
+def run_workload(
+    wl_cls: type[Workload],
+    device: Any,
+    av: Availability,
+    cfg: Config,
+    progress: Progress,
+) -> dict[str, Any]:
+    name = wl_cls.name
+    out: dict[str, Any] = {
+        "title": wl_cls.title,
+        "description": wl_cls.description,
+        "compared": wl_cls.compared,
+        "status": "ok",
+        "references": {},
+        "contenders": {},
+    }
+    results: dict[str, dict[str, Any]] = out["contenders"]
+    with jax.default_device(device):
+        progress.set_label(f"{name}: reference run (no jit)")
+        try:
+            wl = wl_cls(device, av.preserving)
+            for sem in sorted({wl.semantics(c) for c in CONTENDERS}):
+                t0 = time.perf_counter()
+                losses = wl.reference_losses(sem, cfg.check_steps)
+                out["references"][sem] = {
+                    "losses": losses,
+                    "seconds": time.perf_counter() - t0,
+                }
+        except Exception as e:
+            out["status"] = f"error in the reference run: {describe_error(e)}"
+            for c in CONTENDERS:
+                results[c] = {"status": "error", "detail": "the reference run failed"}
+            progress.advance(len(CONTENDERS) * (1 + cfg.rounds))
+            return out
+
+        runners: dict[str, Runner] = {}
+        for c in CONTENDERS:
+            progress.set_label(f"{name}: check {c}")
+            res = results.setdefault(c, {})
+            res["semantics"] = wl.semantics(c)
+            if c in av.skipped:
+                res.update(status="skipped", detail=av.skipped[c])
+                progress.advance(1 + cfg.rounds)
+                continue
+            runner = _check(wl, c, av, cfg, res, out["references"])
+            if runner is None:
+                progress.advance(1 + cfg.rounds)
+                continue
+            runners[c] = runner
+            progress.advance(1)
+
+        if runners:
+            progress.set_label(f"{name}: timing {len(runners)} contenders")
+            steps, samples = _time_rounds(runners, cfg, progress)
+            out["steps_per_batch"] = steps
+            for c, runner in runners.items():
+                results[c].update(_stats(samples[c]))
+                results[c]["traces"] = runner.traces.n
+                if runner.traces.n != results[c]["traces_after_check"]:
+                    results[c]["notes"].append(
+                        f"retraced during timing: {runner.traces.n} traces in all"
+                    )
+            base = results.get(BASELINE, {}).get("median_us")
+            for c in runners:
+                med = results[c]["median_us"]
+                results[c]["ratio_to_jax_jit"] = med / base if base else None
+    return out
+
+
+def _check(
+    wl: Workload,
+    c: str,
+    av: Availability,
+    cfg: Config,
+    res: dict[str, Any],
+    references: dict[str, Any],
+) -> Runner | None:
+    """Build and check one contender; fill ``res``; return the runner if it may be timed."""
+    res["notes"] = []
+    losses: list[float] = []
+    try:
+        runner = wl.runner(c, av.wrappers[c])
+        res["notes"] = runner.notes  # the same list: notes added later show up too
+        t0 = time.perf_counter()
+        for i in range(cfg.check_steps):
+            loss, _ = runner.run(1)
+            losses.append(float(loss))
+            if i == 0:
+                res["first_step_s"] = time.perf_counter() - t0
+        res["check_s"] = time.perf_counter() - t0
+    except NotApplicable as e:
+        res.update(status="not applicable", detail=str(e))
+        return None
+    except Exception as e:
+        if c in TC_POLICY and is_policy_rejection(e):
+            res.update(
+                status="not applicable",
+                detail=f"the {TC_POLICY[c]} policy rejects this step: {describe_error(e)}",
+            )
+        else:
+            res.update(status="error", detail=describe_error(e))
+        if losses:
+            res["check_losses"] = losses
+        return None
+    res["check_losses"] = losses
+    res["traces_after_check"] = runner.traces.n
+    want = references[runner.semantics]["losses"]
+    if not _losses_agree(losses, want, cfg.rtol, cfg.atol):
+        others = [
+            sem
+            for sem, ref in references.items()
+            if sem != runner.semantics and _losses_agree(losses, ref["losses"], cfg.rtol, cfg.atol)
+        ]
+        detail = (
+            f"losses {_fmt_losses(losses)} disagree with the {runner.semantics} reference "
+            f"{_fmt_losses(want)} (rtol {cfg.rtol:g})"
+        )
+        if others:
+            detail += f"; they match the {others[0]} reference instead"
+        res.update(status="failed", detail=detail)
+        return None
+    if runner.verify is not None:
+        try:
+            problem = runner.verify()
+        except Exception as e:
+            problem = f"the extra check raised {describe_error(e)}"
+        if problem:
+            res.update(status="failed", detail=problem)
+            return None
+    res.update(status="ok", detail="")
+    return runner
+
+
+def _time_batch(runner: Runner, steps: int) -> float:
+    """Microseconds per step over one batch of ``steps`` steps, outputs ready."""
+    gc.disable()
+    try:
+        t0 = time.perf_counter_ns()
+        outputs = runner.run(steps)
+        jax.block_until_ready(outputs)
+        t = time.perf_counter_ns() - t0
+    finally:
+        gc.enable()
+    return t / steps / 1000.0
+
+
+def _time_rounds(
+    runners: dict[str, Runner], cfg: Config, progress: Progress
+) -> tuple[int, dict[str, list[float]]]:
+    names = list(runners)
+    # One untimed batch each (caches, allocator, first-call paths). The first contender's
+    # (jax.jit's, when it runs) also sizes the batches when --steps is not given.
+    probe_steps = cfg.steps or cfg.min_steps
+    t0 = time.perf_counter()
+    jax.block_until_ready(runners[names[0]].run(probe_steps))
+    steps = auto_steps(cfg, (time.perf_counter() - t0) / probe_steps)
+    for name in names:
+        jax.block_until_ready(runners[name].run(steps))
+    # Collect once here, not before each batch: a collection right before a batch slows
+    # its first steps down (several hundred µs on a small CPU machine), a distortion.
+    gc.collect()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(cfg.rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(_time_batch(runners[name], steps))
+            progress.advance(1)
+    return steps, samples

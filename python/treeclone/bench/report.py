@@ -1,0 +1,292 @@
+"""What a run writes: machine information, ``results.json``, ``report.md``, ``bench.png``,
+and the generated section of a Markdown file (``--docs``)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .contenders import CONTENDERS
+
+BEGIN = "<!-- bench-harness:begin -->"
+END = "<!-- bench-harness:end -->"
+
+# --------------------------------------------------------------------------- machine
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _processor() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _treeclone() -> str:
+    try:
+        tc = importlib.import_module("treeclone")
+    except Exception as e:
+        return f"not importable ({type(e).__name__})"
+    version = _version("treeclone")
+    if version == "not installed":
+        version = str(getattr(tc, "__version__", "unknown"))
+    where = Path(tc.__file__).resolve().parent if getattr(tc, "__file__", None) else "?"
+    return f"{version} from {where}"
+
+
+def _git_revision() -> str:
+    for where in (Path(__file__).resolve().parent, Path.cwd()):
+        rev = _git_revision_at(where)
+        if rev:
+            return rev
+    return "unknown (not a git checkout)"
+
+
+def _git_revision_at(here: Path) -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        return rev + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def device_label(device: Any) -> str:
+    """``cpu``, or ``gpu (NVIDIA H100 80GB HBM3)``: the platform and, if it says more, the kind."""
+    kind = str(getattr(device, "device_kind", "") or "")
+    return (
+        device.platform if kind.lower() in ("", device.platform) else f"{device.platform} ({kind})"
+    )
+
+
+def machine_info(device: Any) -> dict[str, str]:
+    import jax
+
+    u = platform.uname()
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 0
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    return {
+        "platform": f"{u.system} {u.release} ({u.machine})",
+        "processor": _processor(),
+        "cpus": f"{os.cpu_count()} ({usable} usable by this process)",
+        "load average (1, 5, 15 min) at the end": load,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "flax": _version("flax"),
+        "equinox": _version("equinox"),
+        "optax": _version("optax"),
+        "numpy": _version("numpy"),
+        "treeclone": _treeclone(),
+        "git revision": _git_revision(),
+        "jax default backend": jax.default_backend(),
+        "device": f"{device_label(device)}: {device}",
+        "date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _us(x: float | None) -> str:
+    if x is None:
+        return "—"
+    if x < 10:
+        return f"{x:.2f}"
+    if x < 1000:
+        return f"{x:.1f}"
+    return f"{x:,.0f}"
+
+
+def _status(res: dict[str, Any]) -> str:
+    status, detail = res.get("status", "?"), res.get("detail", "")
+    text = f"{status} ({detail})" if detail and status != "ok" else status
+    if status in ("failed", "error"):
+        text = f"**{text}**"
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def workload_table(wl: dict[str, Any]) -> list[str]:
+    lines = [
+        "| contender | µs/step (median) | spread: IQR (min–max) | vs jax.jit | steps/s "
+        "| traces | 1st step s | semantics | status |",
+        "|---|--:|--:|--:|--:|--:|--:|---|---|",
+    ]
+    for c in CONTENDERS:
+        res = wl["contenders"].get(c, {})
+        if "median_us" in res:
+            ratio = res.get("ratio_to_jax_jit")
+            cells = [
+                _us(res["median_us"]),
+                f"{_us(res['q1_us'])}–{_us(res['q3_us'])} "
+                f"({_us(res['min_us'])}–{_us(res['max_us'])})",
+                "—" if ratio is None else f"{ratio:.2f}x",
+                f"{res['steps_per_s']:,.0f}",
+                str(res.get("traces", "—")),
+            ]
+        else:
+            cells = ["—"] * 5
+        first = res.get("first_step_s")
+        cells.append("—" if first is None else f"{first:.2f}")
+        row = [f"`{c}`", *cells, res.get("semantics", "—"), _status(res)]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def render(
+    results: dict[str, Any], heading: str = "#", title: str = "Training-loop benchmarks"
+) -> str:
+    """The report as Markdown; ``heading`` is the level of its title ('#', '##', ...)."""
+    sub = heading + "#"
+    cfg = results["config"]
+    lines = [
+        f"{heading} {title}",
+        "",
+        f"Produced by `{results['command']}` on device `{results['device']}`: "
+        f"{cfg['rounds']} interleaved rounds per workload, each timing one batch of steps "
+        f"per contender, after {cfg['check_steps']} checked warm-up steps (compilation "
+        "excluded)."
+        + (" **Quick run: few steps and rounds, indicative only.**" if cfg["quick"] else ""),
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in results["machine"].items()]
+    lines += [
+        "",
+        "µs/step is the median over rounds of (batch time / steps), the batch ending with "
+        "`jax.block_until_ready` on the outputs; the spread is the interquartile range over "
+        "rounds (and min–max); *vs jax.jit* is the ratio of medians (below 1x is faster than "
+        "`jax.jit`). *traces* counts how often the step's Python body ran (1 = traced once); "
+        "*1st step s* is the wall time of the first step: tracing and compiling. "
+        "Before timing, each contender's losses over the check steps must agree with a "
+        f"plain-Python (un-jitted) run of the same semantics (rtol {cfg['rtol']:g}); one that "
+        "disagrees is marked failed and not timed.",
+        "",
+    ]
+    if results.get("plot"):
+        lines += [f"Chart: {results['plot']}.", ""]
+    for name, wl in results["workloads"].items():
+        lines += [f"{sub} `{name}`: {wl['title']}", "", wl["description"], ""]
+        lines += [f"Compared: {wl['compared']}", ""]
+        if "steps_per_batch" in wl:
+            lines += [f"Timed in batches of {wl['steps_per_batch']} steps.", ""]
+        if wl["status"] != "ok":
+            lines += [f"**{wl['status']}**", ""]
+        lines += workload_table(wl)
+        notes = [
+            f"- `{c}`: {note}"
+            for c in CONTENDERS
+            for note in wl["contenders"].get(c, {}).get("notes", [])
+        ]
+        if notes:
+            lines += ["", "Notes:", ""] + notes
+        lines.append("")
+    lines.append(f"Total time of the run: {results['elapsed_s']:.1f} s.")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+def write_plot(path: Path, results: dict[str, Any]) -> str:
+    """bench.png: grouped bars of µs/step. Returns '' or why no chart was drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no chart (pip install matplotlib)"
+    workloads = list(results["workloads"])
+    contenders = [
+        c
+        for c in CONTENDERS
+        if any("median_us" in wl["contenders"].get(c, {}) for wl in results["workloads"].values())
+    ]
+    if not workloads or not contenders:
+        return "nothing was timed: no chart"
+    width = 0.8 / len(contenders)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(workloads) + 2), 4.5))
+    for i, c in enumerate(contenders):
+        xs, ys, lo, hi = [], [], [], []
+        for j, name in enumerate(workloads):
+            res = results["workloads"][name]["contenders"].get(c, {})
+            if "median_us" in res:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                ys.append(res["median_us"])
+                lo.append(res["median_us"] - res["q1_us"])
+                hi.append(res["q3_us"] - res["median_us"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=c)
+    ax.set_xticks(range(len(workloads)))
+    ax.set_xticklabels(workloads, rotation=15)
+    ax.set_yscale("log")
+    ax.set_ylabel("µs per training step (median, IQR; log scale)")
+    ax.set_title(f"Training-loop step time on {results['device']} (lower is better)")
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return ""
+
+
+def write_section(path: Path, section: str) -> None:
+    """Put ``section`` between the markers of ``path``, keeping the rest of the file."""
+    block = f"{BEGIN}\n{section}{END}\n"
+    text = path.read_text() if path.exists() else ""
+    begin, end = text.find(BEGIN), text.find(END)
+    if begin != -1 and end > begin:
+        text = text[:begin] + block + text[end + len(END) :].lstrip("\n")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as the user typed it (console script or ``python -m``)."""
+    import shlex
+
+    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    head = "treeclone-bench" if prog == "treeclone-bench" else "python -m treeclone.bench"
+    return f"{head} {shlex.join(argv)}".strip()

@@ -1,0 +1,681 @@
+"""The training workloads, and each one written in the idiomatic form for each contender.
+
+A workload knows its data and initial parameters (numpy, from fixed seeds), can run a
+plain-Python (un-jitted) reference of its step, and builds a ``Runner`` per contender. Every
+form of a step computes the same math; what differs is how state goes in and out:
+
+* ``jax.jit``, ``treeclone.jit[clone]``, ``treeclone.jit[strict]`` and
+  ``equinox.filter_jit`` run the functional step ``(params, opt_state, x, y) -> (params,
+  opt_state, loss)`` over plain pytrees (equinox's ``filter_jit`` over the same functions);
+* ``treeclone.jit[alias]`` runs an in-place step ``step(state, x, y) -> loss`` that assigns
+  the new parameters and optimizer state into the ``state`` dict it was given;
+* ``flax.nnx.jit`` runs an ``nnx.Module`` version of the model with ``nnx.Optimizer``,
+  updated in place as nnx does.
+
+The seed pattern is the exception: there the same ``train_step(model, x, y, optimizer)``,
+whose ``Optimizer`` object is mutated in place and returned, runs under every jit wrapper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import models as M
+from .contenders import NNX, TC_ALIAS
+
+STANDARD = "standard"
+TIED = "tied"
+UNTIED = "untied"
+
+
+class NotApplicable(Exception):
+    """A contender that does not apply to a workload (with the reason)."""
+
+
+class TraceCounter:
+    """Counts how often a step function's Python body runs: once per trace under a jit."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.n += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+@dataclass
+class Runner:
+    """One contender's training loop on one workload.
+
+    ``run(n)`` does ``n`` training steps and returns ``(loss, outputs)``: the last step's loss
+    and everything to block on. ``verify()`` returns None or why the result is wrong, beyond
+    the loss comparison. ``notes`` are facts worth reporting (e.g. object identity).
+    """
+
+    run: Callable[[int], tuple[Any, Any]]
+    traces: TraceCounter
+    semantics: str = STANDARD
+    verify: Callable[[], str | None] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- step forms
+
+
+def functional_step(loss_fn: Callable[..., Any], tx: Any) -> Callable[..., Any]:
+    import optax
+
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step
+
+
+def inplace_step(loss_fn: Callable[..., Any], tx: Any) -> Callable[..., Any]:
+    import optax
+
+    def train_step(state, x, y):
+        params = state["params"]
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, state["opt_state"] = tx.update(grads, state["opt_state"], params)
+        state["params"] = optax.apply_updates(params, updates)
+        return loss
+
+    return train_step
+
+
+def nnx_step(nnx_loss: Callable[..., Any]) -> Callable[..., Any]:
+    from flax import nnx
+
+    def train_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(nnx_loss)(model, x, y)
+        optimizer.update(model, grads)
+        return loss
+
+    return train_step
+
+
+def functional_runner(jit, fn, params, opt_state, x, y, **kw: Any) -> Runner:
+    traces = TraceCounter()
+    f = jit(traces.wrap(fn))
+    p, o = params, opt_state
+
+    def run(n: int):
+        nonlocal p, o
+        pp, oo, loss = p, o, None
+        for _ in range(n):
+            pp, oo, loss = f(pp, oo, x, y)
+        p, o = pp, oo
+        return loss, (pp, oo)
+
+    return Runner(run=run, traces=traces, **kw)
+
+
+def inplace_runner(jit, fn, state: dict[str, Any], x, y, **kw: Any) -> Runner:
+    traces = TraceCounter()
+    f = jit(traces.wrap(fn))
+
+    def run(n: int):
+        loss = None
+        for _ in range(n):
+            loss = f(state, x, y)
+        return loss, state
+
+    return Runner(run=run, traces=traces, **kw)
+
+
+def nnx_runner(jit, fn, model, optimizer, x, y, **kw: Any) -> Runner:
+    traces = TraceCounter()
+    f = jit(traces.wrap(fn))
+
+    def run(n: int):
+        loss = None
+        for _ in range(n):
+            loss = f(model, optimizer, x, y)
+        return loss, (model, optimizer)
+
+    return Runner(run=run, traces=traces, **kw)
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+class Workload:
+    """Base class: data, initial parameters, reference run and per-contender runners."""
+
+    name = ""
+    title = ""
+    description = ""
+    compared = (
+        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+        "of the functional step from the same initial parameters."
+    )
+    lr = 1e-3
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        import optax
+
+        self.device = device
+        self.preserving = preserving  # contenders under which shared objects stay shared
+        self.tx = optax.adam(self.lr)
+
+    def put(self, tree: Any) -> Any:
+        """Onto the default device (the chosen one, inside ``jax.default_device``).
+
+        Uncommitted, like the arrays optax and nnx create: mixing committed and uncommitted
+        inputs would make the second call compile the step again.
+        """
+        return jax.device_put(tree)
+
+    def semantics(self, contender: str) -> str:
+        return STANDARD
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        raise NotImplementedError
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        raise NotImplementedError
+
+
+class _ParamsWorkload(Workload):
+    """A model given by ``loss_fn(params, x, y)`` and an nnx version, trained with Adam."""
+
+    def params0(self) -> Any:
+        raise NotImplementedError
+
+    def loss_fn(self, params, x, y):
+        raise NotImplementedError
+
+    def nnx_model(self, classes: dict[str, Any], params: Any) -> Any:
+        raise NotImplementedError
+
+    def data(self) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        super().__init__(device, preserving)
+        self.x, self.y = (self.put(a) for a in self.data())
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        step = functional_step(self.loss_fn, self.tx)
+        params = self.put(self.params0())
+        opt_state = self.tx.init(params)
+        losses = []
+        for _ in range(n):
+            params, opt_state, loss = step(params, opt_state, self.x, self.y)
+            losses.append(float(loss))
+        return losses
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        if contender == NNX:
+            from flax import nnx
+
+            model = self.nnx_model(M.nnx_classes(), self.params0())
+            optimizer = nnx.Optimizer(model, self.tx, wrt=nnx.Param)
+
+            def nnx_loss(model, x, y):
+                return M.cross_entropy(model(x), y)
+
+            return nnx_runner(jit, nnx_step(nnx_loss), model, optimizer, self.x, self.y)
+        params = self.put(self.params0())
+        opt_state = self.tx.init(params)
+        if contender == TC_ALIAS:
+            state = {"params": params, "opt_state": opt_state}
+            fn = inplace_step(self.loss_fn, self.tx)
+            return inplace_runner(jit, fn, state, self.x, self.y)
+        fn = functional_step(self.loss_fn, self.tx)
+        return functional_runner(jit, fn, params, opt_state, self.x, self.y)
+
+
+class MlpAdam(_ParamsWorkload):
+    name = "mlp_adam"
+    title = "3-layer MLP, Adam (dispatch-bound)"
+    description = (
+        "MLP 32->64->64->10 (ReLU, softmax cross-entropy), batch 32, optax Adam (lr 1e-3); "
+        "6 parameter leaves, 13 more in Adam's state. Tiny: the time is mostly dispatch."
+    )
+    sizes = (32, 64, 64, 10)
+    batch = 32
+
+    def params0(self):
+        return M.mlp_init(0, self.sizes)
+
+    def loss_fn(self, params, x, y):
+        return M.mlp_loss(params, x, y)
+
+    def nnx_model(self, classes, params):
+        return classes["MLP"](params)
+
+    def data(self):
+        return mlp_data(self.sizes, self.batch)
+
+
+def mlp_data(sizes: tuple[int, ...], batch: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    y = rng.integers(0, sizes[-1], batch).astype(np.int32)
+    return x, y
+
+
+class TransformerAdam(_ParamsWorkload):
+    name = "transformer_adam"
+    title = "12-layer transformer, Adam"
+    description = (
+        "12 pre-LN transformer blocks (d_model 64, 4 heads, causal attention, GELU MLP 256), "
+        "token + position embeddings, unembedding by the token embedding; batch 2 x 8 "
+        "tokens, vocabulary 64, next-token cross-entropy, optax Adam (lr 1e-3). "
+        "196 parameter leaves, 589 with Adam's state."
+    )
+    n_layers, d, heads, vocab, seq, batch = 12, 64, 4, 64, 8, 2
+
+    def params0(self):
+        return M.transformer_init(0, self.n_layers, self.d, self.vocab, self.seq)
+
+    def loss_fn(self, params, x, y):
+        return M.transformer_loss(params, x, y, self.heads)
+
+    def nnx_model(self, classes, params):
+        return classes["Transformer"](params, self.heads)
+
+    def data(self):
+        rng = np.random.default_rng(1)
+        tokens = rng.integers(0, self.vocab, (self.batch, self.seq)).astype(np.int32)
+        labels = rng.integers(0, self.vocab, (self.batch, self.seq)).astype(np.int32)
+        return tokens, labels
+
+
+# --------------------------------------------------------------------------- tied embeddings
+
+
+def tied_step(tx: Any) -> Callable[..., Any]:
+    """The functional step of the tied model, aware of the tie by object identity.
+
+    When ``params['unembed'] is params['embed']`` (the tie is visible in the function), the
+    two uses form one parameter: its gradient is the sum over both places, it gets one
+    update, and the result is put back in both places, so the tie survives the step. When
+    they are two objects (as every leaf is under ``jax.jit``, which traces each position as
+    its own input), each place is a parameter of its own and they drift apart.
+    """
+    import optax
+
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(M.tied_loss)(params, x, y)
+        tied = params["unembed"] is params["embed"]
+        if tied:
+            g = grads["embed"] + grads["unembed"]
+            grads = {**grads, "embed": g, "unembed": g}
+        updates, opt_state = tx.update(grads, opt_state, params)
+        new = optax.apply_updates(params, updates)
+        if tied:
+            new = {**new, "unembed": new["embed"]}
+        return new, opt_state, loss
+
+    return train_step
+
+
+class TiedEmbeddings(Workload):
+    name = "tied_embeddings"
+    title = "tied embeddings (one array object in two places)"
+    description = (
+        "Embedding (vocabulary 256, d 64) -> tanh dense -> logits by the unembedding; "
+        "params['embed'] and params['unembed'] are the same array object. Batch 64 tokens, "
+        "next-token cross-entropy, Adam (lr 1e-2). The step is written against the tie: "
+        "when the two entries are one object it sums their gradients and keeps them one "
+        "object."
+    )
+    compared = (
+        "Two semantics, each against its own plain-Python (un-jitted) run of the same step. "
+        "*tied*: the un-jitted step on the tied parameters (the tie is one parameter, its "
+        "gradient summed over both uses), expected of the contenders that keep shared "
+        "objects shared: the treeclone policies whose identity axis is `preserve` (`alias`, "
+        "`strict`) and `flax.nnx.jit` (the same `nnx.Param` in both places). *untied*: the "
+        "un-jitted step on parameters whose two entries are separate copies, which is what "
+        "`jax.jit` computes (it traces each position as its own input, so the tie is broken "
+        "from the first step on); expected of `jax.jit`, `treeclone.jit[clone]` and "
+        "`equinox.filter_jit`. Besides the losses, a contender passes only if its final "
+        "`embed` and `unembed` are equal (tied) or differ (untied)."
+    )
+    lr = 1e-2
+    vocab, d, batch = 256, 64, 64
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        super().__init__(device, preserving)
+        rng = np.random.default_rng(1)
+        self.x = self.put(rng.integers(0, self.vocab, self.batch).astype(np.int32))
+        self.y = self.put(rng.integers(0, self.vocab, self.batch).astype(np.int32))
+
+    def params0(self, tied: bool = True) -> dict[str, Any]:
+        p = M.tied_init(0, self.vocab, self.d)
+        embed = self.put(p["embed"])
+        # device_put maps over leaves, which would untie the two entries: put E once.
+        unembed = embed if tied else self.put(p["unembed"].copy())
+        return {"embed": embed, "hidden": self.put(p["hidden"]), "unembed": unembed}
+
+    def semantics(self, contender: str) -> str:
+        return TIED if contender in self.preserving else UNTIED
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        step = tied_step(self.tx)
+        params = self.params0(tied=semantics == TIED)
+        opt_state = self.tx.init(params)
+        losses = []
+        for _ in range(n):
+            params, opt_state, loss = step(params, opt_state, self.x, self.y)
+            losses.append(float(loss))
+        if semantics == TIED:
+            assert params["unembed"] is params["embed"], "reference lost its tie"
+        return losses
+
+    @staticmethod
+    def _tie_check(
+        semantics: str, notes: list[str], get: Callable[[], tuple[Any, Any, bool, str]]
+    ) -> Callable[[], Any]:
+        def verify() -> str | None:
+            embed, unembed, same, what = get()
+            notes.append(f"after the check steps, `{what}`: {same}")
+            equal = np.array_equal(np.asarray(embed), np.asarray(unembed))
+            if semantics == TIED and not equal:
+                return "embed and unembed differ after training: the tie was not kept"
+            if semantics == UNTIED and equal:
+                return "embed and unembed are still equal: expected the tie to be broken"
+            return None
+
+        return verify
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        sem = self.semantics(contender)
+        if contender == NNX:
+            from flax import nnx
+
+            model = M.nnx_classes()["Tied"](M.tied_init(0, self.vocab, self.d))
+            optimizer = nnx.Optimizer(model, self.tx, wrt=nnx.Param)
+
+            def nnx_loss(model, x, y):
+                return M.cross_entropy(model(x), y)
+
+            r = nnx_runner(jit, nnx_step(nnx_loss), model, optimizer, self.x, self.y)
+            r.semantics = sem
+            r.verify = self._tie_check(
+                sem,
+                r.notes,
+                lambda: (
+                    model.embed[...],
+                    model.unembed[...],
+                    model.unembed is model.embed,
+                    "model.unembed is model.embed",
+                ),
+            )
+            return r
+        params = self.params0(tied=True)
+        opt_state = self.tx.init(params)
+        fn = tied_step(self.tx)
+        if contender == TC_ALIAS:
+            state = {"params": params, "opt_state": opt_state}
+
+            def inplace(state, x, y):
+                new, state["opt_state"], loss = fn(state["params"], state["opt_state"], x, y)
+                state["params"] = new
+                return loss
+
+            r = inplace_runner(jit, inplace, state, self.x, self.y, semantics=sem)
+            get = lambda: state["params"]  # noqa: E731
+        else:
+            r = functional_runner(jit, fn, params, opt_state, self.x, self.y, semantics=sem)
+            get = lambda: r.run(0)[1][0]  # noqa: E731  (run(0): the current state, no step)
+
+        def tie() -> tuple[Any, Any, bool, str]:
+            p = get()
+            return p["embed"], p["unembed"], p["unembed"] is p["embed"], "unembed is embed"
+
+        r.verify = self._tie_check(sem, r.notes, tie)
+        return r
+
+
+# --------------------------------------------------------------------------- frozen half
+
+
+def merge_halves(frozen: dict[str, Any], trainable: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "embed": frozen["embed"],
+        "layers": list(frozen["layers"]) + list(trainable["layers"]),
+        "final_ln": trainable["final_ln"],
+    }
+
+
+class FrozenHalf(Workload):
+    name = "frozen_half"
+    title = "fine-tuning with half the parameters frozen"
+    description = (
+        "The transformer of transformer_adam with 8 layers; the embeddings and the first 4 "
+        "layers are frozen (66 leaves), the last 4 layers and the final layer norm are "
+        "trained with Adam (lr 1e-3; 66 leaves, 133 in Adam's state). The functional step "
+        "takes and returns the frozen half unchanged (pass-through leaves)."
+    )
+    compared = (
+        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+        "of the functional step. `treeclone.jit[alias]` leaves the frozen half alone (neither "
+        "mutated nor returned); `flax.nnx.jit` holds it in a non-`Param` variable type that "
+        "`nnx.value_and_grad` and `nnx.Optimizer` do not touch."
+    )
+    n_layers, n_frozen = 8, 4
+    d, heads, vocab, seq, batch = 64, 4, 64, 8, 2
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        super().__init__(device, preserving)
+        rng = np.random.default_rng(1)
+        shape = (self.batch, self.seq)
+        self.x = self.put(rng.integers(0, self.vocab, shape).astype(np.int32))
+        self.y = self.put(rng.integers(0, self.vocab, shape).astype(np.int32))
+
+    def full_params(self) -> dict[str, Any]:
+        return M.transformer_init(0, self.n_layers, self.d, self.vocab, self.seq)
+
+    def halves(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        p = self.put(self.full_params())
+        k = self.n_frozen
+        frozen = {"embed": p["embed"], "layers": p["layers"][:k]}
+        trainable = {"layers": p["layers"][k:], "final_ln": p["final_ln"]}
+        return frozen, trainable
+
+    def functional(self) -> Callable[..., Any]:
+        import optax
+
+        tx, heads = self.tx, self.heads
+
+        def train_step(frozen, trainable, opt_state, x, y):
+            def loss_fn(trainable):
+                return M.transformer_loss(merge_halves(frozen, trainable), x, y, heads)
+
+            loss, grads = jax.value_and_grad(loss_fn)(trainable)
+            updates, opt_state = tx.update(grads, opt_state, trainable)
+            return frozen, optax.apply_updates(trainable, updates), opt_state, loss
+
+        return train_step
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        step = self.functional()
+        frozen, trainable = self.halves()
+        opt_state = self.tx.init(trainable)
+        losses = []
+        for _ in range(n):
+            frozen, trainable, opt_state, loss = step(frozen, trainable, opt_state, self.x, self.y)
+            losses.append(float(loss))
+        return losses
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        x, y = self.x, self.y
+        if contender == NNX:
+            from flax import nnx
+
+            classes = M.nnx_classes()
+            model = classes["Transformer"](self.full_params(), self.heads, self.n_frozen)
+            optimizer = nnx.Optimizer(model, self.tx, wrt=nnx.Param)
+
+            def nnx_loss(model, x, y):
+                return M.cross_entropy(model(x), y)
+
+            return nnx_runner(jit, nnx_step(nnx_loss), model, optimizer, x, y)
+        frozen, trainable = self.halves()
+        opt_state = self.tx.init(trainable)
+        step = self.functional()
+        if contender == TC_ALIAS:
+            state = {"frozen": frozen, "trainable": trainable, "opt_state": opt_state}
+
+            def inplace(state, x, y):
+                _, state["trainable"], state["opt_state"], loss = step(
+                    state["frozen"], state["trainable"], state["opt_state"], x, y
+                )
+                return loss
+
+            return inplace_runner(jit, inplace, state, x, y)
+        traces = TraceCounter()
+        f = jit(traces.wrap(step))
+        fz, tr, o = frozen, trainable, opt_state
+
+        def run(n: int):
+            nonlocal fz, tr, o
+            a, b, c, loss = fz, tr, o, None
+            for _ in range(n):
+                a, b, c, loss = f(a, b, c, x, y)
+            fz, tr, o = a, b, c
+            return loss, (a, b, c)
+
+        return Runner(run=run, traces=traces)
+
+
+# --------------------------------------------------------------------------- seed pattern
+
+
+@dataclasses.dataclass
+class Optimizer:
+    """An optax optimizer as a mutable pytree node: ``update`` changes it in place.
+
+    The pattern of the seed discussion: ``params = optimizer.update(grads, params)`` inside
+    a jitted ``train_step`` that returns the optimizer.
+    """
+
+    tx: Any
+    opt_state: Any
+    count: Any
+
+    def update(self, grads: Any, params: Any) -> Any:
+        import optax
+
+        updates, self.opt_state = self.tx.update(grads, self.opt_state, params)
+        self.count = self.count + 1
+        return optax.apply_updates(params, updates)
+
+
+jax.tree_util.register_dataclass(Optimizer, data_fields=["opt_state", "count"], meta_fields=["tx"])
+
+
+def seed_train_step(model, x, y, optimizer):
+    loss, grads = jax.value_and_grad(M.mlp_loss)(model, x, y)
+    model = optimizer.update(grads, model)
+    return model, loss, optimizer
+
+
+class SeedPattern(Workload):
+    name = "seed_pattern"
+    title = "the seed pattern: an optimizer mutated in place and returned"
+    description = (
+        "`train_step(model, x, y, optimizer)` on the MLP of mlp_adam: `optimizer` is a "
+        "dataclass registered with `jax.tree_util.register_dataclass` (optax Adam state and "
+        "a step count), mutated in place by `optimizer.update(grads, model)` and returned "
+        "with the model and the loss. The same function runs under every jit wrapper; "
+        "flax.nnx.jit runs the nnx version (`nnx.Optimizer.update`, in place, loss returned)."
+    )
+    compared = (
+        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+        "of the same `train_step` (where the mutation hits the caller's optimizer). The "
+        "notes say whether the optimizer a call returns is the object that was passed in."
+    )
+    sizes, batch = MlpAdam.sizes, MlpAdam.batch
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        super().__init__(device, preserving)
+        self.x, self.y = (self.put(a) for a in mlp_data(self.sizes, self.batch))
+
+    def fresh(self) -> tuple[Any, Optimizer]:
+        model = self.put(M.mlp_init(0, self.sizes))
+        count = self.put(np.zeros((), np.int32))
+        return model, Optimizer(self.tx, self.tx.init(model), count)
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        model, optimizer = self.fresh()
+        losses = []
+        for _ in range(n):
+            model, loss, optimizer = seed_train_step(model, self.x, self.y, optimizer)
+            losses.append(float(loss))
+        assert int(optimizer.count) == n
+        return losses
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        x, y = self.x, self.y
+        if contender == NNX:
+            from flax import nnx
+
+            model = M.nnx_classes()["MLP"](M.mlp_init(0, self.sizes))
+            optimizer = nnx.Optimizer(model, self.tx, wrt=nnx.Param)
+
+            def nnx_train_step(model, x, y, optimizer):
+                def loss_fn(model):
+                    return M.cross_entropy(model(x), y)
+
+                loss, grads = nnx.value_and_grad(loss_fn)(model)
+                optimizer.update(model, grads)
+                return loss
+
+            traces = TraceCounter()
+            f = jit(traces.wrap(nnx_train_step))
+
+            def run_nnx(n: int):
+                loss = None
+                for _ in range(n):
+                    loss = f(model, x, y, optimizer)
+                return loss, (model, optimizer)
+
+            return Runner(run=run_nnx, traces=traces)
+
+        model, optimizer = self.fresh()
+        traces = TraceCounter()
+        f = jit(traces.wrap(seed_train_step))
+        passed = optimizer
+        state = {"model": model, "optimizer": optimizer, "first": True}
+        notes: list[str] = []
+
+        def run(n: int):
+            m, o, loss = state["model"], state["optimizer"], None
+            for _ in range(n):
+                m, loss, o = f(m, x, y, o)
+            if n and state["first"]:
+                state["first"] = False
+                same = o is passed
+                count = int(np.asarray(passed.count))
+                notes.append(
+                    "the optimizer returned by the first call "
+                    + ("is the object passed in" if same else "is a new object")
+                    + f"; the passed object's count after it: {count}"
+                )
+            state["model"], state["optimizer"] = m, o
+            return loss, (m, o)
+
+        return Runner(run=run, traces=traces, notes=notes)
+
+
+WORKLOADS: dict[str, type[Workload]] = {
+    w.name: w for w in (MlpAdam, TransformerAdam, TiedEmbeddings, FrozenHalf, SeedPattern)
+}

@@ -1,0 +1,111 @@
+"""Smoke tests of the training-loop benchmark harness (``python -m treeclone.bench``).
+
+Each test runs the harness in a subprocess on a small subset of workloads with ``--quick``
+and checks what it writes: ``results.json``, ``report.md`` and ``bench.png`` (or the reason
+there is no chart), and a status for every contender of every workload run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from treeclone.bench.contenders import BASELINE, CONTENDERS
+
+STATUSES = {"ok", "skipped", "not applicable", "failed", "error"}
+
+
+def _run(out: Path, *args: str, prelude: str = "") -> subprocess.CompletedProcess:
+    """``python -m treeclone.bench --quick --out OUT ...``; ``prelude`` runs first."""
+    code = (
+        f"{prelude}\nimport sys\nfrom treeclone.bench.__main__ import main\n"
+        f"sys.exit(main({['--quick', '--out', str(out), *args]!r}))"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+def _check_files(out: Path, workloads: list[str]) -> dict:
+    assert (out / "report.md").is_file()
+    results = json.loads((out / "results.json").read_text())
+    if results["plot"].startswith("none"):
+        assert "matplotlib" in results["plot"] or "nothing" in results["plot"]
+    else:
+        assert (out / "bench.png").stat().st_size > 0
+    assert list(results["workloads"]) == workloads
+    report = (out / "report.md").read_text()
+    for name in workloads:
+        wl = results["workloads"][name]
+        assert set(wl["contenders"]) == set(CONTENDERS), name
+        for contender, res in wl["contenders"].items():
+            assert res["status"] in STATUSES, (name, contender, res)
+            assert f"`{contender}`" in report
+        for key in ("python", "jax", "jaxlib", "flax", "equinox", "optax", "treeclone"):
+            assert key in results["machine"]
+        assert "--quick" in results["command"]
+    return results
+
+
+def test_quick_run_writes_every_file_and_status(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    workloads = ["mlp_adam", "seed_pattern"]
+    proc = _run(out, "--only", "mlp_adam", "--only", "seed_pattern")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = _check_files(out, workloads)
+    for name in workloads:
+        base = results["workloads"][name]["contenders"][BASELINE]
+        # jax.jit is the baseline: it must pass its check and be timed.
+        assert base["status"] == "ok", base
+        assert base["median_us"] > 0 and base["ratio_to_jax_jit"] == 1.0
+        assert base["traces"] == 1
+        assert len(base["check_losses"]) == results["config"]["check_steps"]
+        for res in results["workloads"][name]["contenders"].values():
+            if res["status"] == "ok":
+                assert res["median_us"] > 0 and res["q1_us"] <= res["q3_us"]
+            else:
+                assert res["detail"], res  # every non-ok status says why
+    # The progress bar goes to stderr; stdout stays clean.
+    assert "%" in proc.stderr
+
+
+def test_missing_peers_are_reported_not_dropped(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    # flax and equinox unimportable, treeclone.jit gone: all must still be in the results.
+    prelude = (
+        "import sys\nsys.modules['flax'] = None\nsys.modules['equinox'] = None\n"
+        "import treeclone\nif hasattr(treeclone, 'jit'):\n    del treeclone.jit"
+    )
+    proc = _run(out, "--only", "mlp_adam", "--rounds", "1", prelude=prelude)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = _check_files(out, ["mlp_adam"])
+    contenders = results["workloads"]["mlp_adam"]["contenders"]
+    assert contenders[BASELINE]["status"] == "ok"
+    for name in ("flax.nnx.jit", "equinox.filter_jit"):
+        assert contenders[name]["status"] == "skipped"
+        assert contenders[name]["detail"] == "not installed"
+    for policy in ("clone", "alias", "strict"):
+        res = contenders[f"treeclone.jit[{policy}]"]
+        assert res["status"] == "skipped"
+        assert res["detail"].startswith("treeclone.jit not available")
+    report = (out / "report.md").read_text()
+    assert "skipped (not installed)" in report
+
+
+def test_docs_section_is_replaced_and_the_rest_kept(tmp_path: Path) -> None:
+    from treeclone.bench.report import BEGIN, END, write_section
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Title\n\n<!-- tree-table:begin -->\ntable\n<!-- tree-table:end -->\n")
+    write_section(doc, "first\n")
+    text = doc.read_text()
+    assert text.startswith("# Title\n") and "<!-- tree-table:end -->" in text
+    assert text.endswith(f"{BEGIN}\nfirst\n{END}\n")
+    write_section(doc, "second\n")
+    text = doc.read_text()
+    assert "first" not in text and text.count(BEGIN) == 1 and "second" in text
+    assert "<!-- tree-table:begin -->\ntable\n" in text
