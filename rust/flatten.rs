@@ -7,10 +7,16 @@ use crate::treedef::Node;
 use pyo3::exceptions::{PyRecursionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+use std::collections::HashSet;
 
 /// A tree deeper than this is refused with RecursionError rather than exhausting memory
 /// (e.g. a custom node that makes a fresh child node every time it is flattened).
 pub(crate) const MAX_DEPTH: usize = 1_000_000;
+
+/// From this depth on, the containers on the path are also kept in a set, so that a cycle the
+/// anchor check misses (one through fresh containers, where only every k-th object on the path
+/// repeats) is still caught, by this depth plus its length.
+const EXACT_CYCLE_DEPTH: usize = 10_000;
 
 pub struct Options<'py> {
     pub is_leaf: Option<Bound<'py, PyAny>>,
@@ -169,8 +175,13 @@ pub(crate) fn key_entry<'py>(
             c.dict_key.bind(py).call1((keys.get_item(i)?,))
         }
         Kind::NamedTuple => {
-            let field = obj.get_type().getattr("_fields")?.get_item(i)?;
-            c.getattr_key.bind(py).call1((field,))
+            let fields = obj.get_type().getattr("_fields")?;
+            if i >= fields.len()? {
+                return Err(PyValueError::new_err(
+                    "A namedtuple's _fields attribute should have the same size as the tuple.",
+                ));
+            }
+            c.getattr_key.bind(py).call1((fields.get_item(i)?,))
         }
         _ => c.flattened_index_key.bind(py).call1((i,)),
     }
@@ -190,6 +201,8 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
     let mut pending_keys: Vec<Py<PyAny>> = Vec::new();
     let mut path: Vec<Py<PyAny>> = Vec::new();
     let mut classifier = registry::Classifier::new();
+    // Addresses of the containers on the path, once it has been EXACT_CYCLE_DEPTH deep.
+    let mut on_path: Option<HashSet<usize>> = None;
     let mut current = tree.clone();
     loop {
         let forced_leaf = match &opts.is_leaf {
@@ -255,6 +268,14 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                         return Err(cycle_error(py, &frames, &current)?);
                     }
                 }
+                if depth >= EXACT_CYCLE_DEPTH && on_path.is_none() {
+                    on_path = Some(frames.iter().map(|f| f.obj.as_ptr() as usize).collect());
+                }
+                if let Some(set) = on_path.as_mut() {
+                    if !set.insert(current.as_ptr() as usize) {
+                        return Err(cycle_error(py, &frames, &current)?);
+                    }
+                }
                 if depth >= MAX_DEPTH {
                     return Err(PyRecursionError::new_err(format!(
                         "pytree is nested more than {MAX_DEPTH} levels deep"
@@ -286,6 +307,9 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 break;
             }
             let f = frames.pop().expect("a frame");
+            if let Some(set) = on_path.as_mut() {
+                set.remove(&(f.obj.as_ptr() as usize));
+            }
             out.nodes.push(Node {
                 kind: f.kind,
                 arity: f.arity,

@@ -116,13 +116,19 @@ pub fn invalidate() {
 /// entry holds its type, so a remembered address cannot be reused by another type.
 pub struct Classifier<'py> {
     seen: Vec<(Bound<'py, PyType>, Kind)>,
+    /// Size of JAX's registry when `seen` was filled: a flatten function may register a type
+    /// mid-traversal, and then the memo is dropped.
+    registry_len: usize,
 }
 
 const CLASSIFIER_MEMO: usize = 8;
 
 impl<'py> Classifier<'py> {
     pub fn new() -> Self {
-        Classifier { seen: Vec::new() }
+        Classifier {
+            seen: Vec::new(),
+            registry_len: 0,
+        }
     }
 
     /// The node kind of `obj`, as JAX's default registry sees it.
@@ -142,13 +148,19 @@ impl<'py> Classifier<'py> {
         if obj.is_none() {
             return Ok(Kind::None);
         }
+        let py = obj.py();
+        let registry_len = compat(py)?.registry.bind(py).len();
+        if registry_len != self.registry_len {
+            self.seen.clear();
+            self.registry_len = registry_len;
+        }
         for (seen, kind) in &self.seen {
             if seen.as_ptr() as *mut ffi::PyTypeObject == ty {
                 return Ok(kind.clone());
             }
         }
         let ty = obj.get_type();
-        let kind = classify_type(obj.py(), &ty)?;
+        let kind = classify_type(py, &ty)?;
         if self.seen.len() < CLASSIFIER_MEMO {
             self.seen.push((ty, kind.clone()));
         }

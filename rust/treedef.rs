@@ -269,7 +269,9 @@ impl PyTreeDef {
                     }
                     let (children, aux) = crate::flatten::call_custom_flatten(&obj, custom)?;
                     let expected_aux = node.data.as_ref().expect("aux").bind(py);
-                    if !aux.eq(expected_aux)? {
+                    // Identity first, as JAX: the same aux object always matches itself (even
+                    // an array, or NaN).
+                    if !aux.is(expected_aux) && !aux.eq(expected_aux)? {
                         return Err(PyValueError::new_err(format!(
                             "Mismatch custom node data: {} != {}; value: {}.",
                             expected_aux.repr()?,
@@ -321,12 +323,12 @@ impl PyTreeDef {
         if self.nodes.len() != other.nodes.len() {
             return Ok(false);
         }
+        // Node by node in post-order, kind and arity then data, as JAX compares: an aux
+        // comparison that raises is reached (or not) exactly when JAX reaches it.
         for (a, b) in self.nodes.iter().zip(&other.nodes) {
             if !a.kind.same(&b.kind) || a.arity != b.arity {
                 return Ok(false);
             }
-        }
-        for (a, b) in self.nodes.iter().zip(&other.nodes) {
             match (&a.data, &b.data) {
                 (None, None) => {}
                 (Some(x), Some(y)) => {
@@ -469,11 +471,16 @@ impl PyTreeDef {
             if list.len() != expected {
                 return Err(leaf_count_error(expected, list.len()));
             }
-            return self.build(py, |i| {
+            let tree = self.build(py, |i| {
                 list.get_item(i).map_err(|_| {
                     PyValueError::new_err("the leaves list changed size during unflatten")
                 })
-            });
+            })?;
+            if list.len() != expected {
+                // An unflatten function appended to the list meanwhile: as JAX, too many.
+                return Err(leaf_count_error(expected, list.len()));
+            }
+            return Ok(tree);
         }
         if let Ok(tuple) = leaves.cast_exact::<PyTuple>() {
             if tuple.len() != expected {

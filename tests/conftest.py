@@ -23,7 +23,9 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.load_profile(os.environ.get("TREECLONE_HYPOTHESIS_PROFILE", "ci"))
+# TREECLONE_LONG=1 (see helpers.LONG) also selects the long profile unless one is named.
+_DEFAULT_PROFILE = "long" if os.environ.get("TREECLONE_LONG", "") not in ("", "0") else "ci"
+settings.load_profile(os.environ.get("TREECLONE_HYPOTHESIS_PROFILE", _DEFAULT_PROFILE))
 
 
 @pytest.fixture(params=trees.CORPUS_IDS)

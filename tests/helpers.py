@@ -14,6 +14,8 @@ import jax.tree_util as jtu
 from trees import Rec
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# TREECLONE_LONG=1: the heavier tests (threads, leaks, fuzzing) run longer; CI-sized otherwise.
+LONG = os.environ.get("TREECLONE_LONG", "") not in ("", "0")
 KEY_TYPES = (jtu.SequenceKey, jtu.DictKey, jtu.GetAttrKey, jtu.FlattenedIndexKey)
 _DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict)
 

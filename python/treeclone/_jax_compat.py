@@ -94,5 +94,8 @@ __all__ = [
 
 def prefix_error(tree, other, is_leaf, exc, name):
     """The exception JAX's tree_map raises when `other` does not match `tree`'s structure."""
-    err = next(_jtu._prefix_error((), tree, other, is_leaf), None)
+    try:
+        err = next(_jtu._prefix_error((), tree, other, is_leaf), None)
+    except (RecursionError, SystemError):
+        return exc  # JAX's message builder recurses into a cyclic tree: keep treeclone's error
     return err(name) if err is not None else exc
