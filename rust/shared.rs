@@ -3,7 +3,8 @@
 //!
 //! `flatten_shared` walks a tree like `flatten`, but an object met a second time (by identity)
 //! is recorded as a reference to its first occurrence: a shared leaf gets one slot in the leaves
-//! list, a shared container becomes a `Ref` node. `SharedTreeDef.unflatten` restores the
+//! list, a shared container becomes a `Ref` node. Dicts keep their insertion order (plain
+//! Python's), which is then part of the structure. `SharedTreeDef.unflatten` restores the
 //! sharing, so a function traced on the rebuilt tree sees `a is b` where its caller did.
 //! `CallPlan.apply` rebuilds a traced function's results and, for `alias`, writes the new
 //! contents of the caller's containers back into those very objects, all or nothing.
@@ -156,7 +157,20 @@ pub fn flatten_shared<'py>(
                 Some(Seen::Open) => return Err(cycle_error(py, &frames, &current)?),
                 _ => {
                     let start = pending.len();
-                    let data = expand(&current, &kind, &mut pending, None)?;
+                    let data = if let Kind::Dict = kind {
+                        // Insertion order, not JAX's sorted order: code run under these
+                        // policies sees dicts as plain Python does, and write-back restores the
+                        // order the function leaves.
+                        let dict = current.cast::<PyDict>()?;
+                        let mut keys = Vec::with_capacity(dict.len());
+                        for (k, v) in dict.iter() {
+                            keys.push(k);
+                            pending.push(v.unbind());
+                        }
+                        Some(PyTuple::new(py, keys)?.into_any().unbind())
+                    } else {
+                        expand(&current, &kind, &mut pending, None)?
+                    };
                     let arity = pending.len() - start;
                     pending[start..].reverse();
                     if frames.len() >= MAX_DEPTH {
@@ -763,13 +777,22 @@ fn write_one<'py>(
                         dict.del_item(&k)?;
                     }
                 }
-                // Kept keys keep their place; new keys follow in the order the function added
-                // them (the order its dict had), else sorted.
+                // The order the function left its dict in (a key deleted and added back moves
+                // to the end, as in plain Python); without one, kept keys keep their place and
+                // new keys follow sorted.
                 match key_order {
                     Some(order) => {
                         for k in order.iter() {
                             if let Some(v) = new.get_item(&k)? {
                                 dict.set_item(k, v)?;
+                            }
+                        }
+                        if !dict.keys().as_any().eq(order.to_list())? {
+                            dict.clear();
+                            for k in order.iter() {
+                                if let Some(v) = new.get_item(&k)? {
+                                    dict.set_item(k, v)?;
+                                }
                             }
                         }
                     }

@@ -190,6 +190,29 @@ def test_alias_container_mutations(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_dict_order_is_plain_pythons(mode):
+    """Under alias the function sees the caller's key order, and the caller's dict ends in the
+    order the function left (a key deleted and added back moves to the end)."""
+    seen = []
+
+    def f(d):
+        seen.append(list(d))
+        d["c"] = d["a"] + 1
+        old = d.pop("b")
+        d["b"] = old * 2
+
+    def state():
+        return {"b": jnp.ones(1), "a": jnp.zeros(1)}
+
+    d, plain = state(), state()
+    f(plain)
+    runner(mode, f, "alias")(d)
+    assert seen == [["b", "a"], ["b", "a"]]
+    assert list(d) == list(plain) == ["a", "c", "b"]
+    leaves_equal(d, plain)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_alias_list_grows(mode):
     def f(history, x):
         history.append(x * 2)

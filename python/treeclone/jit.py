@@ -202,6 +202,8 @@ class Jitted:
         positions: Sequence[int] = range(len(args))
         if self._static_nums or self._static_names:
             args, kwargs, statics, positions = self._split_statics(args, kwargs)
+        if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
+            kwargs = dict(sorted(kwargs.items()))
         leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
         if self._donate_nums or self._donate_names:
             n = len(positions) if statics is None else statics[0]
