@@ -119,27 +119,35 @@ class _Paths:
 
 
 def _describe(pre: tuple, post: tuple, old: list, new: list, objs: list, post_objs: list):
-    """What changed in one container: a list of (child index or None, description)."""
+    """What changed in one container: ``(child index or None, description, child now)``s."""
     _, ty, old_arity, old_data = pre
     _, _, new_arity, new_data = post
-    changes: list[tuple[int | None, str]] = []
-    if ty is dict and not _same_data(old_data, new_data):
-        added = [k for k in new_data if k not in old_data]
-        removed = [k for k in old_data if k not in new_data]
+    changes: list[tuple[int | None, str, Any]] = []
+    if ty is dict:
+        new_pos = {k: i for i, k in enumerate(new_data)}
+        added = [k for k in new_data if k not in set(old_data)]
+        removed = [k for k in old_data if k not in new_pos]
         if added:
-            changes.append((None, f"key added: {', '.join(map(repr, added))}"))
+            changes.append((None, f"key added: {', '.join(map(repr, added))}", None))
         if removed:
-            changes.append((None, f"key removed: {', '.join(map(repr, removed))}"))
-    elif ty is list and old_arity != new_arity:
-        changes.append((None, f"list resized from {old_arity} to {new_arity}"))
+            changes.append((None, f"key removed: {', '.join(map(repr, removed))}", None))
+        kept = [k for k in old_data if k in new_pos]
+        if not added and not removed and list(new_data) != kept:
+            changes.append((None, "keys reordered", None))
+        for j, k in enumerate(old_data):
+            if k in new_pos and objs[old[j]] is not post_objs[new[new_pos[k]]]:
+                changes.append((j, "replaced", post_objs[new[new_pos[k]]]))
+        return changes
+    if ty is list and old_arity != new_arity:
+        changes.append((None, f"list resized from {old_arity} to {new_arity}", None))
     elif not _same_data(old_data, new_data):
-        changes.append((None, "attribute set (the node's static data changed)"))
+        changes.append((None, "attribute set (the node's static data changed)", None))
     if not changes:
         for j, (o, n) in enumerate(zip(old, new, strict=False)):
             if objs[o] is not post_objs[n]:
-                changes.append((j, "replaced"))
+                changes.append((j, "replaced", post_objs[n]))
         if old_arity != new_arity:
-            changes.append((None, f"children changed from {old_arity} to {new_arity}"))
+            changes.append((None, f"children changed from {old_arity} to {new_arity}", None))
     return changes
 
 
@@ -211,15 +219,7 @@ def run(
         origin_of[n] = (k, old, same, entry[1] in (list, dict) or writable(post_objs[n]), order)
         changes = _describe(pre_info[k], entry, old, new, objs, post_objs)
         if changes:
-            mutated.append(
-                (
-                    k,
-                    [
-                        (j, what, post_objs[new[j]] if j is not None and j < len(new) else None)
-                        for j, what in changes
-                    ],
-                )
-            )
+            mutated.append((k, changes))
 
     if policy.mutations == "error":
         bad = [(k, c) for k, c in mutated if k not in returned]
@@ -282,7 +282,7 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
         out = fun(*fresh_args, **fresh_kwargs)
         out_leaves, out_def = _native.flatten(out)
         return out_def.unflatten(out_leaves)
-    root = (*args, kwargs)
+    root = (*args, dict(sorted(kwargs.items())))
     leaves, sdef, objects = _native.flatten_shared(root)
     params = []
     try:
