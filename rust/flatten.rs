@@ -108,6 +108,7 @@ fn custom_flatten_with_keys<'py>(
 }
 
 /// Push `obj`'s children (in order) onto `children` and return the node's data.
+#[inline(always)] // the hot path of flatten; also called by flatten_shared
 pub(crate) fn expand<'py>(
     obj: &Bound<'py, PyAny>,
     kind: &Kind,
@@ -201,7 +202,7 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
     let mut pending_keys: Vec<Py<PyAny>> = Vec::new();
     let mut path: Vec<Py<PyAny>> = Vec::new();
     let mut classifier = registry::Classifier::new();
-    // Addresses of the containers on the path, once it has been EXACT_CYCLE_DEPTH deep.
+    // Addresses of the containers on the path while it is EXACT_CYCLE_DEPTH or more deep.
     let mut on_path: Option<HashSet<usize>> = None;
     let mut current = tree.clone();
     loop {
@@ -225,6 +226,9 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 }
             }
         };
+        if opts.is_leaf.is_some() {
+            classifier.python_ran();
+        }
         let kind = if forced_leaf {
             Kind::Leaf
         } else {
@@ -244,6 +248,9 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 &mut pending,
                 opts.with_paths.then_some(&mut pending_keys),
             )?;
+            if let Kind::Custom(_) = kind {
+                classifier.python_ran();
+            }
             let arity = pending.len() - start;
             if arity == 0 {
                 out.nodes.push(Node {
@@ -268,10 +275,10 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                         return Err(cycle_error(py, &frames, &current)?);
                     }
                 }
-                if depth >= EXACT_CYCLE_DEPTH && on_path.is_none() {
-                    on_path = Some(frames.iter().map(|f| f.obj.as_ptr() as usize).collect());
-                }
-                if let Some(set) = on_path.as_mut() {
+                if depth >= EXACT_CYCLE_DEPTH {
+                    let set = on_path.get_or_insert_with(|| {
+                        frames.iter().map(|f| f.obj.as_ptr() as usize).collect()
+                    });
                     if !set.insert(current.as_ptr() as usize) {
                         return Err(cycle_error(py, &frames, &current)?);
                     }
@@ -307,8 +314,16 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 break;
             }
             let f = frames.pop().expect("a frame");
-            if let Some(set) = on_path.as_mut() {
-                set.remove(&(f.obj.as_ptr() as usize));
+            let depth = frames.len();
+            if depth + 1 >= EXACT_CYCLE_DEPTH {
+                // Deep frames leave the set one by one; back above the threshold, it is dropped
+                // (and rebuilt from the path if this traversal goes that deep again).
+                match on_path.as_mut() {
+                    Some(set) if depth >= EXACT_CYCLE_DEPTH => {
+                        set.remove(&(f.obj.as_ptr() as usize));
+                    }
+                    _ => on_path = None,
+                }
             }
             out.nodes.push(Node {
                 kind: f.kind,

@@ -116,9 +116,11 @@ pub fn invalidate() {
 /// entry holds its type, so a remembered address cannot be reused by another type.
 pub struct Classifier<'py> {
     seen: Vec<(Bound<'py, PyType>, Kind)>,
-    /// Size of JAX's registry when `seen` was filled: a flatten function may register a type
-    /// mid-traversal, and then the memo is dropped.
+    /// Size of JAX's registry when `seen` was filled: a flatten function (or is_leaf) may
+    /// register a type mid-traversal, and then the memo is dropped.
     registry_len: usize,
+    /// Python code ran since the registry size was last read (see `python_ran`).
+    recheck: bool,
 }
 
 const CLASSIFIER_MEMO: usize = 8;
@@ -128,7 +130,15 @@ impl<'py> Classifier<'py> {
         Classifier {
             seen: Vec::new(),
             registry_len: 0,
+            recheck: false,
         }
+    }
+
+    /// Say that user code (a flatten function, is_leaf) ran: it may have registered a type,
+    /// so the memo is checked against the registry before its next use.
+    #[inline]
+    pub fn python_ran(&mut self) {
+        self.recheck = true;
     }
 
     /// The node kind of `obj`, as JAX's default registry sees it.
@@ -149,10 +159,13 @@ impl<'py> Classifier<'py> {
             return Ok(Kind::None);
         }
         let py = obj.py();
-        let registry_len = compat(py)?.registry.bind(py).len();
-        if registry_len != self.registry_len {
-            self.seen.clear();
-            self.registry_len = registry_len;
+        if self.recheck || self.seen.is_empty() {
+            self.recheck = false;
+            let registry_len = compat(py)?.registry.bind(py).len();
+            if registry_len != self.registry_len {
+                self.seen.clear();
+                self.registry_len = registry_len;
+            }
         }
         for (seen, kind) in &self.seen {
             if seen.as_ptr() as *mut ffi::PyTypeObject == ty {

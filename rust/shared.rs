@@ -115,6 +115,9 @@ pub fn flatten_shared<'py>(
             None => false,
             Some(f) => f.call1((&current,))?.is_truthy()?,
         };
+        if is_leaf.is_some() {
+            classifier.python_ran();
+        }
         let kind = if forced_leaf {
             Kind::Leaf
         } else {
@@ -169,6 +172,9 @@ pub fn flatten_shared<'py>(
                         }
                         Some(PyTuple::new(py, keys)?.into_any().unbind())
                     } else {
+                        if let Kind::Custom(_) = kind {
+                            classifier.python_ran();
+                        }
                         expand(&current, &kind, &mut pending, None)?
                     };
                     let arity = pending.len() - start;
