@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -120,6 +121,7 @@ def register_inplace(cls: type, update: Callable[[Any, Any], None]) -> None:
     if not isinstance(cls, type):
         raise TypeError(f"register_inplace expects a class, got {cls!r}")
     _UPDATERS[cls] = update
+    _field_names.cache_clear()
 
 
 def writable(obj: Any) -> bool:
@@ -142,19 +144,17 @@ def _slot_names(cls: type) -> list[str]:
     return names
 
 
-def _snapshot(obj: Any) -> Callable[[], None]:
-    """A function that puts ``obj``'s attributes back as they are now."""
-    state = dict(getattr(obj, "__dict__", {}))
-    slots = {n: getattr(obj, n) for n in _slot_names(type(obj)) if hasattr(obj, n)}
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """A dataclass's field names (assigned one by one), or None: copy the instance attributes."""
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return None
 
-    def restore() -> None:
-        if hasattr(obj, "__dict__"):
-            vars(obj).clear()
-            vars(obj).update(state)
-        for n, v in slots.items():
-            object.__setattr__(obj, n, v)
 
-    return restore
+@functools.cache
+def _slots_of(cls: type) -> tuple[str, ...]:
+    return tuple(_slot_names(cls))
 
 
 def write_custom(target: Any, source: Any) -> Callable[[], None]:
@@ -170,17 +170,30 @@ def write_custom(target: Any, source: Any) -> Callable[[], None]:
         before = copy.copy(target)
         update(target, source)
         return lambda: update(target, before)
-    undo = _snapshot(target)
-    if dataclasses.is_dataclass(target):
-        names = [f.name for f in dataclasses.fields(target)]
-    else:
-        names = list(getattr(source, "__dict__", {})) + _slot_names(cls)
+    names = _field_names(cls)
+    if names is None:
+        names = (*getattr(source, "__dict__", ()), *_slots_of(cls))
+    missing = object()
+    before = [(name, getattr(target, name, missing)) for name in names]
+    # object.__setattr__: frozen dataclasses are updated too (alias means "as if the function
+    # had run on the caller's object", and that object changed).
+    setattr_ = object.__setattr__
+
+    def undo() -> None:
+        for name, value in before:
+            if value is missing:
+                try:
+                    object.__delattr__(target, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr_(target, name, value)
+
     try:
         for name in names:
-            if hasattr(source, name):
-                # object.__setattr__: frozen dataclasses are updated too (alias means "as if
-                # the function had run on the caller's object", and that object changed).
-                object.__setattr__(target, name, getattr(source, name))
+            value = getattr(source, name, missing)
+            if value is not missing:
+                setattr_(target, name, value)
     except BaseException:
         undo()
         raise
