@@ -25,20 +25,19 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
-import importlib.metadata
 import itertools
 import json
 import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from contenders import CONTENDERS, OPS, Call, applies, check_agreement, make_call, module_for
+from treeclone.bench.report import dist_version, git_revision, processor_name
 from trees import TREES
 
 BEGIN = "<!-- tree-table:begin -->"
@@ -114,45 +113,6 @@ def measure_cell(calls: dict[str, Call], rounds: int, batch_ns: int) -> dict[str
 # --------------------------------------------------------------------------- environment
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _processor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_revision() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return rev + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no commit yet, or not a git checkout)"
-
-
 def _load_average() -> str:
     try:
         return ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -166,21 +126,21 @@ def machine_info(tc: Any) -> dict[str, str]:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    tc_version = _version("treeclone")
+    tc_version = dist_version("treeclone")
     if tc_version == "not installed":
         tc_version = str(getattr(sys.modules.get("treeclone"), "__version__", "unknown"))
     return {
-        "processor": _processor(),
+        "processor": processor_name(),
         "system": f"{u.system} {u.release} ({u.machine})",
         "cpus": f"{os.cpu_count()} ({usable} usable by this process)",
         "load average (1, 5, 15 min) at the end": _load_average(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "treeclone": f"{tc_version} from {Path(tc.__file__).resolve().parent}",
-        "jax": _version("jax"),
-        "jaxlib": _version("jaxlib"),
-        "optree": _version("optree"),
-        "numpy": _version("numpy"),
-        "git revision": _git_revision(),
+        "jax": dist_version("jax"),
+        "jaxlib": dist_version("jaxlib"),
+        "optree": dist_version("optree"),
+        "numpy": dist_version("numpy"),
+        "git revision": git_revision(),
         "date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
     }
 

@@ -337,19 +337,8 @@ impl SharedTreeDef {
                 Entry::Leaf(s) => (0u8, *s).hash(&mut h),
                 Entry::Ref(t) => (1u8, *t).hash(&mut h),
                 Entry::Node(n) => {
-                    (2u8, n.kind.code(), n.arity).hash(&mut h);
-                    match &n.kind {
-                        Kind::Custom(c) => (c.ty.as_ptr() as usize).hash(&mut h),
-                        Kind::NamedTuple => {
-                            (n.data.as_ref().map_or(0, |d| d.as_ptr() as usize)).hash(&mut h)
-                        }
-                        Kind::Dict => {
-                            for key in n.data.as_ref().expect("dict keys").bind(py).try_iter()? {
-                                key?.hash()?.hash(&mut h);
-                            }
-                        }
-                        _ => {}
-                    }
+                    2u8.hash(&mut h);
+                    n.hash_into(py, &mut h)?;
                 }
             }
         }
@@ -363,15 +352,7 @@ impl SharedTreeDef {
         for (a, b) in self.entries.iter().zip(&other.entries) {
             let equal = match (a, b) {
                 (Entry::Leaf(x), Entry::Leaf(y)) | (Entry::Ref(x), Entry::Ref(y)) => x == y,
-                (Entry::Node(x), Entry::Node(y)) => {
-                    x.kind.same(&y.kind)
-                        && x.arity == y.arity
-                        && match (&x.data, &y.data) {
-                            (None, None) => true,
-                            (Some(p), Some(q)) => p.is(q) || p.bind(py).eq(q.bind(py))?,
-                            _ => false,
-                        }
-                }
+                (Entry::Node(x), Entry::Node(y)) => x.same_as(py, y)?,
                 _ => false,
             };
             if !equal {

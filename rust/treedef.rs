@@ -45,6 +45,49 @@ impl Node {
         }
     }
 
+    /// Feed what equality compares, except aux data (which need not hash), into `h`.
+    pub fn hash_into(&self, py: Python<'_>, h: &mut impl Hasher) -> PyResult<()> {
+        self.kind.code().hash(h);
+        self.arity.hash(h);
+        match &self.kind {
+            Kind::Custom(c) => (c.ty.as_ptr() as usize).hash(h),
+            Kind::NamedTuple => (self.data.as_ref().map_or(0, |d| d.as_ptr() as usize)).hash(h),
+            Kind::Dict => {
+                for key in self.data.as_ref().expect("dict keys").bind(py).try_iter()? {
+                    key?.hash()?.hash(h);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// JAX's node equality: kind and arity, then node data (identity first, then `==`; an
+    /// `==` that raises becomes JAX's ValueError about metadata fields).
+    pub fn same_as(&self, py: Python<'_>, other: &Node) -> PyResult<bool> {
+        if !self.kind.same(&other.kind) || self.arity != other.arity {
+            return Ok(false);
+        }
+        match (&self.data, &other.data) {
+            (None, None) => Ok(true),
+            (Some(x), Some(y)) if x.is(y) => Ok(true),
+            (Some(x), Some(y)) => match x.bind(py).eq(y.bind(py)) {
+                Ok(equal) => Ok(equal),
+                Err(err) => {
+                    let new = PyValueError::new_err(
+                        "Exception raised while checking equality of metadata fields \
+                         of pytree. Make sure that metadata fields are hashable and \
+                         have simple equality semantics. (Note: arrays cannot be \
+                         passed as metadata fields!)",
+                    );
+                    new.set_cause(py, Some(err));
+                    Err(new)
+                }
+            },
+            _ => Ok(false),
+        }
+    }
+
     /// The Python type this node rebuilds (None for a leaf).
     pub fn node_type<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
         Some(match &self.kind {
@@ -301,56 +344,20 @@ impl PyTreeDef {
     fn compute_hash(&self, py: Python<'_>) -> PyResult<isize> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for node in &self.nodes {
-            node.kind.code().hash(&mut h);
-            node.arity.hash(&mut h);
-            match &node.kind {
-                Kind::Custom(c) => (c.ty.as_ptr() as usize).hash(&mut h),
-                Kind::NamedTuple => {
-                    (node.data.as_ref().map_or(0, |d| d.as_ptr() as usize)).hash(&mut h)
-                }
-                Kind::Dict => {
-                    for key in node.data.as_ref().expect("dict keys").bind(py).try_iter()? {
-                        key?.hash()?.hash(&mut h);
-                    }
-                }
-                _ => {}
-            }
+            node.hash_into(py, &mut h)?;
         }
         Ok(h.finish() as isize)
     }
 
+    /// Node by node in post-order, as JAX compares: an aux comparison that raises is reached
+    /// (or not) exactly when JAX reaches it.
     fn structural_eq(&self, py: Python<'_>, other: &PyTreeDef) -> PyResult<bool> {
         if self.nodes.len() != other.nodes.len() {
             return Ok(false);
         }
-        // Node by node in post-order, kind and arity then data, as JAX compares: an aux
-        // comparison that raises is reached (or not) exactly when JAX reaches it.
         for (a, b) in self.nodes.iter().zip(&other.nodes) {
-            if !a.kind.same(&b.kind) || a.arity != b.arity {
+            if !a.same_as(py, b)? {
                 return Ok(false);
-            }
-            match (&a.data, &b.data) {
-                (None, None) => {}
-                (Some(x), Some(y)) => {
-                    if x.is(y) {
-                        continue;
-                    }
-                    match x.bind(py).eq(y.bind(py)) {
-                        Ok(true) => {}
-                        Ok(false) => return Ok(false),
-                        Err(err) => {
-                            let new = PyValueError::new_err(
-                                "Exception raised while checking equality of metadata fields \
-                                 of pytree. Make sure that metadata fields are hashable and \
-                                 have simple equality semantics. (Note: arrays cannot be \
-                                 passed as metadata fields!)",
-                            );
-                            new.set_cause(py, Some(err));
-                            return Err(new);
-                        }
-                    }
-                }
-                _ => return Ok(false),
             }
         }
         Ok(true)

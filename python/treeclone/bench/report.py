@@ -22,14 +22,14 @@ END = "<!-- bench-harness:end -->"
 # --------------------------------------------------------------------------- machine
 
 
-def _version(dist: str) -> str:
+def dist_version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
 
-def _processor() -> str:
+def processor_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -45,14 +45,14 @@ def _treeclone() -> str:
         tc = importlib.import_module("treeclone")
     except Exception as e:
         return f"not importable ({type(e).__name__})"
-    version = _version("treeclone")
+    version = dist_version("treeclone")
     if version == "not installed":
         version = str(getattr(tc, "__version__", "unknown"))
     where = Path(tc.__file__).resolve().parent if getattr(tc, "__file__", None) else "?"
     return f"{version} from {where}"
 
 
-def _git_revision() -> str:
+def git_revision() -> str:
     for where in (Path(__file__).resolve().parent, Path.cwd()):
         rev = _git_revision_at(where)
         if rev:
@@ -105,18 +105,18 @@ def machine_info(device: Any) -> dict[str, str]:
         load = "unknown"
     return {
         "platform": f"{u.system} {u.release} ({u.machine})",
-        "processor": _processor(),
+        "processor": processor_name(),
         "cpus": f"{os.cpu_count()} ({usable} usable by this process)",
         "load average (1, 5, 15 min) at the end": load,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "jax": _version("jax"),
-        "jaxlib": _version("jaxlib"),
-        "flax": _version("flax"),
-        "equinox": _version("equinox"),
-        "optax": _version("optax"),
-        "numpy": _version("numpy"),
+        "jax": dist_version("jax"),
+        "jaxlib": dist_version("jaxlib"),
+        "flax": dist_version("flax"),
+        "equinox": dist_version("equinox"),
+        "optax": dist_version("optax"),
+        "numpy": dist_version("numpy"),
         "treeclone": _treeclone(),
-        "git revision": _git_revision(),
+        "git revision": git_revision(),
         "jax default backend": jax.default_backend(),
         "device": f"{device_label(device)}: {device}",
         "date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
