@@ -351,35 +351,55 @@ fn cycle_error<'py>(
     frames: &[Frame<'py>],
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<PyErr> {
-    let occurrences: Vec<usize> = frames
+    let steps = frames
+        .iter()
+        .map(|f| PathStep {
+            obj: &f.obj,
+            kind: &f.kind,
+            data: f.data.as_ref(),
+            child: f.current_child(),
+        })
+        .collect::<Vec<_>>();
+    cycle_error_on_path(py, &steps, obj)
+}
+
+/// One container on a traversal's path, and the child being visited in it.
+pub(crate) struct PathStep<'a, 'py> {
+    pub obj: &'a Bound<'py, PyAny>,
+    pub kind: &'a Kind,
+    pub data: Option<&'a Py<PyAny>>,
+    pub child: usize,
+}
+
+/// A ValueError naming where `obj`, met again on `path` (root first), contains itself.
+pub(crate) fn cycle_error_on_path<'py>(
+    py: Python<'py>,
+    path: &[PathStep<'_, 'py>],
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<PyErr> {
+    let occurrences: Vec<usize> = path
         .iter()
         .enumerate()
-        .filter(|(_, f)| f.obj.is(obj))
+        .filter(|(_, step)| step.obj.is(obj))
         .map(|(i, _)| i)
         .collect();
     let first = occurrences[0];
-    let second = occurrences.get(1).copied().unwrap_or(frames.len());
-    let keys = |range: std::ops::Range<usize>| -> PyResult<Bound<'py, PyTuple>> {
-        let mut v = Vec::new();
-        for f in &frames[range] {
-            v.push(key_entry(
-                py,
-                &f.kind,
-                f.data.as_ref(),
-                &f.obj,
-                f.current_child(),
-            )?);
+    let second = occurrences.get(1).copied().unwrap_or(path.len());
+    let keys = |steps: &[PathStep<'_, 'py>]| -> PyResult<Bound<'py, PyTuple>> {
+        let mut v = Vec::with_capacity(steps.len());
+        for step in steps {
+            v.push(key_entry(py, step.kind, step.data, step.obj, step.child)?);
         }
         PyTuple::new(py, v)
     };
     let keystr = compat(py)?.keystr.bind(py);
-    let to_first = keys(0..first)?;
+    let to_first = keys(&path[..first])?;
     let where_first = if to_first.is_empty() {
         "the root".to_string()
     } else {
         format!("key path {}", keystr.call1((to_first,))?)
     };
-    let loop_path = keystr.call1((keys(first..second)?,))?;
+    let loop_path = keystr.call1((keys(&path[first..second])?,))?;
     Ok(PyValueError::new_err(format!(
         "cycle detected in pytree: the {} at {} contains itself at relative key path {}",
         obj.get_type().name()?,

@@ -9,8 +9,8 @@
 //! `CallPlan.apply` rebuilds a traced function's results and, for `alias`, writes the new
 //! contents of the caller's containers back into those very objects, all or nothing.
 
-use crate::flatten::{expand, key_entry, MAX_DEPTH};
-use crate::registry::{self, compat, Kind};
+use crate::flatten::{cycle_error_on_path, expand, PathStep, MAX_DEPTH};
+use crate::registry::{self, Kind};
 use crate::treedef::{build_node, Node};
 use pyo3::exceptions::{PyRecursionError, PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -224,35 +224,16 @@ fn cycle_error<'py>(
     frames: &[Frame<'py>],
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<PyErr> {
-    let first = frames
+    let steps = frames
         .iter()
-        .position(|f| f.obj.is(obj))
-        .expect("an open container is on the path");
-    let mut keys = Vec::new();
-    for f in frames {
-        keys.push(key_entry(
-            py,
-            &f.kind,
-            f.data.as_ref(),
-            &f.obj,
-            f.arity - f.remaining - 1,
-        )?);
-    }
-    let keystr = compat(py)?.keystr.bind(py);
-    let where_first = if first == 0 {
-        "the root".to_string()
-    } else {
-        format!(
-            "key path {}",
-            keystr.call1((PyTuple::new(py, &keys[..first])?,))?
-        )
-    };
-    Ok(PyValueError::new_err(format!(
-        "cycle detected in pytree: the {} at {} contains itself at relative key path {}",
-        obj.get_type().name()?,
-        where_first,
-        keystr.call1((PyTuple::new(py, &keys[first..])?,))?
-    )))
+        .map(|f| PathStep {
+            obj: &f.obj,
+            kind: &f.kind,
+            data: f.data.as_ref(),
+            child: f.arity - f.remaining - 1,
+        })
+        .collect::<Vec<_>>();
+    cycle_error_on_path(py, &steps, obj)
 }
 
 /// The structure of a tree with its sharing: which leaves and containers are the same object.
