@@ -8,13 +8,14 @@ caller's objects) at every call, plus the leaves the computation must output.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from treeclone import _native
 from treeclone._jax_compat import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 from treeclone._jax_compat import flatten_one_level_with_keys as _keyed_children
-from treeclone.policies import MutationError, Policy, writable, write_custom
+from treeclone.policies import MutationError, Policy, as_policy, writable, write_custom
 
 NoneType = type(None)
 
@@ -273,8 +274,6 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     mutations reach the caller's objects (all or nothing) and returned inputs are the caller's
     same objects; under ``strict`` a mutated input it does not return raises MutationError.
     """
-    from treeclone.policies import as_policy
-
     chosen = as_policy(policy)
     if chosen.identity == "duplicate":
         leaves, treedef = _native.flatten((args, kwargs))
@@ -284,13 +283,10 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
         return out_def.unflatten(out_leaves)
     root = (*args, dict(sorted(kwargs.items())))
     leaves, sdef, objects = _native.flatten_shared(root)
-    params = []
     try:
-        import inspect
-
         params = list(inspect.signature(fun).parameters)
     except (TypeError, ValueError):
-        pass
+        params = []
     plan, outputs = run(
         fun,
         sdef,
