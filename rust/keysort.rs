@@ -6,14 +6,18 @@
 //! the keys in insertion order. A cache entry holds strong references to its keys, so an address
 //! in it can never be reused by another object while the entry lives: equal addresses mean the
 //! very same keys, and the cached order is exact.
+//!
+//! The cache and the scratch buffers are per thread: no lock on the hot path (a training loop
+//! flattens from one thread), and a thread never sees another's entries half-built.
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
 
 /// Sorted keys of a dict and, for each sorted position, the key's insertion index.
 pub struct KeyOrder {
@@ -38,14 +42,16 @@ impl Hasher for PassThroughHasher {
     }
 }
 
-type OrderMap = HashMap<u64, Arc<KeyOrder>, BuildHasherDefault<PassThroughHasher>>;
+type OrderMap = HashMap<u64, Rc<KeyOrder>, BuildHasherDefault<PassThroughHasher>>;
 
 const ORDER_CACHE_MAX: usize = 1024;
 
-static ORDER_CACHE: Mutex<Option<OrderMap>> = Mutex::new(None);
+/// Borrowed key and value pointers of the dict being sorted (reused: no allocation per dict).
+type Scratch = (Vec<*mut ffi::PyObject>, Vec<*mut ffi::PyObject>);
 
-fn lock_cache() -> std::sync::MutexGuard<'static, Option<OrderMap>> {
-    ORDER_CACHE.lock().unwrap_or_else(|e| e.into_inner())
+thread_local! {
+    static ORDER_CACHE: RefCell<OrderMap> = RefCell::new(OrderMap::default());
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[inline]
@@ -86,51 +92,59 @@ pub fn sorted_children(
     if n > u32::MAX as usize {
         return Err(PyValueError::new_err("dict too large to flatten"));
     }
-    let mut keys: Vec<*mut ffi::PyObject> = Vec::with_capacity(n);
-    let mut insertion_values: Vec<*mut ffi::PyObject> = Vec::with_capacity(n);
-    let mut all_str = true;
-    // SAFETY: PyDict_Next yields borrowed references owned by `dict`, which we hold; no Python
-    // code runs until the values are increfed below and the keys are no longer used.
-    unsafe {
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        while ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
-            all_str &= ffi::PyUnicode_CheckExact(k) != 0;
-            keys.push(k);
-            insertion_values.push(v);
-        }
-    }
-    if all_str {
-        if let Some(order) = str_key_order(py, &keys) {
-            values.reserve(n);
-            for &i in &order.order {
-                // SAFETY: borrowed from the dict, still alive (see above).
-                values.push(
-                    unsafe { Bound::from_borrowed_ptr(py, insertion_values[i as usize]) }.unbind(),
-                );
+    // Exact-str keys: the cached (or natively computed) order. No Python code runs in this
+    // block, so the dict cannot change and the scratch buffers cannot be borrowed twice.
+    let done = SCRATCH.with(|cell| -> Option<Py<PyTuple>> {
+        let mut scratch = cell.try_borrow_mut().ok()?;
+        let (keys, insertion_values) = &mut *scratch;
+        keys.clear();
+        insertion_values.clear();
+        // SAFETY: PyDict_Next yields borrowed references owned by `dict`, which we hold; no
+        // Python code runs until the values are increfed below and the keys are done with.
+        unsafe {
+            let mut pos: ffi::Py_ssize_t = 0;
+            let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+            let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+            while ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
+                if ffi::PyUnicode_CheckExact(k) == 0 {
+                    return None;
+                }
+                keys.push(k);
+                insertion_values.push(v);
             }
-            return Ok(order.sorted.clone_ref(py));
         }
+        let order = str_key_order(py, keys)?;
+        values.reserve(n);
+        for &i in &order.order {
+            // SAFETY: borrowed from the dict, still alive (see above).
+            values.push(
+                unsafe { Bound::from_borrowed_ptr(py, insertion_values[i as usize]) }.unbind(),
+            );
+        }
+        Some(order.sorted.clone_ref(py))
+    });
+    if let Some(sorted) = done {
+        return Ok(sorted);
     }
     generic_sorted_children(py, dict, values)
 }
 
 /// Sorted order of exact-str keys, from the cache or computed natively.
-fn str_key_order(py: Python<'_>, keys: &[*mut ffi::PyObject]) -> Option<Arc<KeyOrder>> {
+fn str_key_order(py: Python<'_>, keys: &[*mut ffi::PyObject]) -> Option<Rc<KeyOrder>> {
     let fp = fingerprint(keys);
-    if let Some(cache) = lock_cache().as_ref() {
-        if let Some(entry) = cache.get(&fp) {
-            let same = entry.insertion_keys.len() == keys.len()
-                && entry
-                    .insertion_keys
-                    .iter()
-                    .zip(keys)
-                    .all(|(a, &b)| a.as_ptr() == b);
-            if same {
-                return Some(entry.clone());
-            }
-        }
+    let hit = ORDER_CACHE.with(|cell| {
+        let cache = cell.borrow();
+        let entry = cache.get(&fp)?;
+        let same = entry.insertion_keys.len() == keys.len()
+            && entry
+                .insertion_keys
+                .iter()
+                .zip(keys)
+                .all(|(a, &b)| a.as_ptr() == b);
+        same.then(|| entry.clone())
+    });
+    if hit.is_some() {
+        return hit;
     }
     let mut slices: Vec<&[u8]> = Vec::with_capacity(keys.len());
     for &k in keys {
@@ -147,7 +161,7 @@ fn str_key_order(py: Python<'_>, keys: &[*mut ffi::PyObject]) -> Option<Arc<KeyO
     )
     .ok()?
     .unbind();
-    let entry = Arc::new(KeyOrder {
+    let entry = Rc::new(KeyOrder {
         insertion_keys: keys
             .iter()
             .map(|&k| unsafe { Bound::from_borrowed_ptr(py, k) }.unbind())
@@ -155,18 +169,17 @@ fn str_key_order(py: Python<'_>, keys: &[*mut ffi::PyObject]) -> Option<Arc<KeyO
         order,
         sorted,
     });
-    let evicted = {
-        let mut guard = lock_cache();
-        let cache = guard.get_or_insert_with(OrderMap::default);
+    let evicted = ORDER_CACHE.with(|cell| {
+        let mut cache = cell.borrow_mut();
         let evicted = if cache.len() >= ORDER_CACHE_MAX {
-            std::mem::take(cache)
+            std::mem::take(&mut *cache)
         } else {
             OrderMap::default()
         };
         cache.insert(fp, entry.clone());
         evicted
-    };
-    drop(evicted);
+    });
+    drop(evicted); // decrefs of exact str keys: no Python code runs
     Some(entry)
 }
 
@@ -197,8 +210,8 @@ fn generic_sorted_children(
     Ok(keys.to_tuple().unbind())
 }
 
-/// Forget every cached order (tests and memory-conscious callers).
+/// Forget this thread's cached orders (tests and memory-conscious callers).
 pub fn clear_cache() {
-    let old = lock_cache().take();
+    let old = ORDER_CACHE.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     drop(old);
 }
