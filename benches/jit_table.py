@@ -22,7 +22,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import treeclone
 from contenders import Call
 from test_jit_bench import CONTENDERS, _case, _wrap
 from tree_table import DEFAULT_OUT, machine_info, measure_cell, write_section
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benches/jit_table.py" + "".join(
         f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:])
     )
-    section = render(results, machine_info(treeclone), command, rounds)
+    section = render(results, machine_info(), command, rounds)
     write_section(args.out, section, BEGIN, END)
     print(f"wrote {args.out}")
     return 0

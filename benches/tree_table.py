@@ -27,8 +27,6 @@ import datetime as _dt
 import gc
 import itertools
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -37,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from contenders import CONTENDERS, OPS, Call, applies, check_agreement, make_call, module_for
-from treeclone.bench.report import dist_version, git_revision, processor_name
+from treeclone.bench.report import dist_version, git_revision, host_info, treeclone_info
 from trees import TREES
 
 BEGIN = "<!-- tree-table:begin -->"
@@ -113,29 +111,10 @@ def measure_cell(calls: dict[str, Call], rounds: int, batch_ns: int) -> dict[str
 # --------------------------------------------------------------------------- environment
 
 
-def _load_average() -> str:
-    try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def machine_info(tc: Any) -> dict[str, str]:
-    u = platform.uname()
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    tc_version = dist_version("treeclone")
-    if tc_version == "not installed":
-        tc_version = str(getattr(sys.modules.get("treeclone"), "__version__", "unknown"))
+def machine_info() -> dict[str, str]:
     return {
-        "processor": processor_name(),
-        "system": f"{u.system} {u.release} ({u.machine})",
-        "cpus": f"{os.cpu_count()} ({usable} usable by this process)",
-        "load average (1, 5, 15 min) at the end": _load_average(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "treeclone": f"{tc_version} from {Path(tc.__file__).resolve().parent}",
+        **host_info(),
+        "treeclone": treeclone_info(),
         "jax": dist_version("jax"),
         "jaxlib": dist_version("jaxlib"),
         "optree": dist_version("optree"),
@@ -305,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {tree_name:>16} {op:<16} treeclone {_us(tc_us):>9} µs", file=sys.stderr)
     elapsed = time.perf_counter() - started
 
-    info = machine_info(tc)
+    info = machine_info()
     config = {"rounds": rounds, "batch_ms": batch_ms, "quick": args.quick}
     rows = build_rows(results)
     section = render(rows, info, command, config)

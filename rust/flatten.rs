@@ -42,21 +42,26 @@ pub struct Flattened<'py> {
     pub nodes: Vec<Node>,
 }
 
-struct Frame<'py> {
-    obj: Bound<'py, PyAny>,
-    kind: Kind,
-    data: Option<Py<PyAny>>,
-    arity: usize,
-    remaining: usize,
-    leaves_start: usize,
-    nodes_start: usize,
+/// A container on the traversal's path, with the children still to visit.
+pub(crate) struct OpenNode<'py> {
+    pub obj: Bound<'py, PyAny>,
+    pub kind: Kind,
+    pub data: Option<Py<PyAny>>,
+    pub arity: usize,
+    pub remaining: usize,
 }
 
-impl Frame<'_> {
+impl OpenNode<'_> {
     /// Index of the child being visited.
     fn current_child(&self) -> usize {
         self.arity - self.remaining - 1
     }
+}
+
+struct Frame<'py> {
+    node: OpenNode<'py>,
+    leaves_start: usize,
+    nodes_start: usize,
 }
 
 /// Call a custom node's flatten function and check its result as JAX does.
@@ -271,16 +276,19 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 // itself makes the path periodic, and the period is found within a few
                 // multiples of (its start + its length) levels, at one comparison per level.
                 if let Some(anchor) = cycle_anchor(depth) {
-                    if frames[anchor].obj.is(&current) {
-                        return Err(cycle_error(py, &frames, &current)?);
+                    if frames[anchor].node.obj.is(&current) {
+                        return Err(cycle_error(py, &open_nodes(&frames), &current)?);
                     }
                 }
                 if depth >= EXACT_CYCLE_DEPTH {
                     let set = on_path.get_or_insert_with(|| {
-                        frames.iter().map(|f| f.obj.as_ptr() as usize).collect()
+                        frames
+                            .iter()
+                            .map(|f| f.node.obj.as_ptr() as usize)
+                            .collect()
                     });
                     if !set.insert(current.as_ptr() as usize) {
-                        return Err(cycle_error(py, &frames, &current)?);
+                        return Err(cycle_error(py, &open_nodes(&frames), &current)?);
                     }
                 }
                 if depth >= MAX_DEPTH {
@@ -289,11 +297,13 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                     )));
                 }
                 frames.push(Frame {
-                    obj: current,
-                    kind,
-                    data,
-                    arity,
-                    remaining: arity,
+                    node: OpenNode {
+                        obj: current,
+                        kind,
+                        data,
+                        arity,
+                        remaining: arity,
+                    },
                     leaves_start: out.leaves.len(),
                     nodes_start: out.nodes.len(),
                 });
@@ -304,8 +314,8 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
             let Some(top) = frames.last_mut() else {
                 return Ok(out);
             };
-            if top.remaining > 0 {
-                top.remaining -= 1;
+            if top.node.remaining > 0 {
+                top.node.remaining -= 1;
                 current = pending.pop().expect("pending child").into_bound(py);
                 if opts.with_paths {
                     path.truncate(frames.len() - 1);
@@ -320,17 +330,17 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
                 // (and rebuilt from the path if this traversal goes that deep again).
                 match on_path.as_mut() {
                     Some(set) if depth >= EXACT_CYCLE_DEPTH => {
-                        set.remove(&(f.obj.as_ptr() as usize));
+                        set.remove(&(f.node.obj.as_ptr() as usize));
                     }
                     _ => on_path = None,
                 }
             }
             out.nodes.push(Node {
-                kind: f.kind,
-                arity: f.arity,
+                kind: f.node.kind,
+                arity: f.node.arity,
                 num_leaves: out.leaves.len() - f.leaves_start,
                 num_nodes: out.nodes.len() - f.nodes_start + 1,
-                data: f.data,
+                data: f.node.data,
             });
         }
     }
@@ -345,50 +355,34 @@ fn cycle_anchor(depth: usize) -> Option<usize> {
     Some(1usize << (usize::BITS - 1 - depth.leading_zeros()))
 }
 
-/// A ValueError naming where a container contains itself.
-fn cycle_error<'py>(
-    py: Python<'py>,
-    frames: &[Frame<'py>],
-    obj: &Bound<'py, PyAny>,
-) -> PyResult<PyErr> {
-    let steps = frames
-        .iter()
-        .map(|f| PathStep {
-            obj: &f.obj,
-            kind: &f.kind,
-            data: f.data.as_ref(),
-            child: f.current_child(),
-        })
-        .collect::<Vec<_>>();
-    cycle_error_on_path(py, &steps, obj)
-}
-
-/// One container on a traversal's path, and the child being visited in it.
-pub(crate) struct PathStep<'a, 'py> {
-    pub obj: &'a Bound<'py, PyAny>,
-    pub kind: &'a Kind,
-    pub data: Option<&'a Py<PyAny>>,
-    pub child: usize,
+fn open_nodes<'a, 'py>(frames: &'a [Frame<'py>]) -> Vec<&'a OpenNode<'py>> {
+    frames.iter().map(|f| &f.node).collect()
 }
 
 /// A ValueError naming where `obj`, met again on `path` (root first), contains itself.
-pub(crate) fn cycle_error_on_path<'py>(
+pub(crate) fn cycle_error<'py>(
     py: Python<'py>,
-    path: &[PathStep<'_, 'py>],
+    path: &[&OpenNode<'py>],
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<PyErr> {
     let occurrences: Vec<usize> = path
         .iter()
         .enumerate()
-        .filter(|(_, step)| step.obj.is(obj))
+        .filter(|(_, n)| n.obj.is(obj))
         .map(|(i, _)| i)
         .collect();
     let first = occurrences[0];
     let second = occurrences.get(1).copied().unwrap_or(path.len());
-    let keys = |steps: &[PathStep<'_, 'py>]| -> PyResult<Bound<'py, PyTuple>> {
-        let mut v = Vec::with_capacity(steps.len());
-        for step in steps {
-            v.push(key_entry(py, step.kind, step.data, step.obj, step.child)?);
+    let keys = |nodes: &[&OpenNode<'py>]| -> PyResult<Bound<'py, PyTuple>> {
+        let mut v = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            v.push(key_entry(
+                py,
+                &n.kind,
+                n.data.as_ref(),
+                &n.obj,
+                n.current_child(),
+            )?);
         }
         PyTuple::new(py, v)
     };

@@ -9,9 +9,9 @@
 //! `CallPlan.apply` rebuilds a traced function's results and, for `alias`, writes the new
 //! contents of the caller's containers back into those very objects, all or nothing.
 
-use crate::flatten::{cycle_error_on_path, expand, PathStep, MAX_DEPTH};
+use crate::flatten::{cycle_error, expand, OpenNode, MAX_DEPTH};
 use crate::registry::{self, Kind};
-use crate::treedef::{build_node, Node};
+use crate::treedef::{build_node, equality_result, Node};
 use pyo3::exceptions::{PyRecursionError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -79,14 +79,6 @@ enum Seen {
     Leaf(usize),
 }
 
-struct Frame<'py> {
-    obj: Bound<'py, PyAny>,
-    kind: Kind,
-    data: Option<Py<PyAny>>,
-    arity: usize,
-    remaining: usize,
-}
-
 pub struct SharedFlat<'py> {
     pub leaves: Vec<Bound<'py, PyAny>>,
     pub entries: Vec<Entry>,
@@ -106,7 +98,7 @@ pub fn flatten_shared<'py>(
         objects: Vec::new(),
     };
     let mut seen: AddressMap<Seen> = AddressMap::default();
-    let mut frames: Vec<Frame<'py>> = Vec::new();
+    let mut frames: Vec<OpenNode<'py>> = Vec::new();
     let mut pending: Vec<Py<PyAny>> = Vec::new();
     let mut classifier = registry::Classifier::new();
     let mut current = tree.clone();
@@ -157,7 +149,10 @@ pub fn flatten_shared<'py>(
                     out.entries.push(Entry::Ref(*first));
                     out.objects.push(current);
                 }
-                Some(Seen::Open) => return Err(cycle_error(py, &frames, &current)?),
+                Some(Seen::Open) => {
+                    let path: Vec<&OpenNode<'py>> = frames.iter().collect();
+                    return Err(cycle_error(py, &path, &current)?);
+                }
                 _ => {
                     let start = pending.len();
                     let data = if let Kind::Dict = kind {
@@ -185,7 +180,7 @@ pub fn flatten_shared<'py>(
                         )));
                     }
                     seen.insert(address, Seen::Open);
-                    frames.push(Frame {
+                    frames.push(OpenNode {
                         obj: current,
                         kind,
                         data,
@@ -218,37 +213,23 @@ pub fn flatten_shared<'py>(
     }
 }
 
-/// A ValueError naming where a container contains itself.
-fn cycle_error<'py>(
-    py: Python<'py>,
-    frames: &[Frame<'py>],
-    obj: &Bound<'py, PyAny>,
-) -> PyResult<PyErr> {
-    let steps = frames
-        .iter()
-        .map(|f| PathStep {
-            obj: &f.obj,
-            kind: &f.kind,
-            data: f.data.as_ref(),
-            child: f.arity - f.remaining - 1,
-        })
-        .collect::<Vec<_>>();
-    cycle_error_on_path(py, &steps, obj)
-}
-
 /// The structure of a tree with its sharing: which leaves and containers are the same object.
 #[pyclass(frozen, module = "treeclone", name = "SharedTreeDef")]
 pub struct SharedTreeDef {
     pub entries: Vec<Entry>,
     pub num_slots: usize,
+    /// Whether some container is shared (a `Ref` entry exists).
+    has_refs: bool,
     hash: OnceLock<isize>,
 }
 
 impl SharedTreeDef {
     fn new(entries: Vec<Entry>, num_slots: usize) -> Self {
+        let has_refs = entries.iter().any(|e| matches!(e, Entry::Ref(_)));
         SharedTreeDef {
             entries,
             num_slots,
+            has_refs,
             hash: OnceLock::new(),
         }
     }
@@ -422,12 +403,7 @@ impl SharedTreeDef {
         let Ok(other) = other.cast::<SharedTreeDef>() else {
             return Ok(py.NotImplemented());
         };
-        let eq = self.same(py, other.get())?;
-        match op {
-            CompareOp::Eq => Ok(eq.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!eq).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        equality_result(py, self.same(py, other.get())?, op)
     }
 
     fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
@@ -537,9 +513,9 @@ struct Origin {
 pub struct CallPlan {
     def: Py<SharedTreeDef>,
     sources: Vec<Source>,
+    /// Per node: the caller's container it is (written back in place), or None (built fresh).
+    /// Only `alias` plans have any.
     origins: Vec<Option<Origin>>,
-    /// Write new contents into the caller's containers (`alias`); else build fresh ones.
-    write: bool,
     /// Index of the root's child to return (the results part of `(inputs, results)`); None
     /// to return the root itself.
     result_child: Option<usize>,
@@ -549,15 +525,15 @@ pub struct CallPlan {
 
 #[pymethods]
 impl CallPlan {
-    /// `sources`: per leaf slot of `def`, `(0, input_slot)` or `(1, output_index)`. `origins`: per node of `def`, None or
+    /// `sources`: per leaf slot of `def`, `(0, input_slot)` or `(1, output_index)`.
+    /// `origins`: per node of `def`, None or
     /// `(input_node, old_child_nodes, same_data, writable, key_order)`.
     #[new]
-    #[pyo3(signature = (def, sources, origins, write, result_child, write_custom))]
+    #[pyo3(signature = (def, sources, origins, result_child, write_custom))]
     fn new(
         def: Py<SharedTreeDef>,
         sources: Vec<(u8, usize)>,
         origins: Vec<Option<OriginTuple>>,
-        write: bool,
         result_child: Option<usize>,
         write_custom: Py<PyAny>,
     ) -> PyResult<Self> {
@@ -589,7 +565,6 @@ impl CallPlan {
             def,
             sources,
             origins,
-            write,
             result_child,
             write_custom,
         })
@@ -597,7 +572,7 @@ impl CallPlan {
 
     /// Build the results from the caller's `input_leaves` / `input_objects` (from
     /// `flatten_shared` of the call's arguments) and the computation's `outputs`, writing back
-    /// into the caller's containers when the plan says so. All writes happen or none does.
+    /// into the caller's containers where the plan has origins. All writes happen or none does.
     fn apply<'py>(
         &self,
         py: Python<'py>,
@@ -624,7 +599,11 @@ impl CallPlan {
             });
         }
         let mut writes: Vec<Write<'_, 'py>> = Vec::new();
-        let mut built: Vec<Bound<'py, PyAny>> = Vec::with_capacity(def.entries.len());
+        // Objects by node index, kept only when a `Ref` will look one up.
+        let mut built: Vec<Bound<'py, PyAny>> = Vec::new();
+        if def.has_refs {
+            built.reserve(def.entries.len());
+        }
         let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
         for (entry, origin) in def.entries.iter().zip(&self.origins) {
             let obj = match entry {
@@ -632,7 +611,7 @@ impl CallPlan {
                 Entry::Ref(target) => built[*target].clone(),
                 Entry::Node(node) => {
                     let start = stack.len() - node.arity;
-                    match origin.as_ref().filter(|_| self.write) {
+                    match origin {
                         None => build_node(py, node, stack.drain(start..))?,
                         Some(o) => {
                             let original = input_objects.get_item(o.node)?;
@@ -663,8 +642,10 @@ impl CallPlan {
                     }
                 }
             };
-            stack.push(obj.clone());
-            built.push(obj);
+            if def.has_refs {
+                built.push(obj.clone());
+            }
+            stack.push(obj);
         }
         let root = stack.pop().expect("one root");
         self.write_all(py, writes)?;

@@ -364,6 +364,15 @@ impl PyTreeDef {
     }
 }
 
+/// What `__richcmp__` returns for `op` given whether two treedefs are equal.
+pub(crate) fn equality_result(py: Python<'_>, eq: bool, op: CompareOp) -> PyResult<Py<PyAny>> {
+    Ok(match op {
+        CompareOp::Eq => eq.into_pyobject(py)?.to_owned().into_any().unbind(),
+        CompareOp::Ne => (!eq).into_pyobject(py)?.to_owned().into_any().unbind(),
+        _ => py.NotImplemented(),
+    })
+}
+
 fn expected_error(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
     match obj.repr() {
         Ok(r) => PyValueError::new_err(format!("Expected {what}, got {r}.")),
@@ -578,12 +587,7 @@ impl PyTreeDef {
         let Ok(o) = other.cast::<PyTreeDef>() else {
             return Ok(py.NotImplemented());
         };
-        let eq = self.structural_eq(py, o.get())?;
-        Ok(match op {
-            CompareOp::Eq => eq.into_pyobject(py)?.to_owned().into_any().unbind(),
-            CompareOp::Ne => (!eq).into_pyobject(py)?.to_owned().into_any().unbind(),
-            _ => py.NotImplemented(),
-        })
+        equality_result(py, self.structural_eq(py, o.get())?, op)
     }
 
     fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {

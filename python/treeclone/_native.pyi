@@ -66,8 +66,7 @@ class CallPlan:
         self,
         def_: SharedTreeDef,
         sources: list[tuple[int, int]],
-        origins: list[tuple[int, list[int], bool, bool] | None],
-        write: bool,
+        origins: list[tuple[int, list[int], bool, bool, tuple[Any, ...] | None] | None],
         result_child: int | None,
         write_custom: Callable[[Any, Any], Callable[[], None]],
     ) -> None: ...

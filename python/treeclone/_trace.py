@@ -245,8 +245,7 @@ def run(
         else:
             sources.append((1, len(outputs)))
             outputs.append(leaf)
-    write = policy.mutations == "propagate"
-    plan = _native.CallPlan(result_def, sources, origins, write, result_child, write_custom)
+    plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom)
     return plan, outputs
 
 

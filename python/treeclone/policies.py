@@ -131,7 +131,7 @@ def writable(obj: Any) -> bool:
         return True
     if isinstance(obj, tuple):
         return False
-    return dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__") or bool(_slot_names(cls))
+    return dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__") or bool(_slots_of(cls))
 
 
 def _slot_names(cls: type) -> list[str]:

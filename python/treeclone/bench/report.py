@@ -40,7 +40,7 @@ def processor_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _treeclone() -> str:
+def treeclone_info() -> str:
     try:
         tc = importlib.import_module("treeclone")
     except Exception as e:
@@ -91,9 +91,8 @@ def device_label(device: Any) -> str:
     )
 
 
-def machine_info(device: Any) -> dict[str, str]:
-    import jax
-
+def host_info() -> dict[str, str]:
+    """The machine and interpreter a benchmark ran on (shared with benches/*_table.py)."""
     u = platform.uname()
     try:
         usable = len(os.sched_getaffinity(0))
@@ -109,13 +108,21 @@ def machine_info(device: Any) -> dict[str, str]:
         "cpus": f"{os.cpu_count()} ({usable} usable by this process)",
         "load average (1, 5, 15 min) at the end": load,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
+    }
+
+
+def machine_info(device: Any) -> dict[str, str]:
+    import jax
+
+    return {
+        **host_info(),
         "jax": dist_version("jax"),
         "jaxlib": dist_version("jaxlib"),
         "flax": dist_version("flax"),
         "equinox": dist_version("equinox"),
         "optax": dist_version("optax"),
         "numpy": dist_version("numpy"),
-        "treeclone": _treeclone(),
+        "treeclone": treeclone_info(),
         "git revision": git_revision(),
         "jax default backend": jax.default_backend(),
         "device": f"{device_label(device)}: {device}",
