@@ -13,7 +13,7 @@
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -46,7 +46,8 @@ type OrderMap = HashMap<u64, Rc<KeyOrder>, BuildHasherDefault<PassThroughHasher>
 
 const ORDER_CACHE_MAX: usize = 1024;
 
-/// Borrowed key and value pointers of the dict being sorted (reused: no allocation per dict).
+/// Key and value pointers of the dict being scanned (reused: no allocation per dict). They are
+/// borrowed, so they are only read while no Python code can run; see `scan_str_keys`.
 type Scratch = (Vec<*mut ffi::PyObject>, Vec<*mut ffi::PyObject>);
 
 thread_local! {
@@ -63,20 +64,41 @@ fn fingerprint(keys: &[*mut ffi::PyObject]) -> u64 {
     h
 }
 
-/// UTF-8 bytes of an exact `str`; byte order of UTF-8 equals code point order, which is how
-/// Python compares strings. `None` for strings that cannot be encoded (lone surrogates).
-fn utf8_bytes<'a>(key: *mut ffi::PyObject) -> Option<&'a [u8]> {
-    let mut size: ffi::Py_ssize_t = 0;
-    // SAFETY: `key` is an exact str kept alive by the dict (no Python code runs meanwhile);
-    // the buffer is cached inside the str object and lives as long as it does.
-    unsafe {
-        let data = ffi::PyUnicode_AsUTF8AndSize(key, &mut size);
-        if data.is_null() {
-            ffi::PyErr_Clear();
-            return None;
+/// Fill `keys` and `values` with the dict's borrowed key and value pointers, in insertion order.
+/// False (and partial contents) when a key is not an exact `str`.
+///
+/// # Safety
+/// The pointers are borrowed from `dict`: the caller may only use them while no Python code can
+/// run. Any Python object allocation can start the cyclic GC, whose finalizers may mutate or
+/// free `dict`'s contents, so the caller must turn every pointer it still needs into a strong
+/// reference (an incref, which allocates nothing) before it allocates or calls into Python.
+unsafe fn scan_str_keys(
+    dict: &Bound<'_, PyDict>,
+    keys: &mut Vec<*mut ffi::PyObject>,
+    values: &mut Vec<*mut ffi::PyObject>,
+) -> bool {
+    let mut pos: ffi::Py_ssize_t = 0;
+    let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+    while ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
+        if ffi::PyUnicode_CheckExact(k) == 0 {
+            return false;
         }
-        Some(std::slice::from_raw_parts(data as *const u8, size as usize))
+        keys.push(k);
+        values.push(v);
     }
+    true
+}
+
+/// What the scan of an exact-str-keyed dict found.
+enum StrScan<'py> {
+    /// A key is not an exact str (or the scratch buffers are in use by an outer traversal that
+    /// Python code re-entered): sort generically.
+    Generic,
+    /// The order was cached; the values are already appended.
+    Hit(Py<PyTuple>),
+    /// Not cached: strong references to the keys and values, in insertion order.
+    Miss(Vec<Bound<'py, PyAny>>, Vec<Py<PyAny>>),
 }
 
 /// Append the dict's values to `values` in sorted-key order and return the sorted keys.
@@ -92,48 +114,64 @@ pub fn sorted_children(
     if n > u32::MAX as usize {
         return Err(PyValueError::new_err("dict too large to flatten"));
     }
-    // Exact-str keys: the cached (or natively computed) order. No Python code runs in this
-    // block, so the dict cannot change and the scratch buffers cannot be borrowed twice.
-    let done = SCRATCH.with(|cell| -> Option<Py<PyTuple>> {
-        let mut scratch = cell.try_borrow_mut().ok()?;
+    match scan(py, dict, values) {
+        StrScan::Hit(sorted) => Ok(sorted),
+        StrScan::Miss(keys, insertion_values) => match str_key_order(py, keys) {
+            Some(order) => {
+                values.reserve(n);
+                for &i in &order.order {
+                    values.push(insertion_values[i as usize].clone_ref(py));
+                }
+                Ok(order.sorted.clone_ref(py))
+            }
+            None => generic_sorted_children(py, dict, values),
+        },
+        StrScan::Generic => generic_sorted_children(py, dict, values),
+    }
+}
+
+/// The allocation-free part of the exact-str path: scan the dict and look its key order up.
+/// Everything it hands back is a strong reference.
+fn scan<'py>(
+    py: Python<'py>,
+    dict: &Bound<'py, PyDict>,
+    values: &mut Vec<Py<PyAny>>,
+) -> StrScan<'py> {
+    SCRATCH.with(|cell| {
+        let Ok(mut scratch) = cell.try_borrow_mut() else {
+            return StrScan::Generic;
+        };
         let (keys, insertion_values) = &mut *scratch;
         keys.clear();
         insertion_values.clear();
-        // SAFETY: PyDict_Next yields borrowed references owned by `dict`, which we hold; no
-        // Python code runs until the values are increfed below and the keys are done with.
+        // SAFETY: until every pointer we keep is increfed below, this block allocates no Python
+        // object and calls no Python code (Rust allocations and increfs cannot run Python).
         unsafe {
-            let mut pos: ffi::Py_ssize_t = 0;
-            let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-            let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-            while ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
-                if ffi::PyUnicode_CheckExact(k) == 0 {
-                    return None;
-                }
-                keys.push(k);
-                insertion_values.push(v);
+            if !scan_str_keys(dict, keys, insertion_values) {
+                return StrScan::Generic;
             }
+            if let Some(order) = cached_order(keys) {
+                values.reserve(keys.len());
+                for &i in &order.order {
+                    let v = insertion_values[i as usize];
+                    values.push(Bound::from_borrowed_ptr(py, v).unbind());
+                }
+                return StrScan::Hit(order.sorted.clone_ref(py));
+            }
+            let strong = |p: &*mut ffi::PyObject| Bound::from_borrowed_ptr(py, *p).unbind();
+            StrScan::Miss(
+                keys.iter().map(|p| strong(p).into_bound(py)).collect(),
+                insertion_values.iter().map(strong).collect(),
+            )
         }
-        let order = str_key_order(py, keys)?;
-        values.reserve(n);
-        for &i in &order.order {
-            // SAFETY: borrowed from the dict, still alive (see above).
-            values.push(
-                unsafe { Bound::from_borrowed_ptr(py, insertion_values[i as usize]) }.unbind(),
-            );
-        }
-        Some(order.sorted.clone_ref(py))
-    });
-    if let Some(sorted) = done {
-        return Ok(sorted);
-    }
-    generic_sorted_children(py, dict, values)
+    })
 }
 
-/// Sorted order of exact-str keys, from the cache or computed natively.
-fn str_key_order(py: Python<'_>, keys: &[*mut ffi::PyObject]) -> Option<Rc<KeyOrder>> {
+/// The cached order for exactly these keys (same objects, same insertion order), if any.
+fn cached_order(keys: &[*mut ffi::PyObject]) -> Option<Rc<KeyOrder>> {
     let fp = fingerprint(keys);
-    let hit = ORDER_CACHE.with(|cell| {
-        let cache = cell.borrow();
+    ORDER_CACHE.with(|cell| {
+        let cache = cell.try_borrow().ok()?;
         let entry = cache.get(&fp)?;
         let same = entry.insertion_keys.len() == keys.len()
             && entry
@@ -142,44 +180,42 @@ fn str_key_order(py: Python<'_>, keys: &[*mut ffi::PyObject]) -> Option<Rc<KeyOr
                 .zip(keys)
                 .all(|(a, &b)| a.as_ptr() == b);
         same.then(|| entry.clone())
-    });
-    if hit.is_some() {
-        return hit;
-    }
+    })
+}
+
+/// Sorted order of exact-str keys (strong references, insertion order), computed natively and
+/// cached. None when a key cannot be encoded as UTF-8 (a lone surrogate).
+fn str_key_order(py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> Option<Rc<KeyOrder>> {
     let mut slices: Vec<&[u8]> = Vec::with_capacity(keys.len());
-    for &k in keys {
-        slices.push(utf8_bytes(k)?);
+    for k in &keys {
+        // UTF-8 byte order equals code point order, which is how Python compares strings. The
+        // buffer is cached inside the str, which `keys` keeps alive.
+        slices.push(k.cast::<PyString>().ok()?.to_str().ok()?.as_bytes());
     }
     let mut order: Vec<u32> = (0..keys.len() as u32).collect();
     order.sort_unstable_by(|&a, &b| slices[a as usize].cmp(slices[b as usize]));
-    // SAFETY: the keys are alive (borrowed from the dict, no Python code ran).
-    let sorted = PyTuple::new(
-        py,
-        order
-            .iter()
-            .map(|&i| unsafe { Bound::from_borrowed_ptr(py, keys[i as usize]) }),
-    )
-    .ok()?
-    .unbind();
+    drop(slices);
+    let sorted = PyTuple::new(py, order.iter().map(|&i| &keys[i as usize]))
+        .ok()?
+        .unbind();
+    let raw: Vec<*mut ffi::PyObject> = keys.iter().map(|k| k.as_ptr()).collect();
+    let fp = fingerprint(&raw);
     let entry = Rc::new(KeyOrder {
-        insertion_keys: keys
-            .iter()
-            .map(|&k| unsafe { Bound::from_borrowed_ptr(py, k) }.unbind())
-            .collect(),
+        insertion_keys: keys.into_iter().map(Bound::unbind).collect(),
         order,
         sorted,
     });
     let evicted = ORDER_CACHE.with(|cell| {
-        let mut cache = cell.borrow_mut();
+        let mut cache = cell.try_borrow_mut().ok()?;
         let evicted = if cache.len() >= ORDER_CACHE_MAX {
             std::mem::take(&mut *cache)
         } else {
             OrderMap::default()
         };
         cache.insert(fp, entry.clone());
-        evicted
+        Some(evicted)
     });
-    drop(evicted); // decrefs of exact str keys: no Python code runs
+    drop(evicted); // outside the borrow: dropping entries runs no Python code, but keep it clear
     Some(entry)
 }
 

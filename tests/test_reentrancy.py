@@ -1,0 +1,157 @@
+"""Python code that runs in the middle of a traversal must never crash the process.
+
+Any allocation can start the cyclic GC, whose finalizers and weakref callbacks run arbitrary
+Python code; so can ``__hash__``, ``__eq__``, ``is_leaf`` and flatten functions, and another
+thread can run whenever Python code does. Each test here runs every traversal with
+``gc.set_threshold(1)`` while finalizers mutate (clear, grow, shrink, rebind) the very container
+being traversed, in a subprocess, so that a segfault fails the test instead of killing pytest.
+A traversal may return a result or raise a Python ``Exception``; it may not crash, hang or raise a
+``BaseException`` such as PyO3's ``PanicException``.
+"""
+
+from __future__ import annotations
+
+from helpers import LONG, run_script
+
+ROUNDS = 400 if LONG else 40
+
+# Shared by the scripts below: containers of each kind, mutations a finalizer may make to them,
+# and every traversal that walks them.
+SETUP = """
+import collections, gc, threading, weakref
+import numpy as np
+import jax.tree_util as jtu
+import treeclone
+import treeclone._native
+import treeclone.tree_util as tc
+
+class Cyclic:
+    '''Garbage only the cyclic GC frees, so its finalizer runs at a GC pass.'''
+
+def arm(action, times):
+    # Run `action` at each of the next `times` GC passes (each run re-arms the next).
+    def fire():
+        action()
+        if times > 1:
+            arm(action, times - 1)
+    c = Cyclic(); c.me = c
+    weakref.finalize(c, fire)
+
+@jtu.register_pytree_node_class
+class Box:
+    def __init__(self, items): self.items = items
+    def tree_flatten(self): return list(self.items), None
+    @classmethod
+    def tree_unflatten(cls, aux, children): return cls(list(children))
+
+def containers(t):
+    s = {f"k{i}-{t}": float(i) for i in range(40)}
+    n = {i * 7919 + t: [float(i)] for i in range(40)}
+    l = [{f"x{i}-{t}": i} for i in range(30)]
+    o = collections.OrderedDict((f"o{i}-{t}", (i, [i])) for i in range(20))
+    b = Box([{f"b{i}-{t}": i} for i in range(20)])
+    return {"str-dict": s, "int-dict": n, "list": l, "ordered": o, "box": b}
+
+def mutations(c):
+    yield lambda: c.clear() if hasattr(c, "clear") else None
+    yield lambda: c.update({f"new{i}": i for i in range(50)}) if isinstance(c, dict) else None
+    yield lambda: c.popitem() if isinstance(c, dict) and c else None
+    yield lambda: c.extend(range(50)) if isinstance(c, list) else None
+    yield lambda: setattr(c, "items", []) if isinstance(c, Box) else None
+
+def traversals(c, twin):
+    # Each traversal of `c`; `twin`, an equal tree of other objects, gives the treedef and the
+    # leaves, so that `c` itself is met for the first time (no cached key order).
+    try:  # another thread may be mutating `twin`
+        td, leaves = tc.tree_structure(twin), tc.tree_leaves(twin)
+    except Exception:
+        td, leaves = tc.tree_structure(None), []
+    yield "flatten", lambda: tc.tree_flatten(c)
+    yield "leaves", lambda: tc.tree_leaves(c)
+    yield "structure", lambda: tc.tree_structure(c)
+    yield "with_path", lambda: tc.tree_flatten_with_path(c)
+    yield "tree_map", lambda: tc.tree_map(lambda x: x, c)
+    yield "tree_map_is_leaf", lambda: tc.tree_map(lambda x: x, c, is_leaf=lambda x: False)
+    yield "flatten_up_to", lambda: td.flatten_up_to(c)
+    yield "unflatten", lambda: tc.tree_unflatten(td, leaves)
+    yield "flatten_shared", lambda: treeclone._native.flatten_shared(c)
+    yield "shared_unflatten", lambda: treeclone._native.flatten_shared(c)[1].unflatten(leaves)
+    for policy in ("clone", "alias", "strict"):
+        yield f"call-{policy}", lambda p=policy: treeclone.call(lambda x: x, c, policy=p)
+        yield f"call-{policy}-mutate", lambda p=policy: treeclone.call(_poke, c, policy=p)
+
+def _poke(x):
+    if isinstance(x, dict):
+        x["poked"] = 1
+    elif isinstance(x, list):
+        x.append(1)
+    return x
+
+def attempt(fn):
+    try:
+        fn()
+    except Exception:
+        pass  # a clean Python error is allowed; a BaseException or a crash is not
+"""
+
+
+def test_gc_finalizers_mutating_the_container_being_traversed():
+    out = run_script(
+        SETUP
+        + f"""
+count = 0
+for t in range({ROUNDS}):
+    for kind in containers(t):
+        for m in range(5):
+            names = [name for name, _ in traversals(None, None)]
+            for name in names:
+                c = containers(t)[kind]
+                fn = dict(traversals(c, containers(t)[kind]))[name]
+                action = list(mutations(c))[m]
+                arm(action, 20)
+                gc.set_threshold(1)
+                try:
+                    attempt(fn)
+                finally:
+                    gc.set_threshold(700)
+                count += 1
+print("RUNS", count)
+"""
+    )
+    assert "RUNS" in out
+
+
+def test_thread_mutating_shared_containers_during_traversals():
+    out = run_script(
+        SETUP
+        + f"""
+import sys
+sys.setswitchinterval(1e-6)
+shared = containers(0)
+stop = threading.Event()
+
+def mutate():
+    i = 0
+    while not stop.is_set():
+        i += 1
+        for c in shared.values():
+            for action in mutations(c):
+                action()
+        shared["str-dict"].update({{f"k{{j}}-{{i}}": float(j) for j in range(40)}})
+        shared["list"].extend({{f"x{{j}}": j}} for j in range(30))
+        shared["box"].items = [{{f"b{{j}}": j}} for j in range(20)]
+
+worker = threading.Thread(target=mutate)
+worker.start()
+try:
+    for _ in range({ROUNDS * 5}):
+        for c in list(shared.values()):
+            for name, fn in traversals(c, c):
+                attempt(fn)
+finally:
+    stop.set()
+    worker.join(timeout=60)
+assert not worker.is_alive()
+"""
+    )
+    assert "SCRIPT-OK" in out
