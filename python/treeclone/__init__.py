@@ -10,7 +10,7 @@ does) or ``"strict"`` (mutating an input without returning it is an error). See
 
 from treeclone import tree_util
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
-from treeclone._trace import call
+from treeclone.call import call
 from treeclone.jit import Jitted, jit
 from treeclone.policies import (
     ALIAS,

@@ -8,14 +8,14 @@ caller's objects) at every call, plus the leaves the computation must output.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from treeclone import _native
 from treeclone._jax_compat import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 from treeclone._jax_compat import flatten_one_level_with_keys as _keyed_children
-from treeclone.policies import MutationError, Policy, as_policy, writable, write_custom
+from treeclone._writeback import writable, write_custom
+from treeclone.policies import MutationError, Policy
 
 NoneType = type(None)
 
@@ -263,35 +263,3 @@ def _raise_mutation_error(fun, bad, pre_def, objs, layout) -> None:
         + "\nReturn the mutated object, or use policy='alias' to apply such mutations to the "
         "caller's objects, or policy='clone' to discard them."
     )
-
-
-def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **kwargs: Any):
-    """``fun(*args, **kwargs)`` run eagerly (no jit) under ``policy``.
-
-    The same rules as ``treeclone.jit``: under ``clone`` the function runs on fresh copies of
-    the containers and its result comes back as fresh containers; under ``alias`` its in-place
-    mutations reach the caller's objects (all or nothing) and returned inputs are the caller's
-    same objects; under ``strict`` a mutated input it does not return raises MutationError.
-    """
-    chosen = as_policy(policy)
-    if chosen.identity == "duplicate":
-        leaves, treedef = _native.flatten((args, kwargs))
-        fresh_args, fresh_kwargs = treedef.unflatten(leaves)
-        out = fun(*fresh_args, **fresh_kwargs)
-        out_leaves, out_def = _native.flatten(out)
-        return out_def.unflatten(out_leaves)
-    root = (*args, dict(sorted(kwargs.items())))
-    leaves, sdef, objects = _native.flatten_shared(root)
-    try:
-        params = list(inspect.signature(fun).parameters)
-    except (TypeError, ValueError):
-        params = []
-    plan, outputs = run(
-        fun,
-        sdef,
-        list(leaves),
-        Layout(len(args), params[: len(args)]),
-        chosen,
-        lambda a, k: (a, k),
-    )
-    return plan.apply(leaves, objects, outputs)

@@ -23,9 +23,6 @@ class Progress:
         self._last_tenth = -1
         self._last_label = None
 
-    def add_total(self, n: int) -> None:
-        self.total = max(self.total + n, self.done, 1)
-
     def advance(self, n: int = 1, label: str | None = None) -> None:
         self.done = min(self.done + n, self.total)
         if label is not None:

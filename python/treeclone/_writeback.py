@@ -1,0 +1,98 @@
+"""Writing a call's results back into the caller's custom nodes, in place (policy ``alias``).
+
+The native write-back (``CallPlan.apply``) updates lists and dicts itself; for custom nodes and
+namedtuples it calls :func:`write_custom`, which ``_trace`` hands to ``CallPlan``. Tracing asks
+:func:`writable` whether a custom node can be updated in place or must be rebuilt and re-set.
+Hooks for particular classes come from ``treeclone.register_inplace``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+_UPDATERS: dict[type, Callable[[Any, Any], None]] = {}
+
+
+def set_updater(cls: type, update: Callable[[Any, Any], None]) -> None:
+    """Use ``update(target, source)`` for instances of ``cls`` (``policies.register_inplace``)."""
+    _UPDATERS[cls] = update
+    _field_names.cache_clear()
+
+
+def writable(obj: Any) -> bool:
+    """Whether a custom node can be updated in place (else it is rebuilt and re-set)."""
+    cls = type(obj)
+    if cls in _UPDATERS:
+        return True
+    if isinstance(obj, tuple):
+        return False
+    return dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__") or bool(_slots_of(cls))
+
+
+def _slot_names(cls: type) -> list[str]:
+    names = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        names.extend(s for s in slots if s not in ("__dict__", "__weakref__"))
+    return names
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """A dataclass's field names (assigned one by one), or None: copy the instance attributes."""
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return None
+
+
+@functools.cache
+def _slots_of(cls: type) -> tuple[str, ...]:
+    return tuple(_slot_names(cls))
+
+
+def write_custom(target: Any, source: Any) -> Callable[[], None]:
+    """Give ``target`` the state of ``source`` in place; return a function that undoes it.
+
+    Called by the native write-back (``CallPlan.apply``) for custom nodes and namedtuples.
+    """
+    cls = type(target)
+    update = _UPDATERS.get(cls)
+    if update is not None:
+        import copy
+
+        before = copy.copy(target)
+        update(target, source)
+        return lambda: update(target, before)
+    names = _field_names(cls)
+    if names is None:
+        names = (*getattr(source, "__dict__", ()), *_slots_of(cls))
+    missing = object()
+    before = [(name, getattr(target, name, missing)) for name in names]
+    # object.__setattr__: frozen dataclasses are updated too (alias means "as if the function
+    # had run on the caller's object", and that object changed).
+    setattr_ = object.__setattr__
+
+    def undo() -> None:
+        for name, value in before:
+            if value is missing:
+                try:
+                    object.__delattr__(target, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr_(target, name, value)
+
+    try:
+        for name in names:
+            value = getattr(source, name, missing)
+            if value is not missing:
+                setattr_(target, name, value)
+    except BaseException:
+        undo()
+        raise
+    return undo
