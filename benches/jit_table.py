@@ -3,9 +3,10 @@
     python benches/jit_table.py                  # full run, rewrites the table in the docs
     python benches/jit_table.py --quick --out /tmp/jit.md
 
-The three calls of ``test_jit_bench.py``: an MLP train step with Adam (dispatch-bound), the
-identity function over a ~600-leaf transformer+Adam tree (pure call overhead) and a step that
-trains half of the parameters and returns the other half untouched. Each call is blocked on
+The three calls of ``jit_cases.py`` (which ``test_jit_bench.py`` times too): an MLP train
+step with Adam (dispatch-bound), the identity function over a ~600-leaf transformer+Adam tree
+(pure call overhead) and a step that trains half of the parameters and returns the other half
+untouched. Each call is blocked on
 (``jax.block_until_ready``), compiled before timing, and checked against ``jax.jit``'s result.
 Contenders are interleaved in rounds (order rotated each round), batches of about
 ``--batch-ms``, the garbage collector off; the figure is the median over rounds of the time per
@@ -22,17 +23,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from contenders import Call
-from test_jit_bench import CONTENDERS, _case, _wrap
-from tree_table import DEFAULT_OUT, machine_info, measure_cell, write_section
+from jit_cases import CASES, CONTENDERS, build_case, wrap
+from tree_table import DEFAULT_OUT, INTRO
+from treeclone.bench.timing import Call, machine_info, measure_cell, write_section
 
 BEGIN = "<!-- jit-table:begin -->"
 END = "<!-- jit-table:end -->"
-CASES = {
-    "mlp_adam_step": "3-layer MLP (32-64-64-10), grad + Adam update, batch 32",
-    "identity_600": "identity over params + Adam moments: 576 leaves in 3 x 12 dicts",
-    "half_frozen_step": "12 layers x 16 leaves: half returned untouched, half updated",
-}
 
 
 def _blocking(jitted, args) -> Call:
@@ -40,10 +36,10 @@ def _blocking(jitted, args) -> Call:
 
 
 def _check(case: str) -> None:
-    fun, args = _case(case)
+    fun, args = build_case(case)
     expected = jax.jit(fun)(*args)
     for contender in CONTENDERS[1:]:
-        got = _wrap(contender, fun)(*args)
+        got = wrap(contender, fun)(*args)
         if jax.tree.structure(got) != jax.tree.structure(expected) or not all(
             np.allclose(a, b)
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True)
@@ -86,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for case in CASES:
         _check(case)
-        fun, call_args = _case(case)
-        calls = {c: _blocking(_wrap(c, fun), call_args) for c in CONTENDERS}
+        fun, call_args = build_case(case)
+        calls = {c: _blocking(wrap(c, fun), call_args) for c in CONTENDERS}
         for call in calls.values():
             call()  # compile
         results[case] = measure_cell(calls, rounds, batch_ns)
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:])
     )
     section = render(results, machine_info(), command, rounds)
-    write_section(args.out, section, BEGIN, END)
+    write_section(args.out, section, BEGIN, END, intro=INTRO)
     print(f"wrote {args.out}")
     return 0
 

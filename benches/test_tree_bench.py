@@ -13,7 +13,7 @@ import functools
 
 import pytest
 
-from benches.contenders import CONTENDERS, OPS, applies, check_agreement, make_call, module_for
+from benches.tree_ops import CONTENDERS, OPS, applies, check_agreement, make_call, module_for
 from benches.trees import TREES
 
 

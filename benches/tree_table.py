@@ -8,7 +8,7 @@ Every speed claim about treeclone comes from this script. Method, per (tree, ope
 * First, outside any timing, treeclone must agree with jax on every tree: the very same leaf
   objects in the same order, and rebuilt trees with equal jax structures. Any disagreement
   stops the run before anything is timed or written.
-* Each contender's call is bound beforehand (``fn(*args, **kwargs)``; see contenders.py) and
+* Each contender's call is bound beforehand (``fn(*args, **kwargs)``; see tree_ops.py) and
   timed as a batch of N back-to-back calls with ``time.perf_counter_ns``. N is chosen per
   contender so that one batch takes about ``--batch-ms`` milliseconds.
 * The contenders are interleaved: each round times every contender once, in an order rotated
@@ -23,19 +23,15 @@ The Markdown goes between the markers ``<!-- tree-table:begin -->`` and
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import gc
-import itertools
 import json
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from contenders import CONTENDERS, OPS, Call, applies, check_agreement, make_call, module_for
-from treeclone.bench.report import dist_version, git_revision, host_info, treeclone_info
+from tree_ops import CONTENDERS, OPS, applies, check_agreement, make_call, module_for
+from treeclone.bench.timing import format_us, machine_info, measure_cell, write_section
 from trees import TREES
 
 BEGIN = "<!-- tree-table:begin -->"
@@ -55,86 +51,11 @@ treeclone's pytree operations timed against `jax.tree_util` and `optree` on the 
 """
 
 
-# --------------------------------------------------------------------------- timing
-
-
-def _time_batch(call: Call, n: int) -> int:
-    fn, args, kwargs = call.fn, call.args, call.kwargs
-    loop = itertools.repeat(None, n)
-    t0 = time.perf_counter_ns()
-    for _ in loop:
-        fn(*args, **kwargs)
-    return time.perf_counter_ns() - t0
-
-
-def _calls_per_batch(call: Call, batch_ns: int) -> int:
-    """How many calls make one batch of about ``batch_ns`` (after a short warm-up)."""
-    _time_batch(call, 3)
-    n = 1
-    while True:
-        t = _time_batch(call, n)
-        if t >= batch_ns // 4 or n >= 1 << 24:
-            break
-        n *= 4 if t < batch_ns // 16 else 2
-    return max(1, round(n * batch_ns / max(t, 1)))
-
-
-def measure_cell(calls: dict[str, Call], rounds: int, batch_ns: int) -> dict[str, dict]:
-    """Interleaved rounds over all contenders of one cell; per-call times in microseconds."""
-    names = list(calls)
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        sizes = {name: _calls_per_batch(calls[name], batch_ns) for name in names}
-        samples: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(rounds):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:
-                n = sizes[name]
-                samples[name].append(_time_batch(calls[name], n) / n / 1000.0)
-    finally:
-        if was_enabled:
-            gc.enable()
-    return {
-        name: {
-            "median_us": statistics.median(samples[name]),
-            "min_us": min(samples[name]),
-            "max_us": max(samples[name]),
-            "calls_per_batch": sizes[name],
-            "samples_us": samples[name],
-        }
-        for name in names
-    }
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def machine_info() -> dict[str, str]:
-    return {
-        **host_info(),
-        "treeclone": treeclone_info(),
-        "jax": dist_version("jax"),
-        "jaxlib": dist_version("jaxlib"),
-        "optree": dist_version("optree"),
-        "numpy": dist_version("numpy"),
-        "git revision": git_revision(),
-        "date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-    }
-
-
 # --------------------------------------------------------------------------- report
 
 
 def _us(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    if x < 10:
-        return f"{x:.2f}"
-    if x < 1000:
-        return f"{x:.1f}"
-    return f"{x:,.0f}"
+    return format_us(x, missing="n/a")
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -209,21 +130,6 @@ def render(rows: list[dict], info: dict[str, str], command: str, config: dict) -
     return "\n".join(lines) + "\n"
 
 
-def write_section(
-    path: Path, section: str, begin_marker: str = BEGIN, end_marker: str = END
-) -> None:
-    """Put ``section`` between the markers in ``path``, keeping the rest of the file."""
-    block = f"{begin_marker}\n{section}{end_marker}\n"
-    text = path.read_text() if path.exists() else INTRO
-    begin, end = text.find(begin_marker), text.find(end_marker)
-    if begin != -1 and end > begin:
-        text = text[:begin] + block + text[end + len(end_marker) :].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -292,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(timed in {elapsed:.1f} s)", file=sys.stderr)
 
     if args.out is not None:
-        write_section(args.out, section)
+        write_section(args.out, section, BEGIN, END, intro=INTRO)
         print(f"wrote {args.out}", file=sys.stderr)
     if args.json is not None:
         raw = {

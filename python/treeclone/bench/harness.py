@@ -33,6 +33,7 @@ from .contenders import (
     is_policy_rejection,
 )
 from .progress import Progress
+from .timing import interleaved
 from .workloads import NotApplicable, Runner, Workload
 
 
@@ -240,9 +241,7 @@ def _time_rounds(
     # its first steps down (several hundred µs on a small CPU machine), a distortion.
     gc.collect()
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(cfg.rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            samples[name].append(_time_batch(runners[name], steps))
-            progress.advance(1)
+    for name in interleaved(names, cfg.rounds):
+        samples[name].append(_time_batch(runners[name], steps))
+        progress.advance(1)
     return steps, samples

@@ -1,86 +1,22 @@
 """What a run writes: machine information, ``results.json``, ``report.md``, ``bench.png``,
-and the generated section of a Markdown file (``--docs``)."""
+and the generated section of a Markdown file (``--docs``). The parts all benchmarks share
+(machine, formatting, the section writer) are in ``timing``."""
 
 from __future__ import annotations
 
-import datetime as _dt
-import importlib
-import importlib.metadata
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from . import timing
 from .contenders import CONTENDERS
+from .timing import format_us
 
 BEGIN = "<!-- bench-harness:begin -->"
 END = "<!-- bench-harness:end -->"
 
 # --------------------------------------------------------------------------- machine
-
-
-def dist_version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def processor_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def treeclone_info() -> str:
-    try:
-        tc = importlib.import_module("treeclone")
-    except Exception as e:
-        return f"not importable ({type(e).__name__})"
-    version = dist_version("treeclone")
-    if version == "not installed":
-        version = str(getattr(tc, "__version__", "unknown"))
-    where = Path(tc.__file__).resolve().parent if getattr(tc, "__file__", None) else "?"
-    return f"{version} from {where}"
-
-
-def git_revision() -> str:
-    for where in (Path(__file__).resolve().parent, Path.cwd()):
-        rev = _git_revision_at(where)
-        if rev:
-            return rev
-    return "unknown (not a git checkout)"
-
-
-def _git_revision_at(here: Path) -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        return rev + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def device_label(device: Any) -> str:
@@ -91,56 +27,19 @@ def device_label(device: Any) -> str:
     )
 
 
-def host_info() -> dict[str, str]:
-    """The machine and interpreter a benchmark ran on (shared with benches/*_table.py)."""
-    u = platform.uname()
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    try:
-        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        load = "unknown"
-    return {
-        "platform": f"{u.system} {u.release} ({u.machine})",
-        "processor": processor_name(),
-        "cpus": f"{os.cpu_count()} ({usable} usable by this process)",
-        "load average (1, 5, 15 min) at the end": load,
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-    }
-
-
 def machine_info(device: Any) -> dict[str, str]:
     import jax
 
-    return {
-        **host_info(),
-        "jax": dist_version("jax"),
-        "jaxlib": dist_version("jaxlib"),
-        "flax": dist_version("flax"),
-        "equinox": dist_version("equinox"),
-        "optax": dist_version("optax"),
-        "numpy": dist_version("numpy"),
-        "treeclone": treeclone_info(),
-        "git revision": git_revision(),
-        "jax default backend": jax.default_backend(),
-        "device": f"{device_label(device)}: {device}",
-        "date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-    }
+    return timing.machine_info(
+        ("jax", "jaxlib", "flax", "equinox", "optax", "numpy", "treeclone"),
+        extra={
+            "jax default backend": jax.default_backend(),
+            "device": f"{device_label(device)}: {device}",
+        },
+    )
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def _us(x: float | None) -> str:
-    if x is None:
-        return "—"
-    if x < 10:
-        return f"{x:.2f}"
-    if x < 1000:
-        return f"{x:.1f}"
-    return f"{x:,.0f}"
 
 
 def _status(res: dict[str, Any]) -> str:
@@ -162,9 +61,9 @@ def workload_table(wl: dict[str, Any]) -> list[str]:
         if "median_us" in res:
             ratio = res.get("ratio_to_jax_jit")
             cells = [
-                _us(res["median_us"]),
-                f"{_us(res['q1_us'])}–{_us(res['q3_us'])} "
-                f"({_us(res['min_us'])}–{_us(res['max_us'])})",
+                format_us(res["median_us"]),
+                f"{format_us(res['q1_us'])}–{format_us(res['q3_us'])} "
+                f"({format_us(res['min_us'])}–{format_us(res['max_us'])})",
                 "—" if ratio is None else f"{ratio:.2f}x",
                 f"{res['steps_per_s']:,.0f}",
                 str(res.get("traces", "—")),
@@ -279,15 +178,7 @@ def write_plot(path: Path, results: dict[str, Any]) -> str:
 
 def write_section(path: Path, section: str) -> None:
     """Put ``section`` between the markers of ``path``, keeping the rest of the file."""
-    block = f"{BEGIN}\n{section}{END}\n"
-    text = path.read_text() if path.exists() else ""
-    begin, end = text.find(BEGIN), text.find(END)
-    if begin != -1 and end > begin:
-        text = text[:begin] + block + text[end + len(END) :].lstrip("\n")
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    timing.write_section(path, section, BEGIN, END)
 
 
 def command_line(argv: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""What each benchmark calls: one ``Call`` per (contender, operation, tree).
+"""The tree operations benchmarked: one bound ``Call`` per (contender, operation, tree).
 
 Shared by ``test_tree_bench.py`` and ``tree_table.py`` so both measure exactly the same calls.
 
@@ -20,8 +20,9 @@ beforehand, so no contender pays for a Python wrapper frame that another does no
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from typing import Any
+
+from treeclone.bench.timing import Call
 
 OPS = ("flatten", "unflatten", "tree_map", "repeated_flatten")
 CONTENDERS = ("treeclone", "jax", "jax-flatten_up_to", "optree")
@@ -32,16 +33,6 @@ _OPTREE_KW = {"none_is_leaf": False, "namespace": ""}
 
 def identity(x: Any) -> Any:
     return x
-
-
-@dataclass(frozen=True)
-class Call:
-    fn: Any
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-
-    def __call__(self) -> Any:
-        return self.fn(*self.args, **self.kwargs)
 
 
 def module_for(contender: str) -> Any:
