@@ -1,35 +1,46 @@
 //! The functions `treeclone._native` exports; `treeclone.tree_util` wraps them.
 
-use crate::flatten::{flatten, Options};
-use crate::registry;
-use crate::treedef::PyTreeDef;
-use crate::{keysort, registry::compat};
+use crate::registry::{self, compat};
+use crate::traverse::keysort;
+use crate::traverse::plain::flatten;
+use crate::traverse::Options;
+use crate::treedef::{self, PyTreeDef};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-fn make_treedef(
-    py: Python<'_>,
-    nodes: Vec<crate::treedef::Node>,
-) -> PyResult<Bound<'_, PyTreeDef>> {
-    Bound::new(py, PyTreeDef::new(nodes))
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(py_flatten, m)?)?;
+    m.add_function(wrap_pyfunction!(leaves, m)?)?;
+    m.add_function(wrap_pyfunction!(structure, m)?)?;
+    m.add_function(wrap_pyfunction!(flatten_with_path, m)?)?;
+    m.add_function(wrap_pyfunction!(tree_map, m)?)?;
+    m.add_function(wrap_pyfunction!(is_leaf_object, m)?)?;
+    m.add_function(wrap_pyfunction!(invalidate_registry_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(clear_key_order_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(check_jax, m)?)?;
+    m.add_function(wrap_pyfunction!(treedef_tuple, m)?)?;
+    Ok(())
 }
 
 /// `(leaves, treedef)` of `tree`, as `jax.tree_util.tree_flatten`.
 #[pyfunction(name = "flatten")]
 #[pyo3(signature = (tree, is_leaf=None))]
-pub fn py_flatten<'py>(
+fn py_flatten<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyTreeDef>)> {
     let py = tree.py();
     let out = flatten(tree, &Options::plain(is_leaf))?;
-    Ok((PyList::new(py, out.leaves)?, make_treedef(py, out.nodes)?))
+    Ok((
+        PyList::new(py, out.leaves)?,
+        Bound::new(py, PyTreeDef::new(out.nodes))?,
+    ))
 }
 
 /// The leaves of `tree`.
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None))]
-pub fn leaves<'py>(
+fn leaves<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
@@ -39,17 +50,18 @@ pub fn leaves<'py>(
 /// The treedef of `tree`.
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None))]
-pub fn structure<'py>(
+fn structure<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTreeDef>> {
-    make_treedef(tree.py(), flatten(tree, &Options::plain(is_leaf))?.nodes)
+    let nodes = flatten(tree, &Options::plain(is_leaf))?.nodes;
+    Bound::new(tree.py(), PyTreeDef::new(nodes))
 }
 
 /// `([(key_path, leaf), ...], treedef)`, as `jax.tree_util.tree_flatten_with_path`.
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None, is_leaf_takes_path=false))]
-pub fn flatten_with_path<'py>(
+fn flatten_with_path<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
     is_leaf_takes_path: bool,
@@ -67,22 +79,16 @@ pub fn flatten_with_path<'py>(
         .zip(out.leaves)
         .map(|(p, l)| PyTuple::new(py, [p.into_any(), l]))
         .collect::<PyResult<Vec<_>>>()?;
-    Ok((PyList::new(py, pairs)?, make_treedef(py, out.nodes)?))
-}
-
-/// `treedef.unflatten(leaves)`.
-#[pyfunction]
-pub fn unflatten<'py>(
-    treedef: &Bound<'py, PyTreeDef>,
-    leaves: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    treedef.call_method1("unflatten", (leaves,))
+    Ok((
+        PyList::new(py, pairs)?,
+        Bound::new(py, PyTreeDef::new(out.nodes))?,
+    ))
 }
 
 /// `jax.tree_util.tree_map`: `f` over the leaves of `tree` and the matching subtrees of `rest`.
 #[pyfunction]
 #[pyo3(signature = (f, tree, *rest, is_leaf=None))]
-pub fn tree_map<'py>(
+fn tree_map<'py>(
     f: &Bound<'py, PyAny>,
     tree: &Bound<'py, PyAny>,
     rest: &Bound<'py, PyTuple>,
@@ -103,10 +109,7 @@ pub fn tree_map<'py>(
             match treedef.flatten_up_to_vec(&other) {
                 Ok(v) => others.push(v),
                 Err(err) => {
-                    let hook = py
-                        .import("treeclone._jax_compat")?
-                        .getattr("prefix_error")?;
-                    let better = hook.call1((
+                    let better = compat(py)?.prefix_error.bind(py).call1((
                         tree,
                         &other,
                         is_leaf.as_ref(),
@@ -131,41 +134,30 @@ pub fn tree_map<'py>(
 
 /// Whether `x` is a leaf (not a registered node, not None, not a container).
 #[pyfunction]
-pub fn is_leaf_object(x: &Bound<'_, PyAny>) -> PyResult<bool> {
+fn is_leaf_object(x: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(matches!(registry::classify(x)?, registry::Kind::Leaf))
 }
 
 /// Forget cached type classifications (called after every registration through treeclone).
 #[pyfunction]
-pub fn invalidate_registry_cache() {
+fn invalidate_registry_cache() {
     registry::invalidate();
 }
 
 /// Forget cached dict key orders.
 #[pyfunction]
-pub fn clear_key_order_cache() {
+fn clear_key_order_cache() {
     keysort::clear_cache();
 }
 
 /// Make sure the JAX side is importable and readable (raises a clear error if not).
 #[pyfunction]
-pub fn check_jax(py: Python<'_>) -> PyResult<()> {
+fn check_jax(py: Python<'_>) -> PyResult<()> {
     compat(py).map(|_| ())
 }
 
 /// The treedef of a tuple whose children have the given treedefs.
 #[pyfunction]
-pub fn treedef_tuple(py: Python<'_>, treedefs: Vec<PyRef<'_, PyTreeDef>>) -> PyResult<PyTreeDef> {
-    let mut parts = Vec::new();
-    for t in &treedefs {
-        for n in &t.nodes {
-            parts.push((
-                n.kind.clone(),
-                n.arity,
-                n.data.as_ref().map(|d| d.clone_ref(py)),
-            ));
-        }
-    }
-    parts.push((registry::Kind::Tuple, treedefs.len(), None));
-    Ok(PyTreeDef::new(crate::treedef::nodes_from_parts(parts)?))
+fn treedef_tuple(py: Python<'_>, treedefs: Vec<PyRef<'_, PyTreeDef>>) -> PyResult<PyTreeDef> {
+    treedef::tuple_of(py, &treedefs)
 }

@@ -12,10 +12,10 @@ import jax
 import jax._src.tree_util as _jtu
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
+from treeclone._native import TypeKind
+
 # Oldest JAX release whose internals this module has been checked against.
 MIN_JAX = (0, 6, 0)
-
-LEAF, NAMEDTUPLE, CUSTOM = 0, 1, 2
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -60,15 +60,15 @@ def _opaque_functions(ty: type):
 
 
 def classify_type(ty: type):
-    """(kind, flatten, unflatten) for a type that is not list, tuple, dict or None."""
+    """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None."""
     entry = registry.get(ty)
     if entry is not None:
-        return CUSTOM, entry.to_iter, entry.from_iter
+        return TypeKind.Custom, entry.to_iter, entry.from_iter
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
-        return NAMEDTUPLE, None, None
+        return TypeKind.NamedTuple, None, None
     if default_registry.is_node(ty):
-        return (CUSTOM, *_opaque_functions(ty))
-    return LEAF, None, None
+        return (TypeKind.Custom, *_opaque_functions(ty))
+    return TypeKind.Leaf, None, None
 
 
 def to_jax_node(node_data, children):
@@ -77,12 +77,9 @@ def to_jax_node(node_data, children):
 
 
 __all__ = [
-    "CUSTOM",
     "DictKey",
     "FlattenedIndexKey",
     "GetAttrKey",
-    "LEAF",
-    "NAMEDTUPLE",
     "SequenceKey",
     "classify_type",
     "flatten_one_level_with_keys",

@@ -1,15 +1,19 @@
 //! Which Python types are pytree nodes, and how to take them apart and put them back.
 //!
 //! JAX's registry is the single source of truth: list, tuple, dict and None are dispatched on
-//! their exact type pointer; every other type is classified once through
-//! `treeclone._jax_compat.classify_type` and cached here. JAX's Python-side registry only grows,
-//! so a change in its size means a type was registered since: the cache is then dropped.
+//! their exact type pointer (`builtin_kind`, the one fast path); every other type is classified
+//! once through `treeclone._jax_compat.classify_type` and cached here. JAX's Python-side
+//! registry only grows, so a change in its size means a type was registered since: the cache is
+//! then dropped.
 
-use pyo3::exceptions::PyRuntimeError;
+mod compat;
+
+pub use compat::compat;
+
+use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+use pyo3::types::{PyTuple, PyType};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +26,7 @@ pub struct CustomType {
     pub unflatten: Py<PyAny>,
 }
 
+/// What JAX's registry says an object is.
 #[derive(Clone)]
 pub enum Kind {
     Leaf,
@@ -33,64 +38,51 @@ pub enum Kind {
     Custom(Arc<CustomType>),
 }
 
-impl Kind {
-    pub fn code(&self) -> u8 {
-        match self {
-            Kind::Leaf => 0,
-            Kind::None => 1,
-            Kind::Tuple => 2,
-            Kind::List => 3,
-            Kind::Dict => 4,
-            Kind::NamedTuple => 5,
-            Kind::Custom(_) => 6,
-        }
-    }
+/// `classify_type`'s answer for a type that is not list, tuple, dict or NoneType; Python
+/// returns it as `(TypeKind, flatten, unflatten)`.
+#[pyclass(frozen, eq, skip_from_py_object, module = "treeclone._native")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum TypeKind {
+    Leaf,
+    NamedTuple,
+    Custom,
+}
 
-    pub fn same(&self, other: &Kind) -> bool {
-        match (self, other) {
-            (Kind::Custom(a), Kind::Custom(b)) => a.ty.is(&b.ty),
-            _ => self.code() == other.code(),
-        }
+/// The kind of an object whose type is list, tuple, dict or NoneType, from the type pointer
+/// alone; None for every other type.
+#[inline(always)]
+fn builtin_kind(ty: *mut ffi::PyTypeObject) -> Option<Kind> {
+    if ty == &raw mut ffi::PyDict_Type {
+        Some(Kind::Dict)
+    } else if ty == &raw mut ffi::PyList_Type {
+        Some(Kind::List)
+    } else if ty == &raw mut ffi::PyTuple_Type {
+        Some(Kind::Tuple)
+    } else if ty == none_type() {
+        Some(Kind::None)
+    } else {
+        None
     }
 }
 
-/// Objects from the Python side, fetched once.
-pub struct Compat {
-    pub classify_type: Py<PyAny>,
-    pub registry: Py<PyDict>,
-    pub sequence_key: Py<PyAny>,
-    pub dict_key: Py<PyAny>,
-    pub getattr_key: Py<PyAny>,
-    pub flattened_index_key: Py<PyAny>,
-    pub flatten_one_level_with_keys: Py<PyAny>,
-    pub keystr: Py<PyAny>,
-    pub to_jax_node: Py<PyAny>,
+/// NoneType (not exported by the C API under a name).
+#[inline(always)]
+fn none_type() -> *mut ffi::PyTypeObject {
+    // SAFETY: None is immortal and always initialized once an interpreter runs.
+    unsafe { ffi::Py_TYPE(ffi::Py_None()) }
 }
 
-static COMPAT: PyOnceLock<Compat> = PyOnceLock::new();
-
-pub fn compat(py: Python<'_>) -> PyResult<&Compat> {
-    COMPAT.get_or_try_init(py, || {
-        let m = py.import("treeclone._jax_compat")?;
-        let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(m.getattr(name)?.unbind()) };
-        Ok(Compat {
-            classify_type: get("classify_type")?,
-            registry: m.getattr("registry")?.cast_into::<PyDict>()?.unbind(),
-            sequence_key: get("SequenceKey")?,
-            dict_key: get("DictKey")?,
-            getattr_key: get("GetAttrKey")?,
-            flattened_index_key: get("FlattenedIndexKey")?,
-            flatten_one_level_with_keys: get("flatten_one_level_with_keys")?,
-            keystr: get("keystr")?,
-            to_jax_node: get("to_jax_node")?,
-        })
-    })
+/// The type pointer of a live object.
+#[inline(always)]
+fn type_ptr(obj: &Bound<'_, PyAny>) -> *mut ffi::PyTypeObject {
+    // SAFETY: `obj` is a live object, so its type pointer is valid to read.
+    unsafe { ffi::Py_TYPE(obj.as_ptr()) }
 }
 
 /// Per-type answers for non-builtin types. Holding the type object keeps its address from
 /// being reused by another type while the entry lives.
 struct TypeCache {
-    registry_len: isize,
+    registry_len: usize,
     map: HashMap<usize, (Py<PyType>, Kind)>,
 }
 
@@ -144,19 +136,9 @@ impl<'py> Classifier<'py> {
     /// The node kind of `obj`, as JAX's default registry sees it.
     #[inline]
     pub fn classify(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<Kind> {
-        // SAFETY: `obj` is a live object; reading its type pointer has no other requirement.
-        let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
-        if ty == &raw mut ffi::PyDict_Type {
-            return Ok(Kind::Dict);
-        }
-        if ty == &raw mut ffi::PyList_Type {
-            return Ok(Kind::List);
-        }
-        if ty == &raw mut ffi::PyTuple_Type {
-            return Ok(Kind::Tuple);
-        }
-        if obj.is_none() {
-            return Ok(Kind::None);
+        let ty = type_ptr(obj);
+        if let Some(kind) = builtin_kind(ty) {
+            return Ok(kind);
         }
         let py = obj.py();
         if self.recheck || self.seen.is_empty() {
@@ -189,27 +171,24 @@ impl Default for Classifier<'_> {
 
 /// The node kind of `obj`, as JAX's default registry sees it.
 pub fn classify(obj: &Bound<'_, PyAny>) -> PyResult<Kind> {
-    // SAFETY: `obj` is a live object; reading its type pointer has no other requirement.
-    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
-    if ty == &raw mut ffi::PyDict_Type {
-        return Ok(Kind::Dict);
+    match builtin_kind(type_ptr(obj)) {
+        Some(kind) => Ok(kind),
+        None => classify_type(obj.py(), &obj.get_type()),
     }
-    if ty == &raw mut ffi::PyList_Type {
-        return Ok(Kind::List);
+}
+
+/// The node kind of any type (used to rebuild a node from a pickle or a JAX treedef).
+pub fn kind_for_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
+    match builtin_kind(ty.as_ptr() as *mut ffi::PyTypeObject) {
+        Some(kind) => Ok(kind),
+        None => classify_type(py, ty),
     }
-    if ty == &raw mut ffi::PyTuple_Type {
-        return Ok(Kind::Tuple);
-    }
-    if obj.is_none() {
-        return Ok(Kind::None);
-    }
-    classify_type(obj.py(), &obj.get_type())
 }
 
 /// The node kind of a type that is not list, tuple, dict or NoneType.
-pub fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
+fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     let compat = compat(py)?;
-    let registry_len = compat.registry.bind(py).len() as isize;
+    let registry_len = compat.registry.bind(py).len();
     let key = ty.as_ptr() as usize;
     let stale = {
         let mut guard = lock_cache();
@@ -230,21 +209,24 @@ pub fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
 
     // Python code runs here: no lock is held.
     let answer = compat.classify_type.bind(py).call1((ty,))?;
-    let answer = answer.cast::<PyTuple>()?;
-    let code: u8 = answer.get_item(0)?.extract()?;
-    let kind = match code {
-        0 => Kind::Leaf,
-        1 => Kind::NamedTuple,
-        2 => Kind::Custom(Arc::new(CustomType {
+    let bad = || PyTypeError::new_err("treeclone: classify_type must return (TypeKind, f, g)");
+    let answer = answer.cast::<PyTuple>().map_err(|_| bad())?;
+    if answer.len() != 3 {
+        return Err(bad());
+    }
+    let kind = match *answer
+        .get_item(0)?
+        .cast::<TypeKind>()
+        .map_err(|_| bad())?
+        .get()
+    {
+        TypeKind::Leaf => Kind::Leaf,
+        TypeKind::NamedTuple => Kind::NamedTuple,
+        TypeKind::Custom => Kind::Custom(Arc::new(CustomType {
             ty: ty.clone().unbind(),
             flatten: answer.get_item(1)?.unbind(),
             unflatten: answer.get_item(2)?.unbind(),
         })),
-        _ => {
-            return Err(PyRuntimeError::new_err(
-                "treeclone: bad answer from classify_type",
-            ))
-        }
     };
 
     let evicted = {
@@ -265,22 +247,4 @@ pub fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     };
     drop(evicted);
     Ok(kind)
-}
-
-/// The kind used to rebuild a node of type `ty` (from a pickle or a JAX treedef).
-pub fn kind_for_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
-    let p = ty.as_ptr() as *mut ffi::PyTypeObject;
-    if p == &raw mut ffi::PyDict_Type {
-        return Ok(Kind::Dict);
-    }
-    if p == &raw mut ffi::PyList_Type {
-        return Ok(Kind::List);
-    }
-    if p == &raw mut ffi::PyTuple_Type {
-        return Ok(Kind::Tuple);
-    }
-    if ty.is(py.None().bind(py).get_type()) {
-        return Ok(Kind::None);
-    }
-    classify_type(py, ty)
 }

@@ -1,0 +1,177 @@
+//! Identity tracking, the primitive of the `alias` and `strict` policies.
+//!
+//! `Sharing` is a traversal mode: an object met a second time (by identity) is recorded as a
+//! reference to its first occurrence, so a shared leaf gets one slot in the leaves list and a
+//! shared container becomes a `Ref` entry. Dicts keep their insertion order (plain Python's),
+//! which is then part of the structure. `SharedTreeDef.unflatten` restores the sharing, so a
+//! function traced on the rebuilt tree sees `a is b` where its caller did.
+
+mod treedef;
+
+pub use treedef::{Entry, SharedTreeDef};
+
+use crate::node::{DictOrder, Node, NodeKind};
+use crate::registry::Kind;
+use crate::traverse::{walk, Mode, Options};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes an object address: addresses are unique while the objects live, so a multiply-shift
+/// of the pointer is a good enough hash and much cheaper than SipHash.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only addresses are hashed")
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = ((n as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type AddressMap<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+
+/// Python scalars are values: CPython shares small ints and interned floats between unrelated
+/// places, so their identity says nothing about the caller's intent and is not tracked.
+fn is_python_scalar(obj: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: reading the type pointer of a live object.
+    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    ty == &raw mut ffi::PyLong_Type
+        || ty == &raw mut ffi::PyFloat_Type
+        || ty == &raw mut ffi::PyBool_Type
+        || ty == &raw mut ffi::PyComplex_Type
+}
+
+/// An object met before.
+enum Seen {
+    /// A finished container: its entry index.
+    Node(usize),
+    /// A leaf: its slot.
+    Leaf(usize),
+}
+
+/// The identity-tracking traversal's record. Every object it records stays alive in `objects`
+/// until the walk ends, so no address in `seen` can be reused by another object meanwhile.
+#[derive(Default)]
+pub struct Sharing<'py> {
+    /// The distinct leaves, by slot.
+    pub leaves: Vec<Bound<'py, PyAny>>,
+    pub entries: Vec<Entry>,
+    /// The object at each entry: the leaf, the container, or the referenced container.
+    pub objects: Vec<Bound<'py, PyAny>>,
+    seen: AddressMap<Seen>,
+    leaf_entries: usize,
+}
+
+impl<'py> Mode<'py> for Sharing<'py> {
+    const DICT_ORDER: DictOrder = DictOrder::Insertion;
+
+    fn leaf(&mut self, obj: Bound<'py, PyAny>, _: &[Py<PyAny>]) -> PyResult<()> {
+        let slot = if is_python_scalar(&obj) {
+            None
+        } else {
+            match self.seen.get(&(obj.as_ptr() as usize)) {
+                Some(Seen::Leaf(slot)) => Some(*slot),
+                _ => {
+                    let slot = self.leaves.len();
+                    self.seen.insert(obj.as_ptr() as usize, Seen::Leaf(slot));
+                    self.leaves.push(obj.clone());
+                    Some(slot)
+                }
+            }
+        };
+        let slot = slot.unwrap_or_else(|| {
+            self.leaves.push(obj.clone());
+            self.leaves.len() - 1
+        });
+        self.entries.push(Entry::Leaf(slot));
+        self.objects.push(obj);
+        self.leaf_entries += 1;
+        Ok(())
+    }
+
+    fn revisit(&mut self, obj: &Bound<'py, PyAny>, kind: &Kind) -> bool {
+        if matches!(kind, Kind::None) {
+            return false;
+        }
+        match self.seen.get(&(obj.as_ptr() as usize)) {
+            Some(Seen::Node(first)) => {
+                self.entries.push(Entry::Ref(*first));
+                self.objects.push(obj.clone());
+                true
+            }
+            // A container still open is met again inside itself: the walk's guard reports
+            // the cycle within a few levels.
+            _ => false,
+        }
+    }
+
+    fn node(&mut self, obj: Bound<'py, PyAny>, node: Node) {
+        if !matches!(node.kind, NodeKind::None) {
+            self.seen
+                .insert(obj.as_ptr() as usize, Seen::Node(self.entries.len()));
+        }
+        self.entries.push(Entry::Node(node));
+        self.objects.push(obj);
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        (self.leaf_entries, self.entries.len())
+    }
+}
+
+/// Flatten `tree`, recording shared objects once (see the module comment).
+pub fn flatten_shared<'py>(tree: &Bound<'py, PyAny>) -> PyResult<Sharing<'py>> {
+    let mut out = Sharing::default();
+    walk(tree, &Options::default(), &mut out)?;
+    Ok(out)
+}
+
+/// `(leaves, shared_treedef, objects)`: the distinct leaves, the structure with its sharing,
+/// and the object at each entry.
+#[pyfunction(name = "flatten_shared")]
+pub fn py_flatten_shared<'py>(
+    tree: &Bound<'py, PyAny>,
+) -> PyResult<(
+    Bound<'py, PyList>,
+    Bound<'py, SharedTreeDef>,
+    Bound<'py, PyList>,
+)> {
+    let py = tree.py();
+    let flat = flatten_shared(tree)?;
+    let num_slots = flat.leaves.len();
+    Ok((
+        PyList::new(py, flat.leaves)?,
+        Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?,
+        PyList::new(py, flat.objects)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_hash_spreads_aligned_pointers() {
+        let hash = |n: usize| {
+            let mut h = AddressHasher::default();
+            h.write_usize(n);
+            h.finish()
+        };
+        let hashes: std::collections::HashSet<u64> = (0..1000)
+            .map(|i| hash(0x7f00_0000 + 16 * i) >> 54)
+            .collect();
+        assert!(
+            hashes.len() > 500,
+            "top bits too clustered: {}",
+            hashes.len()
+        );
+    }
+}

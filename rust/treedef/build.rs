@@ -1,0 +1,171 @@
+//! The two walks a treedef guides: unflatten (build a tree from leaves) and flatten_up_to
+//! (take a tree apart down to this structure's leaves).
+
+use super::{leaf_count_error, PyTreeDef};
+use crate::node::{build_node, call_custom_flatten, NodeKind};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+impl PyTreeDef {
+    /// Rebuild a tree from owned leaves.
+    pub fn unflatten_vec<'py>(
+        &self,
+        py: Python<'py>,
+        leaves: Vec<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let expected = self.root().num_leaves;
+        if leaves.len() != expected {
+            return Err(leaf_count_error(expected, leaves.len()));
+        }
+        let mut leaves = leaves.into_iter();
+        self.build(py, |_| Ok(leaves.next().expect("counted").into_bound(py)))
+    }
+
+    /// Rebuild a tree, taking the i-th leaf from `leaf(i)`.
+    pub(super) fn build<'py>(
+        &self,
+        py: Python<'py>,
+        mut leaf: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
+        let mut next_leaf = 0;
+        for node in &self.nodes {
+            let obj = match &node.kind {
+                NodeKind::Leaf => {
+                    next_leaf += 1;
+                    leaf(next_leaf - 1)?
+                }
+                kind => {
+                    let start = stack.len() - node.arity;
+                    build_node(py, kind, stack.drain(start..))?
+                }
+            };
+            stack.push(obj);
+        }
+        Ok(stack.pop().expect("one root"))
+    }
+
+    /// Leaves of `tree` up to this structure: each leaf here matches a whole subtree there.
+    pub fn flatten_up_to_vec<'py>(
+        &self,
+        tree: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let py = tree.py();
+        let mut leaves: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.root().num_leaves);
+        // Walk the post-order nodes backwards: a pre-order walk visiting children right to left.
+        let mut agenda: Vec<Bound<'py, PyAny>> = vec![tree.clone()];
+        for node in self.nodes.iter().rev() {
+            let obj = agenda.pop().expect("agenda matches the treedef");
+            match &node.kind {
+                NodeKind::Leaf => {
+                    leaves.push(obj);
+                    continue;
+                }
+                NodeKind::None => {
+                    if !obj.is_none() {
+                        return Err(PyValueError::new_err(format!(
+                            "Expected None, got {}.",
+                            obj.repr()?
+                        )));
+                    }
+                }
+                NodeKind::Tuple => {
+                    let t = obj
+                        .cast_exact::<PyTuple>()
+                        .map_err(|_| expected_error("tuple", &obj))?;
+                    check_arity("Tuple", node.arity, t.len(), &obj)?;
+                    agenda.extend(t.iter());
+                }
+                NodeKind::List => {
+                    let l = obj
+                        .cast_exact::<PyList>()
+                        .map_err(|_| expected_error("list", &obj))?;
+                    check_arity("List", node.arity, l.len(), &obj)?;
+                    agenda.extend(l.iter());
+                }
+                NodeKind::Dict(keys) => {
+                    let d = obj
+                        .cast_exact::<PyDict>()
+                        .map_err(|_| expected_error("dict", &obj))?;
+                    let keys = keys.bind(py);
+                    let mismatch = || -> PyResult<PyErr> {
+                        let present = d.keys();
+                        present.sort().ok();
+                        Ok(PyValueError::new_err(format!(
+                            "Dict key mismatch; expected keys: {}; present keys: {}.",
+                            keys.to_list().repr()?,
+                            present.repr()?
+                        )))
+                    };
+                    if d.len() != node.arity {
+                        return Err(mismatch()?);
+                    }
+                    for key in keys.iter() {
+                        match d.get_item(&key)? {
+                            Some(v) => agenda.push(v),
+                            None => return Err(mismatch()?),
+                        }
+                    }
+                }
+                NodeKind::NamedTuple(ty) => {
+                    let ty = ty.bind(py);
+                    if !obj.get_type().is(ty) {
+                        return Err(PyValueError::new_err(format!(
+                            "Expected named tuple of type {}, got {}.",
+                            ty.repr()?,
+                            obj.repr()?
+                        )));
+                    }
+                    let t = obj.cast::<PyTuple>()?;
+                    check_arity("Named tuple", node.arity, t.len(), &obj)?;
+                    agenda.extend(t.iter());
+                }
+                NodeKind::Custom(custom, expected_aux) => {
+                    let ty = custom.ty.bind(py);
+                    if !obj.get_type().is(ty) {
+                        return Err(PyValueError::new_err(format!(
+                            "Custom node type mismatch; expected type: {}; value: {}.",
+                            ty.repr()?,
+                            obj.repr()?
+                        )));
+                    }
+                    let (children, aux) = call_custom_flatten(&obj, custom)?;
+                    let expected_aux = expected_aux.bind(py);
+                    // Identity first, as JAX: the same aux object always matches itself (even
+                    // an array, or NaN).
+                    if !aux.is(expected_aux) && !aux.eq(expected_aux)? {
+                        return Err(PyValueError::new_err(format!(
+                            "Mismatch custom node data: {} != {}; value: {}.",
+                            expected_aux.repr()?,
+                            aux.repr()?,
+                            obj.repr()?
+                        )));
+                    }
+                    check_arity("Custom node", node.arity, children.len(), &obj)?;
+                    agenda.extend(children);
+                }
+            }
+        }
+        leaves.reverse();
+        Ok(leaves)
+    }
+}
+
+fn expected_error(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    match obj.repr() {
+        Ok(r) => PyValueError::new_err(format!("Expected {what}, got {r}.")),
+        Err(e) => e,
+    }
+}
+
+fn check_arity(what: &str, expected: usize, got: usize, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    if expected != got {
+        return Err(PyValueError::new_err(format!(
+            "{what} arity mismatch: {got} != {expected}; {}: {}.",
+            what.to_lowercase(),
+            obj.repr()?
+        )));
+    }
+    Ok(())
+}
