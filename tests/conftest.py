@@ -1,15 +1,21 @@
 """Shared pytest configuration for the treeclone test suite.
 
+The tests are grouped by subject in subfolders; ``support/`` holds what they share and the
+scripts they run in subprocesses (not tests), and is put on ``sys.path`` here.
+
 ``trees`` is imported first, before anything imports ``treeclone``: it registers several node
 types with ``jax.tree_util`` *before* treeclone exists in the process, which is part of what
 is being tested.
 """
 
 import os
+import sys
 
-import pytest
-import trees  # registers jax-only node types before treeclone is imported
-from hypothesis import HealthCheck, settings
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+
+import pytest  # noqa: E402
+import trees  # noqa: E402  (registers jax-only node types before treeclone is imported)
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci",

@@ -1,4 +1,4 @@
-"""Runs the fuzzer (tests/fuzz_tree.py) for a few seconds in a subprocess.
+"""Runs the fuzzer (tests/support/fuzz_tree.py) for a few seconds in a subprocess.
 
 ``TREECLONE_LONG=1`` runs each driver for minutes instead. The atheris test is skipped where
 atheris is not installed (it is in the ``test`` extra on Linux x86_64 for CPython < 3.14, the
@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import LONG, TESTS_DIR
+from helpers import LONG, SUPPORT_DIR
 
-FUZZ = os.path.join(TESTS_DIR, "fuzz_tree.py")
+FUZZ = os.path.join(SUPPORT_DIR, "fuzz_tree.py")
 # an input that hits a known divergence (NaN dict keys) when --known-bugs generates them
 KNOWN_BUG_INPUT = "040405000305020000000000000000"
 
@@ -29,7 +29,7 @@ def _fuzz(*args: str, seconds: float) -> subprocess.CompletedProcess:
         text=True,
         timeout=seconds + 120,
         env=env,
-        cwd=TESTS_DIR,
+        cwd=SUPPORT_DIR,
     )
 
 

@@ -1,4 +1,4 @@
-"""A table of hostile inputs that tests/test_bad_inputs.py does not already cover.
+"""A table of hostile inputs that tests/hostile/test_bad_inputs.py does not already cover.
 
 Every row runs in a fresh interpreter (``helpers.run_script``), so a segfault or an abort fails
 that row instead of killing pytest. A row is:
@@ -17,7 +17,7 @@ The "documented result" rows follow one rule: treeclone takes a snapshot of a co
 children when it reaches that container, so a callback that mutates a container later cannot
 crash it; the result is the tree as it was when each container was reached.
 
-Rows marked ``xfail`` are bugs found while writing this table (and by tests/fuzz_tree.py): a
+Rows marked ``xfail`` are bugs found while writing this table (and by tests/support/fuzz_tree.py): a
 difference from JAX where JAX gives a clear answer, or not the documented result (a missed cycle,
 an unclear SystemError). Each reason says what happens. They are ``strict``: when one starts to
 pass, remove the mark.

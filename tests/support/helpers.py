@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.tree_util as jtu
 from trees import Rec
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# This folder: the helper modules and the scripts that tests run in subprocesses.
+SUPPORT_DIR = os.path.dirname(os.path.abspath(__file__))
 # TREECLONE_LONG=1: the heavier tests (threads, leaks, fuzzing) run longer; CI-sized otherwise.
 LONG = os.environ.get("TREECLONE_LONG", "") not in ("", "0")
 KEY_TYPES = (jtu.SequenceKey, jtu.DictKey, jtu.GetAttrKey, jtu.FlattenedIndexKey)
@@ -136,7 +137,7 @@ def check_same_error(tc_fn: Callable[[], Any], jax_fn: Callable[[], Any], what: 
 
 _PATH_SETUP = f"""
 import sys
-sys.path.insert(0, {TESTS_DIR!r})
+sys.path.insert(0, {SUPPORT_DIR!r})
 """
 
 PRELUDE = (
@@ -149,14 +150,22 @@ import treeclone.tree_util as tc
 
 
 def run_script(
-    body: str, marker: str = "SCRIPT-OK", timeout: float = 300, prelude: bool = True
+    body: str,
+    marker: str = "SCRIPT-OK",
+    timeout: float = 300,
+    prelude: bool = True,
+    path: Sequence[str] = (),
 ) -> str:
     """Run ``body`` in a fresh interpreter; it must exit 0 and print ``marker``.
 
+    The script can import the modules of this folder, and those of the folders in ``path``.
     A segfault/abort shows up as a negative return code and fails the calling test instead of
     killing pytest. Returns stdout.
     """
-    code = (PRELUDE if prelude else _PATH_SETUP) + textwrap.dedent(body) + f"\nprint({marker!r})\n"
+    setup = (PRELUDE if prelude else _PATH_SETUP) + "".join(
+        f"sys.path.insert(0, {folder!r})\n" for folder in path
+    )
+    code = setup + textwrap.dedent(body) + f"\nprint({marker!r})\n"
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     proc = subprocess.run(
@@ -165,7 +174,7 @@ def run_script(
         text=True,
         timeout=timeout,
         env=env,
-        cwd=TESTS_DIR,
+        cwd=SUPPORT_DIR,
     )
     detail = (
         f"exit code {proc.returncode}"

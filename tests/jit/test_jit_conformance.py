@@ -48,7 +48,7 @@ pytestmark = [
 
 # --- known discrepancies (reasons of the xfail marks) ---------------------------------------------
 
-# Differences by design (docs/semantics.md), checked in tests/test_policies.py instead.
+# Differences by design (docs/semantics.md), checked in tests/policies/test_policies.py instead.
 PASSTHROUGH = (
     "by design (docs/semantics.md rule 6; test_alias_unchanged_python_values_are_handed_back): "
     "alias/strict hand back a returned input leaf that is not a jax.Array (a Python scalar, a "

@@ -1,9 +1,9 @@
 """Coverage-guided fuzzing of treeclone.tree_util against jax.tree_util.
 
-Not a pytest module (tests/test_fuzz_smoke.py runs it for a few seconds). Usage:
+Not a pytest module (tests/hostile/test_fuzz_smoke.py runs it for a few seconds). Usage:
 
-    python tests/fuzz_tree.py [--seconds N] [--driver atheris|hypothesis] [--seed S]
-    python tests/fuzz_tree.py --replay HEX_OR_FILE     # re-run one input, print its tree
+    python tests/support/fuzz_tree.py [--seconds N] [--driver atheris|hypothesis] [--seed S]
+    python tests/support/fuzz_tree.py --replay HEX_OR_FILE     # re-run one input, print its tree
 
 Each input is a byte string, decoded (``decode``) into one or two pytrees (nested lists, tuples,
 dicts of several key kinds, OrderedDicts, defaultdicts, None, namedtuples, custom nodes
@@ -708,7 +708,7 @@ def reproducer(data: bytes) -> str:
     c = decode(data)
     return (
         f"input (hex): {data.hex()}\n"
-        f"replay: python tests/fuzz_tree.py --replay {data.hex()}\n"
+        f"replay: python tests/support/fuzz_tree.py --replay {data.hex()}\n"
         f"tree (shared subtrees are repeated): {c.src}\n"
         f"other: {c.other_src}\n"
         f"is_leaf code {c.is_leaf_code} (see make_is_leaf), takes_path={c.takes_path}, "

@@ -14,8 +14,8 @@ deadline is reported as a deadlock (with every thread's stack on stderr).
 
 Hook for more work: ``run(extra=[callable, ...])``. Each worker calls one of the extra
 callables (no arguments) on about one iteration in ``extra_every``; an exception in one of them
-is a failure like any other. Run this in a subprocess (tests/test_threads.py does): a deadlock
-or a crash must not take pytest down with it.
+is a failure like any other. Run this in a subprocess (tests/hostile/test_threads.py does): a
+deadlock or a crash must not take pytest down with it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 * ``sys.getrefcount`` of sample leaves, aux data objects, node types, exception types and the
   treedef are back where they were after the warm-up.
 
-Run it in a subprocess (tests/test_leaks.py does).
+Run it in a subprocess (tests/hostile/test_leaks.py does).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ found for each (scenario, policy).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -335,7 +336,7 @@ print({MARKER!r} + json.dumps(test_jit_sharding.run_all()))
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, str | None]]:
-    stdout = run_script(_SCRIPT, prelude=False, timeout=600)
+    stdout = run_script(_SCRIPT, prelude=False, timeout=600, path=[os.path.dirname(__file__)])
     line = next(line for line in stdout.splitlines() if line.startswith(MARKER))
     return json.loads(line[len(MARKER) :])
 
