@@ -29,7 +29,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<registry::TypeKind>()?;
     m.add_class::<treedef::PyTreeDef>()?;
     m.add_class::<sharing::SharedTreeDef>()?;
+    m.add_class::<sharing::EntryInfo>()?;
     m.add_class::<writeback::CallPlan>()?;
+    m.add_class::<writeback::Source>()?;
+    m.add_class::<writeback::Origin>()?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;
     api::register(m)

@@ -71,6 +71,14 @@ def classify_type(ty: type):
     return TypeKind.Leaf, None, None
 
 
+def unflatten_node(ty: type, aux, children):
+    """One node of a registered type ``ty`` built from its aux data and children."""
+    entry = registry.get(ty)
+    if entry is not None:
+        return entry.from_iter(aux, children)
+    return _opaque_functions(ty)[1](aux, children)
+
+
 def to_jax_node(node_data, children):
     """Build one jaxlib PyTreeDef node from JAX-style node data and child treedefs."""
     return _from_node_data_and_children(default_registry, node_data, children)
@@ -86,6 +94,7 @@ __all__ = [
     "keystr",
     "registry",
     "to_jax_node",
+    "unflatten_node",
 ]
 
 

@@ -32,7 +32,6 @@ def structure(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> PyTree
 def flatten_with_path(
     tree: Any, is_leaf: Callable[..., bool] | None = None, is_leaf_takes_path: bool = False
 ) -> tuple[list[tuple[tuple[Any, ...], Any]], PyTreeDef]: ...
-def unflatten(treedef: PyTreeDef, leaves: Iterable[Any]) -> Any: ...
 def tree_map(
     f: Callable[..., Any], tree: Any, *rest: Any, is_leaf: Callable[[Any], bool] | None = None
 ) -> Any: ...
@@ -43,6 +42,36 @@ def clear_key_order_cache() -> None: ...
 def check_jax() -> None: ...
 def _treedef_from_state(state: list[Any]) -> PyTreeDef: ...
 
+class TypeKind:
+    """What ``classify_type`` says a type is (list, tuple, dict and None are known natively)."""
+
+    Leaf: TypeKind
+    NamedTuple: TypeKind
+    Custom: TypeKind
+
+class EntryInfo:
+    """One entry of a ``SharedTreeDef`` (``node_info()``), in post-order."""
+
+    class Leaf(EntryInfo):
+        @property
+        def slot(self) -> int: ...
+
+    class Ref(EntryInfo):
+        @property
+        def target(self) -> int: ...
+
+    class Node(EntryInfo):
+        @property
+        def node_type(self) -> type: ...
+        @property
+        def arity(self) -> int: ...
+        @property
+        def data(self) -> Any: ...
+        @property
+        def size(self) -> int: ...
+        @property
+        def children(self) -> list[int]: ...
+
 class SharedTreeDef:
     """A pytree's structure with its sharing: which leaves and containers are one object."""
 
@@ -52,12 +81,43 @@ class SharedTreeDef:
     def num_nodes(self) -> int: ...
     def unflatten(self, leaves: list[Any], /) -> Any: ...
     def unflatten_nodes(self, leaves: list[Any], /) -> tuple[Any, list[Any]]: ...
-    def node_info(self) -> list[tuple[Any, ...]]: ...
+    def node_info(self) -> list[EntryInfo.Leaf | EntryInfo.Ref | EntryInfo.Node]: ...
     def children_of(self, i: int, /) -> list[int]: ...
     def child_slots(self, i: int, /) -> list[list[int]]: ...
     def __eq__(self, other: object) -> bool: ...
     def __ne__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
+
+class Source:
+    """Where a result leaf comes from: the caller's input slot or the computation's output."""
+
+    class Input(Source):
+        def __init__(self, slot: int) -> None: ...
+        @property
+        def slot(self) -> int: ...
+
+    class Output(Source):
+        def __init__(self, index: int) -> None: ...
+        @property
+        def index(self) -> int: ...
+
+class Origin:
+    """The caller's container a result node is (for write-back)."""
+
+    def __init__(
+        self,
+        *,
+        node: int,
+        old_children: list[int],
+        same_data: bool,
+        writable: bool,
+        key_order: tuple[Any, ...] | None = None,
+    ) -> None: ...
+    node: int
+    old_children: list[int]
+    same_data: bool
+    writable: bool
+    key_order: tuple[Any, ...] | None
 
 class CallPlan:
     """What a traced call returns and writes back, applied at every call."""
@@ -65,8 +125,8 @@ class CallPlan:
     def __init__(
         self,
         def_: SharedTreeDef,
-        sources: list[tuple[int, int]],
-        origins: list[tuple[int, list[int], bool, bool, tuple[Any, ...] | None] | None],
+        sources: list[Source],
+        origins: list[Origin | None],
         result_child: int | None,
         write_custom: Callable[[Any, Any], Callable[[], None]],
     ) -> None: ...
@@ -74,6 +134,4 @@ class CallPlan:
         self, input_leaves: list[Any], input_objects: list[Any], outputs: list[Any]
     ) -> Any: ...
 
-def flatten_shared(
-    tree: Any, is_leaf: Callable[[Any], bool] | None = None
-) -> tuple[list[Any], SharedTreeDef, list[Any]]: ...
+def flatten_shared(tree: Any) -> tuple[list[Any], SharedTreeDef, list[Any]]: ...

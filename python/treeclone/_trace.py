@@ -11,13 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+from jax.core import Tracer
+
 from treeclone import _native
-from treeclone._jax_compat import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
+from treeclone._jax_compat import (
+    DictKey,
+    FlattenedIndexKey,
+    GetAttrKey,
+    SequenceKey,
+    keystr,
+    unflatten_node,
+)
 from treeclone._jax_compat import flatten_one_level_with_keys as _keyed_children
-from treeclone._writeback import writable, write_custom
+from treeclone._native import EntryInfo, Origin, Source
+from treeclone._writeback import changed_attributes, has_updater, writable, write_custom
 from treeclone.policies import MutationError, Policy
 
 NoneType = type(None)
+NodeInfo = EntryInfo.Node
 
 
 class Layout:
@@ -47,27 +59,20 @@ def _same_data(a: Any, b: Any) -> bool:
         return False
 
 
-def _subtree_sizes(info: list[tuple]) -> list[int]:
-    sizes: list[int] = []
-    stack: list[int] = []
-    for entry in info:
-        arity = entry[2] if entry[0] == "node" else 0
-        below = sum(stack[len(stack) - arity :]) if arity else 0
-        del stack[len(stack) - arity :]
-        sizes.append(below + 1)
-        stack.append(below + 1)
-    return sizes
-
-
-def _child_keys(obj: Any, entry: tuple) -> list[Any]:
+def _child_keys(obj: Any, entry: NodeInfo) -> list[Any]:
     """JAX's key entries for the children of a node (trace time only: used for messages)."""
-    _, ty, arity, data = entry
+    ty, arity, data = entry.node_type, entry.arity, entry.data
     if ty in (list, tuple):
         return [SequenceKey(i) for i in range(arity)]
     if ty is dict:
         return [DictKey(k) for k in data]
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
         return [GetAttrKey(f) for f in ty._fields]
+    if issubclass(ty, dict):  # a registered dict subclass: its keys in child order
+        try:
+            return [DictKey(k) for k in unflatten_node(ty, data, [None] * arity)]
+        except Exception:
+            pass
     try:
         keyed, _ = _keyed_children(obj)
         return [k for k, _ in keyed]
@@ -82,14 +87,12 @@ class _Paths:
         self.sdef, self.objs, self.layout = sdef, objs, layout
         self.info = sdef.node_info()
         self.paths: dict[int, str] = {}
-        root = len(self.info) - 1
-        for i, child in enumerate(sdef.children_of(root)):
+        for i, child in enumerate(self.info[-1].children):
             if i < layout.num_args:
                 self._walk(child, layout.arg_name(i))
             else:  # the kwargs dict: its keys are the argument names
-                for key, grandchild in zip(
-                    self.info[child][3] or (), sdef.children_of(child), strict=False
-                ):
+                kwargs = self.info[child]
+                for key, grandchild in zip(kwargs.data or (), kwargs.children, strict=False):
                     self._walk(grandchild, str(key))
 
     def _walk(self, node: int, path: str) -> None:
@@ -100,9 +103,9 @@ class _Paths:
                 continue
             self.paths[n] = p
             entry = self.info[n]
-            if entry[0] == "node" and entry[2]:
+            if isinstance(entry, NodeInfo) and entry.arity:
                 keys = _child_keys(self.objs[n], entry)
-                for key, child in zip(keys, self.sdef.children_of(n), strict=False):
+                for key, child in zip(keys, entry.children, strict=False):
                     agenda.append((child, p + keystr((key,))))
 
     def child(self, node: int, j: int, now: Any) -> str:
@@ -119,12 +122,24 @@ class _Paths:
         return self.paths.get(node, "?") + key
 
 
-def _describe(pre: tuple, post: tuple, old: list, new: list, objs: list, post_objs: list):
-    """What changed in one container: ``(child index or None, description, child now)``s."""
-    _, ty, old_arity, old_data = pre
-    _, _, new_arity, new_data = post
+def _describe(
+    pre: NodeInfo,
+    post: NodeInfo,
+    objs: list,
+    post_objs: list,
+    keys: tuple | None = None,
+    static_comparable: bool = True,
+):
+    """What changed in one container: ``(child index or None, description, child now)``s.
+
+    ``keys``: a dict's (or dict subclass's) keys before and after, in child order;
+    ``static_comparable``: whether a change of the static data can be told (see
+    ``_unstable_static_data``)."""
+    ty, old, new = pre.node_type, pre.children, post.children
+    old_arity, old_data, new_arity, new_data = pre.arity, pre.data, post.arity, post.data
     changes: list[tuple[int | None, str, Any]] = []
-    if ty is dict:
+    if keys is not None and len(keys[0]) == old_arity and len(keys[1]) == new_arity:
+        old_data, new_data = keys
         new_pos = {k: i for i, k in enumerate(new_data)}
         added = [k for k in new_data if k not in set(old_data)]
         removed = [k for k in old_data if k not in new_pos]
@@ -141,7 +156,7 @@ def _describe(pre: tuple, post: tuple, old: list, new: list, objs: list, post_ob
         return changes
     if ty is list and old_arity != new_arity:
         changes.append((None, f"list resized from {old_arity} to {new_arity}", None))
-    elif not _same_data(old_data, new_data):
+    elif static_comparable and not _same_data(old_data, new_data):
         changes.append((None, "attribute set (the node's static data changed)", None))
     if not changes:
         for j, (o, n) in enumerate(zip(old, new, strict=False)):
@@ -172,53 +187,85 @@ def run(
     (putting static arguments back in place); ``transform_out`` is applied to the result.
     """
     root, objs = pre_def.unflatten_nodes(in_leaves)
+    pre_info = pre_def.node_info()
+    unstable = _unstable_static_data(root, pre_info)
+    own_attributes = {
+        k: set(vars(o))
+        for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
+        if isinstance(e, NodeInfo) and e.node_type not in (list, dict) and hasattr(o, "__dict__")
+    }
     args, kwargs = rebuild_args(*layout.split(root))
     out = fun(*args, **kwargs)
     if transform_out is not None:
         out = transform_out(out)
 
-    post_leaves, post_def, post_objs = _native.flatten_shared((root, out))
-    pre_info = pre_def.node_info()
-    post_info = post_def.node_info()
     container_index = {
         id(o): k
         for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
-        if e[0] == "node" and e[1] is not NoneType
+        if isinstance(e, NodeInfo) and e.node_type is not NoneType
     }
+    post_leaves, post_def, post_objs = _native.flatten_shared((root, out))
+    # Input containers the function detached from the tree (``l = d["l"]; l.append(x);
+    # d["l"] = []``) keep what was done to them, as in plain Python: they are flattened after
+    # the results, so their changes are written back (and are unreturned ones under strict).
+    reached = {id(o) for o in post_objs}
+    detached = tuple(objs[k] for k in container_index.values() if id(objs[k]) not in reached)
+    if detached:
+        post_leaves, post_def, post_objs = _native.flatten_shared((root, out, detached))
+    post_info = post_def.node_info()
     slot_of = {id(leaf): s for s, leaf in enumerate(in_leaves)}
 
     # Which input containers changed, and which the function returns.
-    post_root = len(post_info) - 1
-    inputs_node, out_node = post_def.children_of(post_root)
-    sizes = _subtree_sizes(post_info)
+    inputs_node, out_node = post_info[-1].children[:2]
     returned: set[int] = set()
     agenda = list(range(inputs_node + 1, out_node + 1))
     expanded: set[int] = set()
     while agenda:
         n = agenda.pop()
         entry = post_info[n]
-        if entry[0] == "ref":
-            target = entry[1]
+        if isinstance(entry, EntryInfo.Ref):
+            target = entry.target
             if target not in expanded:  # a returned input: everything under it is returned
                 expanded.add(target)
-                agenda.extend(range(target - sizes[target] + 1, target + 1))
-        elif entry[0] == "node":
+                agenda.extend(range(target - post_info[target].size + 1, target + 1))
+        elif isinstance(entry, NodeInfo):
             k = container_index.get(id(post_objs[n]))
             if k is not None:
                 returned.add(k)
     mutated: list[tuple[int, list]] = []
-    origin_of: dict[int, tuple] = {}
+    origin_of: dict[int, Origin] = {}
     for n, entry in enumerate(post_info):
-        if entry[0] != "node" or entry[1] is NoneType:
+        if not isinstance(entry, NodeInfo) or entry.node_type is NoneType:
             continue
         k = container_index.get(id(post_objs[n]))
         if k is None:
             continue
-        old, new = pre_def.children_of(k), post_def.children_of(n)
-        same = _same_data(pre_info[k][3], entry[3])
-        order = tuple(post_objs[n]) if entry[1] is dict else None
-        origin_of[n] = (k, old, same, entry[1] in (list, dict) or writable(post_objs[n]), order)
-        changes = _describe(pre_info[k], entry, old, new, objs, post_objs)
+        obj, ty = post_objs[n], entry.node_type
+        attrs, keys, outside = None, (pre_info[k].data, entry.data) if ty is dict else None, []
+        if ty not in (list, dict) and writable(obj) and not has_updater(obj):
+            if _holds_tracer(entry.data):
+                _raise_traced_static_data(fun, k, pre_def, objs, layout)
+            attrs, keys, after = _custom_changes(pre_info[k], entry, objs, post_objs)
+            outside = [
+                name
+                for name in getattr(obj, "__dict__", ())
+                if name not in own_attributes.get(k, ()) and not hasattr(after, name)
+            ]
+        key_order = tuple(obj) if isinstance(obj, dict) else None
+        origin_of[n] = Origin(
+            node=k,
+            old_children=pre_info[k].children,
+            same_data=_same_data(pre_info[k].data, entry.data),
+            writable=ty in (list, dict) or writable(obj),
+            key_order=key_order,
+            reordered=key_order is not None and _reordered(keys and keys[0], key_order),
+            attrs=attrs,
+        )
+        changes = _describe(pre_info[k], entry, objs, post_objs, keys, k not in unstable)
+        for name in outside:
+            if policy.mutations == "propagate":
+                _raise_outside_attribute(fun, k, name, pre_def, objs, layout)
+            changes.append((None, f"attribute {name!r} set outside the pytree", None))
         if changes:
             mutated.append((k, changes))
 
@@ -241,12 +288,83 @@ def run(
     for leaf in result_leaves:
         s = slot_of.get(id(leaf))
         if s is not None and in_leaves[s] is leaf and (keep_inputs is None or keep_inputs[s]):
-            sources.append((0, s))
+            sources.append(Source.Input(slot=s))
         else:
-            sources.append((1, len(outputs)))
+            sources.append(Source.Output(index=len(outputs)))
             outputs.append(leaf)
     plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom)
     return plan, outputs
+
+
+def _custom_changes(
+    pre: NodeInfo, post: NodeInfo, objs: list, post_objs: list
+) -> tuple[tuple[str, ...] | None, tuple[list, list] | None, Any]:
+    """What the function changed in a custom node through its pytree, as ``(attributes, keys,
+    rebuilt)``: the node rebuilt from the caller's contents against ``rebuilt``, the node
+    rebuilt from the function's (see ``_writeback.changed_attributes``); for a dict subclass,
+    ``keys`` holds its keys before and after, in child order. Nones when it cannot be
+    rebuilt."""
+    ty = post.node_type
+    try:
+        before = unflatten_node(ty, pre.data, [objs[c] for c in pre.children])
+        after = unflatten_node(ty, post.data, [post_objs[c] for c in post.children])
+    except Exception:
+        return None, None, None
+    keys = (list(before), list(after)) if isinstance(before, dict) else None
+    return changed_attributes(before, after), keys, after
+
+
+def _unstable_static_data(root: Any, info: list) -> set[int]:
+    """Nodes whose flatten makes its static data afresh each time (an aux object equal only to
+    itself, as ``jax.jit`` allows): a change of their static data cannot be told apart."""
+    probe = _native.flatten_shared(root)[1].node_info()
+    return {
+        k
+        for k, (a, b) in enumerate(zip(info, probe, strict=False))
+        if isinstance(a, NodeInfo) and isinstance(b, NodeInfo) and not _same_data(a.data, b.data)
+    }
+
+
+def _reordered(seen: Any, now: tuple) -> bool:
+    """Whether the keys kept from ``seen`` (the order the function saw) come in another order
+    in ``now`` (the order it left). Unknown ``seen``: assume so."""
+    if seen is None:
+        return True
+    present = set(now)
+    kept = set(seen)
+    return [k for k in seen if k in present] != [k for k in now if k in kept]
+
+
+def _holds_tracer(data: Any) -> bool:
+    """Whether a node's static data holds a traced value (it would leak into the caller)."""
+    if isinstance(data, Tracer):
+        return True
+    try:
+        return any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(data))
+    except Exception:
+        return False
+
+
+def _raise_outside_attribute(fun, k, name, pre_def, objs, layout) -> None:
+    where = _Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
+    qualname = getattr(fun, "__qualname__", None) or repr(fun)
+    raise ValueError(
+        f"{qualname} set the attribute {name!r} on {where} ({type(objs[k]).__name__}), which "
+        "its pytree flatten does not carry, so the call cannot hand it back to the caller's "
+        "object. Make it part of the node's flatten, or set it outside the transformed "
+        "function."
+    )
+
+
+def _raise_traced_static_data(fun, k, pre_def, objs, layout) -> None:
+    where = _Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
+    name = getattr(fun, "__qualname__", None) or repr(fun)
+    raise ValueError(
+        f"{name} stored a traced value in the static data of {where} "
+        f"({type(objs[k]).__name__}: a field its pytree flatten keeps as aux data, not as a "
+        "leaf). Static data must be concrete: make that field a leaf, or compute it outside "
+        "the transformed function."
+    )
 
 
 def _raise_mutation_error(fun, bad, pre_def, objs, layout) -> None:
@@ -255,11 +373,16 @@ def _raise_mutation_error(fun, bad, pre_def, objs, layout) -> None:
     for k, changes in bad:
         for j, what, now in changes:
             where = paths.paths.get(k, "?") if j is None else paths.child(k, j, now)
-            lines.append(f"  {where or '(the arguments)'}: {what}")
+            lines.append(f"{where or '(the arguments)'}: {what}")
+    raise mutation_error(fun, lines)
+
+
+def mutation_error(fun: Callable[..., Any], lines: list[str]) -> MutationError:
+    """The strict policy's error: one line per unreturned mutation (``path: what``)."""
     name = getattr(fun, "__qualname__", None) or repr(fun)
-    raise MutationError(
+    return MutationError(
         f"{name} mutated its inputs in place without returning them (policy 'strict'):\n"
-        + "\n".join(lines)
+        + "\n".join(f"  {line}" for line in lines)
         + "\nReturn the mutated object, or use policy='alias' to apply such mutations to the "
         "caller's objects, or policy='clone' to discard them."
     )

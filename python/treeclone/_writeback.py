@@ -8,6 +8,8 @@ Hooks for particular classes come from ``treeclone.register_inplace``.
 
 from __future__ import annotations
 
+import collections
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -25,11 +27,52 @@ def set_updater(cls: type, update: Callable[[Any, Any], None]) -> None:
 def writable(obj: Any) -> bool:
     """Whether a custom node can be updated in place (else it is rebuilt and re-set)."""
     cls = type(obj)
-    if cls in _UPDATERS:
+    if cls in _UPDATERS or isinstance(obj, (dict, list)):
         return True
     if isinstance(obj, tuple):
         return False
     return dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__") or bool(_slots_of(cls))
+
+
+def has_updater(obj: Any) -> bool:
+    """Whether ``register_inplace`` gave ``obj``'s class its own update hook."""
+    return type(obj) in _UPDATERS
+
+
+def _attribute_names(obj: Any) -> list[str]:
+    """The instance attributes of ``obj`` that write-back may set."""
+    names = list(getattr(obj, "__dict__", ()))
+    names.extend(_slots_of(type(obj)))
+    if isinstance(obj, collections.defaultdict):
+        names.append("default_factory")
+    return names
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Identity, or equality for plain values; an ``==`` that raises or is not a bool (arrays,
+    tracers) counts as different."""
+    if a is b:
+        return True
+    try:
+        equal = a == b
+    except Exception:
+        return False
+    return equal if isinstance(equal, bool) else False
+
+
+def changed_attributes(before: Any, after: Any) -> tuple[str, ...]:
+    """The attributes whose values differ between two objects of the same class.
+
+    Used at trace time with ``before`` and ``after`` both rebuilt by the node's unflatten (from
+    the caller's contents and from the function's results): what differs is exactly what the
+    function changed through the pytree, and write-back sets only that, never the state the
+    flatten does not carry (an attribute it leaves out, a dataclass's ``drop_fields``).
+    """
+    missing = object()
+    names = dict.fromkeys([*_attribute_names(before), *_attribute_names(after)])
+    return tuple(
+        n for n in names if not _same(getattr(before, n, missing), getattr(after, n, missing))
+    )
 
 
 def _slot_names(cls: type) -> list[str]:
@@ -55,20 +98,28 @@ def _slots_of(cls: type) -> tuple[str, ...]:
     return tuple(_slot_names(cls))
 
 
-def write_custom(target: Any, source: Any) -> Callable[[], None]:
+def write_custom(target: Any, source: Any, attrs: tuple[str, ...] | None) -> Callable[[], None]:
     """Give ``target`` the state of ``source`` in place; return a function that undoes it.
 
-    Called by the native write-back (``CallPlan.apply``) for custom nodes and namedtuples.
+    Called by the native write-back (``CallPlan.apply``) for custom nodes (a dict or list
+    subclass has had its items written already). ``attrs`` names the attributes to set (from
+    :func:`changed_attributes` at trace time); None sets every field or attribute of
+    ``source``. A ``register_inplace`` hook replaces all of this; if it raises, the object is
+    put back as it was before the exception propagates.
     """
     cls = type(target)
     update = _UPDATERS.get(cls)
     if update is not None:
-        import copy
-
         before = copy.copy(target)
-        update(target, source)
+        try:
+            update(target, source)
+        except BaseException:
+            update(target, before)
+            raise
         return lambda: update(target, before)
-    names = _field_names(cls)
+    names = attrs
+    if names is None:
+        names = _field_names(cls)
     if names is None:
         names = (*getattr(source, "__dict__", ()), *_slots_of(cls))
     missing = object()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from treeclone import _native, _trace
+from treeclone._jax_compat import keystr
 from treeclone.policies import Policy, as_policy
 
 
@@ -17,29 +20,102 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     the containers and its result comes back as fresh containers; under ``alias`` its in-place
     mutations reach the caller's objects (all or nothing) and returned inputs are the caller's
     same objects; under ``strict`` a mutated input it does not return raises MutationError.
+
+    Mutable array leaves (NumPy arrays) are containers too: the function works on copies, so
+    ``x += 1`` never reaches the caller under ``clone``, is written into the caller's array
+    under ``alias`` once the call has succeeded, and is an error under ``strict`` unless the
+    array is returned.
+
+    >>> import numpy as np, treeclone
+    >>> x = np.zeros(2)
+    >>> def bump(a):
+    ...     a += 1
+    >>> treeclone.call(bump, x); x.tolist()
+    [0.0, 0.0]
+    >>> treeclone.call(bump, x, policy="alias"); x.tolist()
+    [1.0, 1.0]
     """
     chosen = as_policy(policy)
     if chosen.identity == "duplicate":
         leaves, treedef = _native.flatten((args, kwargs))
-        fresh_args, fresh_kwargs = treedef.unflatten(leaves)
+        fresh_args, fresh_kwargs = treedef.unflatten([_copy_if_mutable(x) for x in leaves])
         out = fun(*fresh_args, **fresh_kwargs)
         out_leaves, out_def = _native.flatten(out)
         return out_def.unflatten(out_leaves)
     root = (*args, dict(sorted(kwargs.items())))
     leaves, sdef, objects = _native.flatten_shared(root)
+    work = [_copy_if_mutable(x) for x in leaves]
+    changed = _Changed(leaves, work)
     try:
         params = list(inspect.signature(fun).parameters)
     except (TypeError, ValueError):
         params = []
+    layout = _trace.Layout(len(args), params[: len(args)])
     plan, outputs = _trace.run(
         fun,
         sdef,
-        list(leaves),
-        _trace.Layout(len(args), params[: len(args)]),
+        work,
+        layout,
         chosen,
         lambda a, k: (a, k),
+        # strict hands a changed array back as the function's copy; alias writes it into the
+        # caller's array below, so the caller's own array is handed back.
+        keep_inputs=changed if chosen.mutations == "error" else None,
     )
-    return plan.apply(leaves, objects, outputs)
+    result = plan.apply(leaves, objects, outputs)
+    if chosen.mutations == "error":
+        returned = {id(x) for x in _native.leaves(result)}
+        lost = [s for s in changed.slots() if id(work[s]) not in returned]
+        if lost:
+            _raise_array_mutation(fun, root, leaves, lost, layout)
+    elif chosen.mutations == "propagate":
+        for s in changed.slots():
+            np.copyto(leaves[s], work[s])
+    return result
+
+
+def _copy_if_mutable(x: Any) -> Any:
+    """A copy of a writable NumPy array (mutable in place); any other leaf as it is."""
+    if isinstance(x, np.ndarray) and x.flags.writeable:
+        return x.copy()
+    return x
+
+
+class _Changed(Sequence):
+    """Per leaf slot, whether it may be handed back as it came in: False for an array the
+    function changed in place. Read by ``_trace.run`` after the function has run."""
+
+    def __init__(self, originals: list, copies: list):
+        self.originals, self.copies = originals, copies
+
+    def changed(self, s: int) -> bool:
+        a, b = self.originals[s], self.copies[s]
+        if a is b:
+            return False
+        return a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes()
+
+    def slots(self) -> list[int]:
+        return [s for s in range(len(self.copies)) if self.changed(s)]
+
+    def __getitem__(self, s: int) -> bool:  # type: ignore[override]
+        return not self.changed(s)
+
+    def __len__(self) -> int:
+        return len(self.copies)
+
+
+def _raise_array_mutation(fun, root, leaves, lost, layout) -> None:
+    paths: dict[int, str] = {}
+    for path, leaf in _native.flatten_with_path(root)[0]:
+        if id(leaf) not in paths and path:
+            i = path[0].idx
+            if i < layout.num_args:
+                name = layout.arg_name(i) + keystr(path[1:])
+            else:  # the kwargs dict: its keys are the argument names
+                name = str(path[1].key) + keystr(path[2:])
+            paths[id(leaf)] = name
+    lines = [f"{paths.get(id(leaves[s]), '?')}: array changed in place" for s in lost]
+    raise _trace.mutation_error(fun, lines)
 
 
 __all__ = ["call"]

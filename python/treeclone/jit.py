@@ -8,6 +8,10 @@ it); the inner function rebuilds the arguments, runs the user's function and rec
 trace, a native ``CallPlan`` that rebuilds the results (and writes mutations back) at every
 call. The plan travels as the static data of the output box, so each of JAX's cache entries
 carries its own.
+
+The user's function object is never written to: the inner ``jax.jit``s are kept in a registry
+keyed by a weak reference to it, so that ``jit(f)`` written twice shares one trace cache, as two
+``jax.jit(f)`` do.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import re
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -24,9 +31,23 @@ import jax
 from treeclone import _native, _trace
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
+try:  # jax's description of a traced function, for its messages (private, hence optional)
+    from jax._src.api_util import fun_sourceinfo as _fun_sourceinfo
+    from jax._src.core import DebugInfo as _DebugInfo
+    from jax._src.core import initial_result_paths as _INITIAL_RESULT_PATHS
+except ImportError:  # pragma: no cover - a JAX release that moved them: jax's own naming
+    _DebugInfo = None
+
+try:
+    from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
+except ImportError:  # pragma: no cover
+    _jaxpr_as_fun = None
+
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
 _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
 _SHARDINGS = ("in_shardings", "out_shardings")
+# Donation masks kept per jitted function (one per argument structure seen; cleared when full).
+_MASK_CACHE_SIZE = 64
 
 
 class _ArgsBox:
@@ -39,14 +60,39 @@ class _ArgsBox:
         self.key = key
 
 
-class _ResultBox:
-    """The computation's outputs, with the trace's ``CallPlan`` as static data."""
+class _TraceInfo:
+    """What one trace under a policy recorded; the static data of its ``_ResultBox``.
 
-    __slots__ = ("leaves", "plan")
+    ``plan``: the ``CallPlan``. ``paths``: for each output of the computation, where the user
+    sees it (``['a']`` in the result, or an argument's key path for a value written back), the
+    key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
+    own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
+    ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
+    Compared by identity, as the plan is.
+    """
 
-    def __init__(self, plan: Any, leaves: Sequence[Any]):
+    __slots__ = ("out_sources", "out_tree", "paths", "plan")
+
+    def __init__(self, plan: Any, paths: Sequence[str], out_tree: Any, out_sources: Any):
         self.plan = plan
+        self.paths = paths
+        self.out_tree = out_tree
+        self.out_sources = out_sources
+
+
+class _ResultBox:
+    """The computation's outputs, with the trace's ``_TraceInfo`` as static data."""
+
+    __slots__ = ("info", "leaves")
+
+    def __init__(self, info: _TraceInfo, leaves: Sequence[Any]):
+        self.info = info
         self.leaves = leaves
+
+
+def _result_keys(box: _ResultBox) -> tuple[list, _TraceInfo]:
+    # The key of each output is its path as the user sees it (a string: keystr prints it as is).
+    return list(zip(box.info.paths, box.leaves, strict=True)), box.info
 
 
 # jax flattens an _ArgsBox and rebuilds a _ResultBox at every call: attrgetter and the class
@@ -55,7 +101,9 @@ class _ResultBox:
 jax.tree_util.register_pytree_node(
     _ArgsBox, operator.attrgetter("leaves", "key"), lambda key, leaves: _ArgsBox(list(leaves), key)
 )
-jax.tree_util.register_pytree_node(_ResultBox, operator.attrgetter("leaves", "plan"), _ResultBox)
+jax.tree_util.register_pytree_with_keys(
+    _ResultBox, _result_keys, _ResultBox, operator.attrgetter("leaves", "info")
+)
 _native.invalidate_registry_cache()
 
 
@@ -72,6 +120,92 @@ def _parameters(fun: Callable) -> list[inspect.Parameter] | None:
         return list(inspect.signature(fun).parameters.values())
     except (TypeError, ValueError):
         return None
+
+
+def _fun_name(fun: Callable) -> str:
+    """The name jax.jit gives ``fun`` (its compiled module is ``jit_<name>``)."""
+    while isinstance(fun, functools.partial) and getattr(fun, "__name__", None) is None:
+        fun = fun.func
+    return getattr(fun, "__name__", "<unnamed function>")
+
+
+def _specified(sharding: Any) -> bool:
+    """jax.jit's reading of ``in_shardings``/``out_shardings``: None means not given."""
+    return sharding is not None and type(sharding).__name__ != "UnspecifiedValue"
+
+
+_FLAT_INDEX = re.compile(r"<flat index ([^>]+)>")
+
+
+def _keystr(path: tuple) -> str:
+    """A key path as jax.jit prints it in its messages."""
+    return _FLAT_INDEX.sub(r"\1", jax.tree_util.keystr(path))
+
+
+# --- argument names ---------------------------------------------------------------------------
+
+
+class _Naming:
+    """How a function's arguments are named in messages, from its signature."""
+
+    __slots__ = ("positional", "signature", "var_keyword", "var_positional")
+
+    def __init__(self, fun: Callable):
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):
+            self.signature = None
+        params = [] if self.signature is None else list(self.signature.parameters.values())
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.positional = [p.name for p in params if p.kind in kinds]
+        self.var_positional = next(
+            (p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None
+        )
+        self.var_keyword = next(
+            (p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None
+        )
+
+    def name(self, i: int) -> str:
+        """The name of the call's ``i``-th positional argument."""
+        if i < len(self.positional):
+            return self.positional[i]
+        if self.var_positional is not None:
+            return f"{self.var_positional}[{i - len(self.positional)}]"
+        return f"args[{i}]"
+
+    def arguments(
+        self, n: int, positions: Sequence[int], kwargs: Iterable[str], static: Iterable[str]
+    ) -> list[str]:
+        """Names of the arguments at ``positions`` (of ``n`` positional ones) and of the keyword
+        arguments ``kwargs`` (``static``: the static ones, not named), as jax.jit names them:
+        by the signature when the call binds to it, else ``args[i]`` and ``kwargs['k']``."""
+        kwargs = list(kwargs)
+        try:
+            if self.signature is None:
+                raise TypeError
+            self.signature.bind(*[None] * n, **dict.fromkeys([*kwargs, *static]))
+        except TypeError:
+            return [f"args[{i}]" for i in positions] + [f"kwargs['{k}']" for k in kwargs]
+        params = self.signature.parameters
+        return [self.name(i) for i in positions] + [
+            k
+            if k in params and params[k].kind is not inspect.Parameter.VAR_KEYWORD
+            else f"{self.var_keyword}['{k}']"
+            for k in kwargs
+        ]
+
+
+def argument_names(fun: Callable, positions: Iterable[int]) -> list[str]:
+    """The names of a call's positional arguments at ``positions``, as messages give them.
+
+    The parameter's own name; for a value collected by a ``*rest`` parameter, ``rest[j]`` (its
+    index in ``rest``); ``args[i]`` when the signature is unknown or has no place for it. These
+    are the names ``jax.jit`` uses; ``treeclone.jit`` and ``treeclone.call`` name the arguments
+    of a :class:`~treeclone.MutationError` with them (keyword arguments are named by their
+    keyword).
+    """
+    naming = _Naming(fun)
+    return [naming.name(i) for i in positions]
 
 
 def _resolve(fun: Callable, nums: Any, names: Any) -> tuple[frozenset[int], frozenset[str]]:
@@ -119,7 +253,37 @@ def _hashable_options(kwargs: dict[str, Any]) -> tuple | None:
     return key
 
 
-_INNER_ATTR = "__treeclone_inner__"
+# --- the registry of inner jits -----------------------------------------------------------------
+
+# id(fun) -> (weak reference to fun, {options: {policy: (_Inner, its jax.jit)}}). The entry goes
+# when fun does; the inner functions hold fun weakly, so the registry never keeps fun alive.
+_SHARED: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _SHARED.get(key)
+    if entry is not None and entry[0] is ref:
+        del _SHARED[key]
+
+
+def _inner_cache(fun: Callable, options: tuple | None) -> tuple[dict, bool]:
+    """Where the inner jax.jit of each policy lives for ``fun`` and these options, and whether
+    it is shared by every ``treeclone.jit`` of ``fun`` (so ``jit(f)`` written twice shares one
+    trace cache, as two ``jax.jit(f)`` do): when the options are hashable and ``fun`` can be
+    weakly referenced."""
+    if options is None:
+        return {}, False
+    entry = _SHARED.get(id(fun))
+    if entry is None or entry[0]() is not fun:
+        try:
+            ref = weakref.ref(fun, functools.partial(_forget, id(fun)))
+        except TypeError:
+            return {}, False
+        entry = _SHARED[id(fun)] = (ref, {})
+    return entry[1].setdefault(options, {}), True
+
+
+# --- the jitted function ------------------------------------------------------------------------
 
 
 class Jitted:
@@ -128,36 +292,23 @@ class Jitted:
     def __init__(self, fun: Callable, policy: str | Policy, jit_kwargs: dict[str, Any]):
         if not callable(fun):
             raise TypeError(f"Expected a callable value, got {fun!r}")
+        # Name, docstring, __wrapped__ and a copy of fun's __dict__ go into self (as jax.jit's
+        # wrapper does), first, so that nothing copied from fun replaces what is set below.
+        functools.update_wrapper(self, fun)
         self._fun = fun
         self._policy = as_policy(policy)
         self._kwargs = dict(jit_kwargs)
-        self._jax_jitted = jax.jit(fun, **jit_kwargs)  # the clone policy, and AOT entry points
+        self._jax_jitted = jax.jit(fun, **jit_kwargs)  # the clone policy
         self._static_nums, self._static_names = _resolve(
             fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
         )
         self._donate_nums, self._donate_names = _resolve(
             fun, jit_kwargs.get("donate_argnums"), jit_kwargs.get("donate_argnames")
         )
-        params = _parameters(fun) or []
-        self._param_names = [p.name for p in params]
-        self._inner = self._inner_cache()
-        functools.update_wrapper(self, fun)
-        self.__dict__.pop(_INNER_ATTR, None)  # copied from fun's __dict__ by update_wrapper
-
-    def _inner_cache(self) -> dict:
-        """Where the inner jax.jit of each policy lives: on ``fun`` itself when possible, so
-        that ``jit(f)`` written twice shares one trace cache, as two ``jax.jit(f)`` do."""
-        options = _hashable_options(self._kwargs)
-        store = getattr(self._fun, "__dict__", None)
-        if options is None or not isinstance(store, dict):
-            return {}
-        # The entry names its owner: functools.wraps copies __dict__ into wrappers (jax.vmap(f)
-        # among them), which must not inherit f's compiled code. fun -> its __dict__ -> the
-        # entry -> fun is a cycle the garbage collector frees.
-        entry = store.get(_INNER_ATTR)
-        if not (isinstance(entry, tuple) and entry[0] is self._fun):
-            entry = store[_INNER_ATTR] = (self._fun, {})
-        return entry[1].setdefault(options, {})
+        self._in_shardings_given = _specified(jit_kwargs.get("in_shardings"))
+        self._naming = _Naming(fun)
+        self._inner, self._shared = _inner_cache(fun, _hashable_options(self._kwargs))
+        self._masks: dict[tuple, _Donation] = {}
 
     # --- policies -----------------------------------------------------------------------------
 
@@ -191,12 +342,18 @@ class Jitted:
     # --- the policy path ----------------------------------------------------------------------
 
     def _call_policy(self, policy: Policy, args: tuple, kwargs: dict) -> Any:
-        inner = self._inner.get(policy)
-        if inner is None:
-            inner = self._inner[policy] = _make_inner(
-                self._fun, policy, self._kwargs, self._param_names
+        call = self._prepare(policy, args, kwargs)
+        result = call.run(call.jitted)
+        return result.info.plan.apply(call.leaves, call.objects, result.leaves)
+
+    def _prepare(self, policy: Policy, args: tuple, kwargs: dict) -> _Call:
+        """Everything about one call up to running the inner jit."""
+        entry = self._inner.get(policy)
+        if entry is None:
+            entry = self._inner[policy] = _make_inner(
+                self._fun, policy, self._kwargs, self._naming, weak=self._shared
             )
-        if kwargs and "in_shardings" in self._kwargs:
+        if kwargs and self._in_shardings_given:
             raise ValueError("pjit does not support kwargs when in_shardings is specified.")
         statics = None
         positions: Sequence[int] = range(len(args))
@@ -205,15 +362,13 @@ class Jitted:
         if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
             kwargs = dict(sorted(kwargs.items()))
         leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+        donation = None
         if self._donate_nums or self._donate_names:
             n = len(positions) if statics is None else statics[0]
-            keep = self._keep_mask(sdef, positions, n)
-            kept = [x for x, k in zip(leaves, keep, strict=True) if k]
-            donated = [x for x, k in zip(leaves, keep, strict=True) if not k]
-            result = inner(_ArgsBox(kept, (sdef, statics, keep)), donated)
-        else:
-            result = inner(_ArgsBox(leaves, (sdef, statics, None)), None)
-        return result.plan.apply(leaves, objects, result.leaves)
+            donation = self._mask(sdef, n, positions, kwargs)
+        call = _Call(*entry, leaves, objects, (sdef, statics, donation))
+        call.args, call.kwargs, call.positions, call.donation = args, kwargs, positions, donation
+        return call
 
     def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
         """Take the static arguments out. Each static value is keyed with its type, as jax.jit
@@ -231,10 +386,25 @@ class Jitted:
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
         return dyn_args, dyn_kwargs, (n, static_pos, static_kw), positions
 
-    def _keep_mask(self, sdef: Any, positions: Sequence[int], n: int) -> tuple[bool, ...]:
+    def _mask(self, sdef: Any, n: int, positions: Sequence[int], kwargs: dict) -> _Donation:
+        """The donation of a call: worked out once per structure and number of arguments
+        (which fix the dynamic positions and the keyword names), then looked up."""
+        key = (sdef, n)
+        donation = self._masks.get(key)
+        if donation is None:
+            if len(self._masks) >= _MASK_CACHE_SIZE:
+                self._masks.clear()
+            keep = self._keep_mask(sdef, positions, n, tuple(kwargs))
+            donation = self._masks[key] = _Donation(keep)
+        return donation
+
+    def _keep_mask(
+        self, sdef: Any, positions: Sequence[int], n: int, names: Sequence[str]
+    ) -> tuple[bool, ...]:
         """Per distinct leaf: False when every occurrence is in a donated argument.
 
-        ``positions[j]`` is the position, among the call's ``n``, of the j-th dynamic argument.
+        ``positions[j]`` is the position, among the call's ``n``, of the j-th dynamic argument;
+        ``names`` are the keyword arguments, in the order of the flattened kwargs dict.
         """
         donate_nums = _normalize(self._donate_nums, n)
         root = sdef.num_nodes - 1
@@ -244,7 +414,6 @@ class Jitted:
         for j, position in enumerate(positions):
             (donated if position in donate_nums else kept).update(per_child[j])
         kwargs_node = sdef.children_of(root)[len(positions)]
-        names = sdef.node_info()[kwargs_node][3] or ()
         for name, slots in zip(names, sdef.child_slots(kwargs_node), strict=True):
             (donated if name in self._donate_names else kept).update(slots)
         return tuple(s in kept or s not in donated for s in range(sdef.num_leaves))
@@ -252,52 +421,267 @@ class Jitted:
     # --- the rest of jax.jit's interface --------------------------------------------------------
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(fun).lower(...)``: the computation of ``fun`` itself (no policy)."""
-        return self._jax_jitted.lower(*args, **kwargs)
+        """``jax.jit(fun).lower(...)``: the computation of ``fun`` itself (nothing written
+        back); a call with the same arguments afterwards does not trace again."""
+        return self._ahead_of_time("lower", args, kwargs)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(fun).trace(...)``."""
-        return self._jax_jitted.trace(*args, **kwargs)
+        """``jax.jit(fun).trace(...)`` (see :meth:`lower`)."""
+        return self._ahead_of_time("trace", args, kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(fun).eval_shape(...)``: shapes of the outputs; nothing is written back."""
-        return self._jax_jitted.eval_shape(*args, **kwargs)
+        return self._ahead_of_time("eval_shape", args, kwargs)
+
+    def _ahead_of_time(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """Under clone, jax.jit's. Under another policy, the function is traced once, as the
+        call would trace it (so the call that follows finds that trace in the cache), and the
+        stage returned is that of a stand-in for ``fun`` (its name, signature and options)
+        which evaluates that trace and rebuilds ``fun``'s own result: the same computation as
+        ``jax.jit(fun)``'s, without running ``fun`` a second time."""
+        policy = _override.get() or self._policy
+        if policy is not CLONE and _jaxpr_as_fun is not None:
+            call = self._prepare(policy, args, kwargs)
+            slots = call.slots_of_jax_leaves()
+            if slots is not None:
+                traced = call.run(call.jitted.trace)
+                info = traced.out_tree.node_data()[1]
+                if isinstance(info, _TraceInfo) and info.out_sources is not None:
+                    stand_in = self._stand_in(call, traced, info, slots)
+                    return getattr(stand_in, method)(*args, **kwargs)
+        return getattr(self._jax_jitted, method)(*args, **kwargs)
+
+    def _stand_in(self, call: _Call, traced: Any, info: _TraceInfo, slots: list[int]) -> Any:
+        """A jax.jit, with ``fun``'s options, of a function that looks like ``fun`` and
+        computes what the inner function's trace ``traced`` computes."""
+        evaluate = _jaxpr_as_fun(traced.jaxpr)
+        keep = None if call.donation is None else call.donation.keep
+        num_slots = len(call.leaves)
+
+        def stand_in(*args: Any, **kwargs: Any) -> Any:
+            if self._static_nums or self._static_names:
+                args, kwargs, *_ = self._split_statics(args, kwargs)
+            flat = jax.tree_util.tree_leaves((args, dict(sorted(kwargs.items()))))
+            values: list[Any] = [None] * num_slots
+            for x, s in zip(flat, slots, strict=True):
+                if values[s] is None:
+                    values[s] = x
+            if keep is None:
+                outputs = evaluate(*values)
+            else:
+                kept = [x for x, k in zip(values, keep, strict=True) if k]
+                outputs = evaluate(*kept, *[x for x, k in zip(values, keep, strict=True) if not k])
+            result = [outputs[i] if kind == "out" else values[i] for kind, i in info.out_sources]
+            return jax.tree_util.tree_unflatten(info.out_tree, result)
+
+        functools.update_wrapper(stand_in, self._fun)  # signature, name and source of fun
+        stand_in.__name__ = _fun_name(self._fun)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # jax.jit warned already
+            return jax.jit(stand_in, **self._kwargs)
 
     def clear_cache(self) -> None:
         self._jax_jitted.clear_cache()
-        for inner in self._inner.values():
-            inner.clear_cache()
+        for _, jitted in self._inner.values():
+            jitted.clear_cache()
 
     def __repr__(self) -> str:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
 
 
-def _make_inner(fun: Callable, policy: Policy, kwargs: dict[str, Any], param_names: list[str]):
-    """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves."""
-    in_shardings = kwargs.get("in_shardings")
-    transform_out = None
-    if "out_shardings" in kwargs:
-        transform_out = _constrain_outputs(kwargs["out_shardings"])
+def _take(indices: list[int]) -> Callable[[list], list]:
+    """``leaves -> [leaves[i] for i in indices]``, without a Python loop."""
+    if not indices:
+        return lambda leaves: []
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda leaves: [leaves[i]]
+    getter = operator.itemgetter(*indices)
+    return lambda leaves: list(getter(leaves))
 
-    def inner(box: _ArgsBox, donated: list | None) -> _ResultBox:
-        sdef, statics, keep = box.key
+
+class _Donation:
+    """Which distinct leaves of a call are donated (``keep[s]`` False), and how to split the
+    leaves into the kept ones and the donated ones (computed once per structure). Part of the
+    inner jit's cache key: equal when the masks are, hashed once."""
+
+    __slots__ = ("donated", "hash", "keep", "kept")
+
+    def __init__(self, keep: tuple[bool, ...]):
+        self.keep = keep
+        self.hash = hash(keep)
+        self.kept = _take([s for s, k in enumerate(keep) if k])
+        self.donated = _take([s for s, k in enumerate(keep) if not k])
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or (isinstance(other, _Donation) and other.keep == self.keep)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+
+class _Call:
+    """One call under a policy: what goes to the inner jit, and what naming it needs."""
+
+    __slots__ = (
+        "args",
+        "donation",
+        "inner",
+        "jitted",
+        "key",
+        "kwargs",
+        "leaves",
+        "objects",
+        "positions",
+    )
+
+    def __init__(self, inner: _Inner, jitted: Any, leaves: list, objects: list, key: tuple):
+        self.inner, self.jitted = inner, jitted
+        self.leaves, self.objects, self.key = leaves, objects, key
+
+    def run(self, jitted: Callable[..., Any]) -> Any:
+        """``jitted`` (the inner jit or its ``trace``) on the boxed leaves. While it runs, the
+        inner function can name this call's arguments for jax's messages."""
+        donation = self.donation
+        if donation is None:
+            box, donated = _ArgsBox(self.leaves, self.key), None
+        else:
+            box = _ArgsBox(donation.kept(self.leaves), self.key)
+            donated = donation.donated(self.leaves)
+        local = self.inner.local
+        previous = getattr(local, "call", None)
+        local.call = self
+        try:
+            return jitted(box, donated)
+        finally:
+            local.call = previous
+
+    def named_arguments(self, naming: _Naming) -> list[tuple[str, Any]]:
+        """The call's dynamic arguments with the names jax.jit gives them, in its order."""
+        statics = self.key[1]
+        n = len(self.positions) if statics is None else statics[0]
+        values = [*self.args, *self.kwargs.values()]
+        static = () if statics is None else [k for k, *_ in statics[2]]
+        names = naming.arguments(n, self.positions, self.kwargs, static)
+        return list(zip(names, values, strict=True))
+
+    def slot_names(self, naming: _Naming) -> list[str]:
+        """For each distinct leaf, its key path as jax.jit names it (the first place it is in)."""
+        found: dict[int, list[str]] = {}
+        for name, value in self.named_arguments(naming):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                found.setdefault(id(leaf), []).append(name + _keystr(path))
+        # A Python scalar is a value: the same object may be several leaves; name them in turn.
+        seen: dict[int, int] = {}
+        names = []
+        for leaf in self.leaves:
+            places = found.get(id(leaf), [""])
+            k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
+            names.append(places[min(k, len(places) - 1)])
+        return names
+
+    def slots_of_jax_leaves(self) -> list[int] | None:
+        """The distinct leaf of each leaf of the arguments as jax flattens them, or None when
+        they do not correspond (a node whose flatten makes new leaves each time)."""
+        where: dict[int, list[int]] = {}
+        for s, leaf in enumerate(self.leaves):
+            where.setdefault(id(leaf), []).append(s)
+        seen: dict[int, int] = {}
+        slots = []
+        for leaf in jax.tree_util.tree_leaves((self.args, self.kwargs)):
+            candidates = where.get(id(leaf))
+            if candidates is None:
+                return None
+            k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
+            slots.append(candidates[min(k, len(candidates) - 1)])
+        return slots if len(set(slots)) == len(self.leaves) else None
+
+
+# --- the inner function -------------------------------------------------------------------------
+
+
+class _Inner:
+    """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
+    the boxed distinct leaves, runs ``fun`` on them (``_trace.run``) and returns the outputs
+    boxed with what the trace recorded.
+
+    To jax it looks like ``fun``: its name, its ``repr``, and (``__fun_debug_info__``) the
+    source of ``fun`` and the names of the call's arguments, so that jax's messages (a
+    non-array argument, a traced value used as a Python bool, an output that is not a JAX
+    type) name the user's function, argument and key path as they do under ``jax.jit``.
+    """
+
+    def __init__(
+        self, fun: Callable, policy: Policy, kwargs: dict, naming: _Naming, weak: bool
+    ) -> None:
+        # Held weakly when shared between wrappers (the registry must not keep fun alive);
+        # every caller holds fun itself.
+        self._fun = weakref.ref(fun) if weak else (lambda: fun)
+        self._policy = policy
+        self._naming = naming
+        self.__name__ = _fun_name(fun)
+        self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
+        self._sourceinfo = _fun_sourceinfo(fun) if _DebugInfo is not None else None
+        in_shardings = kwargs.get("in_shardings")
+        self._in_shardings = in_shardings if _specified(in_shardings) else None
+        out_shardings = kwargs.get("out_shardings")
+        self._constrain_out = (
+            _constrain_outputs(out_shardings) if _specified(out_shardings) else None
+        )
+        self.local = threading.local()  # .call: the _Call running now in this thread
+
+    def __repr__(self) -> str:
+        return repr(self._fun())
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        """jax's description of the function for the call now running (None: jax's own)."""
+        call = getattr(self.local, "call", None)
+        if call is None or _DebugInfo is None:
+            return None
+        try:
+            names = call.slot_names(self._naming)
+            if call.donation is not None:  # the box's leaves, then the donated ones
+                names = call.donation.kept(names) + call.donation.donated(names)
+            return _DebugInfo("jit", self._sourceinfo, tuple(names), _INITIAL_RESULT_PATHS)
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
+
+    def __call__(self, box: _ArgsBox, donated: list | None) -> _ResultBox:
+        sdef, statics, donation = box.key
+        keep = None if donation is None else donation.keep
         leaves = list(box.leaves)
         if keep is not None:
             it_kept, it_donated = iter(box.leaves), iter(donated)
             leaves = [next(it_kept) if k else next(it_donated) for k in keep]
-        num_args = sdef.node_info()[-1][2] - 1
+        num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         if statics is None:
             positions = list(range(num_args))
         else:
             fixed = {i for i, *_ in statics[1]}
             positions = [i for i in range(statics[0]) if i not in fixed]
-        names = [param_names[i] if i < len(param_names) else f"args[{i}]" for i in positions]
-        if in_shardings is not None:
-            leaves = _constrain_inputs(sdef, leaves, num_args, in_shardings)
-            # Outputs must carry the shardings: nothing is handed back uncomputed.
-            keep = [False] * len(leaves)
+        names = [self._naming.name(i) for i in positions]
+        if self._in_shardings is not None:
+            leaves = _constrain_inputs(sdef, leaves, num_args, self._in_shardings)
+
+        # An input leaf is handed back to the caller as it came in, unless it was donated
+        # (jax deletes it) or resharded by in_shardings, and the function returns it: then
+        # the computation outputs it. A donated leaf the function does not return is not an
+        # output, so that XLA can reuse its buffer (and warns, as under jax.jit, when none
+        # of the outputs can use it); the caller's containers keep the donated array, which
+        # jax deletes, as under jax.jit.
+        keep_inputs: list[bool] | None = None
+        consumed: list[int] = []
+        if self._in_shardings is not None:
+            consumed = list(range(len(leaves)))
+        elif keep is not None:
+            consumed = [s for s, k in enumerate(keep) if not k]
+        if consumed:
+            keep_inputs = [True] * len(leaves)
+        seen: dict[str, Any] = {}
 
         def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
+            seen["args"] = dyn_args, dyn_kwargs
             if statics is None:
                 return dyn_args, dyn_kwargs
             total, static_pos, static_kw = statics
@@ -306,27 +690,63 @@ def _make_inner(fun: Callable, policy: Policy, kwargs: dict[str, Any], param_nam
             full = tuple(fixed_values[i] if i in fixed_values else next(it) for i in range(total))
             return full, {**dyn_kwargs, **{k: v for k, _, v in static_kw}}
 
+        def transform_out(out: Any) -> Any:
+            if self._constrain_out is not None:
+                out = self._constrain_out(out)
+            seen["out"] = out
+            if keep_inputs is not None:  # read by _trace.run after this returns
+                returned = {id(x) for x in jax.tree_util.tree_leaves(out)}
+                for s in consumed:
+                    keep_inputs[s] = id(leaves[s]) not in returned
+            return out
+
         plan, outputs = _trace.run(
-            fun,
+            self._fun(),
             sdef,
             leaves,
             _trace.Layout(num_args, names),
-            policy,
+            self._policy,
             rebuild,
-            keep_inputs=keep,
+            keep_inputs=keep_inputs,
             transform_out=transform_out,
         )
-        return _ResultBox(plan, outputs)
+        return _ResultBox(self._describe(plan, outputs, leaves, positions, seen), outputs)
 
-    inner.__name__ = getattr(fun, "__name__", "fun")
-    inner.__qualname__ = getattr(fun, "__qualname__", inner.__name__)
+    def _describe(self, plan: Any, outputs: list, leaves: list, positions: list, seen: dict):
+        """The trace's ``_TraceInfo``: where each output is, and how ``fun``'s result is made."""
+        paths = [""] * len(outputs)
+        out_tree, out_sources = None, None
+        try:
+            where: dict[int, str] = {}
+            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(seen["out"])
+            for path, leaf in out_leaves:
+                where.setdefault(id(leaf), _keystr(path))
+            args, kwargs = seen["args"]
+            arg_names = [self._naming.name(i) for i in positions] + [str(k) for k in kwargs]
+            for name, value in zip(arg_names, [*args, *kwargs.values()], strict=True):
+                for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                    where.setdefault(id(leaf), name + _keystr(path))
+            paths = [where.get(id(x), "") for x in outputs]
+            index = {id(x): ("in", s) for s, x in enumerate(leaves)}
+            index.update({id(x): ("out", i) for i, x in reversed(list(enumerate(outputs)))})
+            out_sources = tuple(index[id(leaf)] for _, leaf in out_leaves)
+        except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
+            out_sources = None
+        return _TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def _make_inner(
+    fun: Callable, policy: Policy, kwargs: dict[str, Any], naming: _Naming, weak: bool
+) -> tuple[_Inner, Any]:
+    """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves."""
+    inner = _Inner(fun, policy, kwargs, naming, weak)
     options = {k: v for k, v in kwargs.items() if k not in _ARG_OPTIONS + _SHARDINGS}
     if kwargs.get("donate_argnums") is not None or kwargs.get("donate_argnames") is not None:
         options["donate_argnums"] = (1,)
     with warnings.catch_warnings():
         # jax.jit already warned about deprecated options when the user's function was wrapped.
         warnings.simplefilter("ignore", DeprecationWarning)
-        return jax.jit(inner, **options)
+        return inner, jax.jit(inner, **options)
 
 
 def _shardings_by_leaf(prefix: Any, tree: Any) -> dict[int, Any]:
@@ -390,4 +810,4 @@ def jit(
     return Jitted(fun, policy, jit_kwargs)
 
 
-__all__: Sequence[str] = ["Jitted", "jit"]
+__all__: Sequence[str] = ["Jitted", "argument_names", "jit"]

@@ -13,7 +13,7 @@ pub use compat::compat;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::{PyTuple, PyType, PyWeakrefMethods, PyWeakrefReference};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -74,16 +74,18 @@ fn none_type() -> *mut ffi::PyTypeObject {
 
 /// The type pointer of a live object.
 #[inline(always)]
-fn type_ptr(obj: &Bound<'_, PyAny>) -> *mut ffi::PyTypeObject {
+pub fn type_ptr(obj: &Bound<'_, PyAny>) -> *mut ffi::PyTypeObject {
     // SAFETY: `obj` is a live object, so its type pointer is valid to read.
     unsafe { ffi::Py_TYPE(obj.as_ptr()) }
 }
 
-/// Per-type answers for non-builtin types. Holding the type object keeps its address from
-/// being reused by another type while the entry lives.
+/// Per-type answers for non-builtin types, keyed by the type's address. Each entry holds a
+/// weak reference to its type, so the cache keeps no class alive (as JAX's own registry
+/// does not): an entry whose type died, or whose address now belongs to another type, is
+/// stale and answered afresh.
 struct TypeCache {
     registry_len: usize,
-    map: HashMap<usize, (Py<PyType>, Kind)>,
+    map: HashMap<usize, (Py<PyWeakrefReference>, Kind)>,
 }
 
 /// Bounds memory for programs that create many classes (e.g. a namedtuple per call).
@@ -194,8 +196,10 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
         let mut guard = lock_cache();
         match guard.as_ref() {
             Some(cache) if cache.registry_len == registry_len => {
-                if let Some((_, kind)) = cache.map.get(&key) {
-                    return Ok(kind.clone());
+                if let Some((weak, kind)) = cache.map.get(&key) {
+                    if weak.bind(py).upgrade().is_some_and(|t| t.is(ty)) {
+                        return Ok(kind.clone());
+                    }
                 }
                 None
             }
@@ -229,6 +233,8 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
         })),
     };
 
+    // Types that take no weak reference are answered each time rather than kept alive.
+    let weak = PyWeakrefReference::new(ty).ok().map(Bound::unbind);
     let evicted = {
         let mut guard = lock_cache();
         let cache = guard.get_or_insert_with(|| TypeCache {
@@ -240,10 +246,11 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
         } else {
             HashMap::new()
         };
-        if cache.registry_len == registry_len {
-            cache.map.insert(key, (ty.clone().unbind(), kind.clone()));
-        }
-        evicted
+        let stale = match (cache.registry_len == registry_len, weak) {
+            (true, Some(weak)) => cache.map.insert(key, (weak, kind.clone())),
+            _ => None,
+        };
+        (evicted, stale)
     };
     drop(evicted);
     Ok(kind)

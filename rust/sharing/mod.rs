@@ -8,41 +8,20 @@
 
 mod treedef;
 
-pub use treedef::{Entry, SharedTreeDef};
+pub use treedef::{Entry, EntryInfo, SharedTreeDef};
 
 use crate::node::{DictOrder, Node, NodeKind};
-use crate::registry::Kind;
+use crate::registry::{type_ptr, Kind};
+use crate::traverse::address::AddressMap;
 use crate::traverse::{walk, Mode, Options};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
-/// Hashes an object address: addresses are unique while the objects live, so a multiply-shift
-/// of the pointer is a good enough hash and much cheaper than SipHash.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("only addresses are hashed")
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = ((n as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type AddressMap<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
 
 /// Python scalars are values: CPython shares small ints and interned floats between unrelated
 /// places, so their identity says nothing about the caller's intent and is not tracked.
 fn is_python_scalar(obj: &Bound<'_, PyAny>) -> bool {
-    // SAFETY: reading the type pointer of a live object.
-    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    let ty = type_ptr(obj);
     ty == &raw mut ffi::PyLong_Type
         || ty == &raw mut ffi::PyFloat_Type
         || ty == &raw mut ffi::PyBool_Type
@@ -66,7 +45,7 @@ pub struct Sharing<'py> {
     pub entries: Vec<Entry>,
     /// The object at each entry: the leaf, the container, or the referenced container.
     pub objects: Vec<Bound<'py, PyAny>>,
-    seen: AddressMap<Seen>,
+    seen: AddressMap<usize, Seen>,
     leaf_entries: usize,
 }
 
@@ -152,26 +131,4 @@ pub fn py_flatten_shared<'py>(
         Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?,
         PyList::new(py, flat.objects)?,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn address_hash_spreads_aligned_pointers() {
-        let hash = |n: usize| {
-            let mut h = AddressHasher::default();
-            h.write_usize(n);
-            h.finish()
-        };
-        let hashes: std::collections::HashSet<u64> = (0..1000)
-            .map(|i| hash(0x7f00_0000 + 16 * i) >> 54)
-            .collect();
-        assert!(
-            hashes.len() > 500,
-            "top bits too clustered: {}",
-            hashes.len()
-        );
-    }
 }

@@ -8,7 +8,7 @@ use crate::treedef::protocol::{self, Structure};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyList, PyType};
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
 
@@ -38,6 +38,24 @@ impl Entry {
             _ => 1,
         }
     }
+}
+
+/// What Python sees of one entry (`SharedTreeDef.node_info()`), at trace time.
+#[pyclass(frozen, module = "treeclone._native")]
+pub enum EntryInfo {
+    /// A leaf, in this slot of the distinct leaves.
+    Leaf { slot: usize },
+    /// A container met before, at entry `target`.
+    Ref { target: usize },
+    /// A container: its type, arity, payload (dict keys in order, namedtuple type, custom aux
+    /// data; None otherwise), subtree size in entries, and its children's entry indices.
+    Node {
+        node_type: Py<PyType>,
+        arity: usize,
+        data: Option<Py<PyAny>>,
+        size: usize,
+        children: Vec<usize>,
+    },
 }
 
 /// The structure of a tree with its sharing: which leaves and containers are the same object.
@@ -185,19 +203,27 @@ impl SharedTreeDef {
         let root = self.build(py, &leaves, Some(&mut objects))?;
         Ok((root, PyList::new(py, objects)?))
     }
-
-    /// One tuple per entry: `("leaf", slot)`, `("ref", node)` or `("node", type, arity, data)`.
-    fn node_info<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        self.entries
-            .iter()
-            .map(|e| match e {
-                Entry::Leaf(s) => ("leaf", *s).into_pyobject(py),
-                Entry::Ref(t) => ("ref", *t).into_pyobject(py),
-                Entry::Node(n) => {
-                    ("node", n.kind.node_type(py), n.arity, n.kind.raw_data(py)).into_pyobject(py)
-                }
-            })
-            .collect()
+    /// An `EntryInfo` per entry, in post-order.
+    fn node_info(&self, py: Python<'_>) -> PyResult<Vec<EntryInfo>> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        for (i, e) in self.entries.iter().enumerate() {
+            out.push(match e {
+                Entry::Leaf(slot) => EntryInfo::Leaf { slot: *slot },
+                Entry::Ref(target) => EntryInfo::Ref { target: *target },
+                Entry::Node(n) => EntryInfo::Node {
+                    node_type: n
+                        .kind
+                        .node_type(py)
+                        .ok_or_else(|| PyValueError::new_err("a leaf entry is not a node"))?
+                        .unbind(),
+                    arity: n.arity,
+                    data: n.kind.raw_data(py).map(Bound::unbind),
+                    size: n.num_nodes,
+                    children: self.child_indices(i)?,
+                },
+            });
+        }
+        Ok(out)
     }
 
     /// Entry indices of entry `i`'s children.

@@ -15,9 +15,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
+
+use super::address::AddressMap;
 
 /// Sorted keys of a dict and, for each sorted position, the key's insertion index.
 pub struct KeyOrder {
@@ -26,23 +26,8 @@ pub struct KeyOrder {
     pub sorted: Py<PyTuple>,
 }
 
-/// The map key is already a hash of the key addresses.
-#[derive(Default)]
-struct PassThroughHasher(u64);
-
-impl Hasher for PassThroughHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("only u64 keys are hashed")
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type OrderMap = HashMap<u64, Rc<KeyOrder>, BuildHasherDefault<PassThroughHasher>>;
+/// Keyed by a fingerprint of the key addresses (see `fingerprint`).
+type OrderMap = AddressMap<u64, Rc<KeyOrder>>;
 
 const ORDER_CACHE_MAX: usize = 1024;
 

@@ -4,6 +4,7 @@
 //! The walk owns what they have in common: JAX's order, the `is_leaf` rule, classification,
 //! the cycle/depth guard and the key paths.
 
+pub mod address;
 mod guard;
 pub mod keysort;
 pub mod plain;

@@ -6,30 +6,20 @@ use crate::node::{build_node, Node, NodeKind};
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
 
 /// Where a result leaf comes from.
-enum Source {
+#[pyclass(frozen, module = "treeclone._native")]
+pub enum Source {
     /// The caller's input leaf in this slot (unchanged by the function: not materialized).
-    Input(usize),
+    Input { slot: usize },
     /// The computation's output at this index.
-    Output(usize),
+    Output { index: usize },
 }
 
-/// `(input_node, old_child_nodes, same_data, writable, key_order)`, as Python gives an
-/// `Origin`.
-type OriginTuple = (usize, Vec<usize>, bool, bool, Option<Py<PyTuple>>);
-
-/// A pending in-place write: the caller's object, its node, its origin, its new children.
-type Write<'a, 'py> = (
-    Bound<'py, PyAny>,
-    &'a Node,
-    &'a Origin,
-    Vec<Bound<'py, PyAny>>,
-);
-
 /// How a node of the results relates to the caller's tree (for write-back).
-struct Origin {
+#[pyclass(frozen, get_all, module = "treeclone._native")]
+pub struct Origin {
     /// Node index in the caller's tree.
     node: usize,
     /// Node indices of its children in the caller's tree.
@@ -40,61 +30,83 @@ struct Origin {
     writable: bool,
     /// A dict's keys in the order the function left them (insertion order of new keys).
     key_order: Option<Py<PyTuple>>,
+    /// Whether the function reordered the dict keys it kept (else they keep the caller's
+    /// order, which the function may not have seen: a flatten may sort them).
+    reordered: bool,
+    /// A custom node's attributes the function changed (None: let `write_custom` decide).
+    attrs: Option<Py<PyTuple>>,
 }
+
+#[pymethods]
+impl Origin {
+    #[new]
+    #[pyo3(signature = (
+        *, node, old_children, same_data, writable, key_order=None, reordered=true, attrs=None
+    ))]
+    #[allow(clippy::too_many_arguments)] // keyword-only, each one a named field
+    fn new(
+        node: usize,
+        old_children: Vec<usize>,
+        same_data: bool,
+        writable: bool,
+        key_order: Option<Py<PyTuple>>,
+        reordered: bool,
+        attrs: Option<Py<PyTuple>>,
+    ) -> Self {
+        Origin {
+            node,
+            old_children,
+            same_data,
+            writable,
+            key_order,
+            reordered,
+            attrs,
+        }
+    }
+}
+
+/// A pending in-place write: the caller's object, its node, its origin, its new children.
+type Write<'a, 'py> = (
+    Bound<'py, PyAny>,
+    &'a Node,
+    &'a Origin,
+    Vec<Bound<'py, PyAny>>,
+);
 
 /// What a traced call returns and writes, fixed at trace time, applied at every call.
 #[pyclass(frozen, module = "treeclone")]
 pub struct CallPlan {
     def: Py<SharedTreeDef>,
-    sources: Vec<Source>,
+    sources: Vec<Py<Source>>,
     /// Per node: the caller's container it is (written back in place), or None (built fresh).
     /// Only `alias` plans have any.
-    origins: Vec<Option<Origin>>,
+    origins: Vec<Option<Py<Origin>>>,
     /// Index of the root's child to return (the results part of `(inputs, results)`); None
     /// to return the root itself.
     result_child: Option<usize>,
-    /// `write_custom(obj, new_obj) -> undo` for custom nodes, from Python.
+    /// `write_custom(obj, new_obj, attrs) -> undo` for custom nodes, from Python.
     write_custom: Py<PyAny>,
 }
 
 #[pymethods]
 impl CallPlan {
-    /// `sources`: per leaf slot of `def`, `(0, input_slot)` or `(1, output_index)`.
-    /// `origins`: per node of `def`, None or
-    /// `(input_node, old_child_nodes, same_data, writable, key_order)`.
+    /// `sources`: a `Source` per leaf slot of `def`; `origins`: per node of `def`, its
+    /// `Origin` in the caller's tree, or None.
     #[new]
     #[pyo3(signature = (def, sources, origins, result_child, write_custom))]
     fn new(
         def: Py<SharedTreeDef>,
-        sources: Vec<(u8, usize)>,
-        origins: Vec<Option<OriginTuple>>,
+        sources: Vec<Py<Source>>,
+        origins: Vec<Option<Py<Origin>>>,
         result_child: Option<usize>,
         write_custom: Py<PyAny>,
     ) -> PyResult<Self> {
-        let sources = sources
-            .into_iter()
-            .map(|(code, v)| {
-                Ok(match code {
-                    0 => Source::Input(v),
-                    1 => Source::Output(v),
-                    _ => return Err(PyValueError::new_err("bad source code")),
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        let origins = origins
-            .into_iter()
-            .map(|o| {
-                o.map(
-                    |(node, old_children, same_data, writable, key_order)| Origin {
-                        node,
-                        old_children,
-                        same_data,
-                        writable,
-                        key_order,
-                    },
-                )
-            })
-            .collect();
+        let d = def.get();
+        if sources.len() != d.num_slots || origins.len() != d.entries.len() {
+            return Err(PyValueError::new_err(
+                "CallPlan: one source per leaf slot and one origin per node are needed",
+            ));
+        }
         Ok(CallPlan {
             def,
             sources,
@@ -115,9 +127,6 @@ impl CallPlan {
         outputs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let def = self.def.get();
-        if self.sources.len() != def.num_slots || self.origins.len() != def.entries.len() {
-            return Err(PyValueError::new_err("inconsistent call plan"));
-        }
         // jax hands the outputs over as a list or a tuple.
         let outputs = match outputs.cast::<PyList>() {
             Ok(list) => list.to_tuple(),
@@ -127,9 +136,9 @@ impl CallPlan {
         };
         let mut leaves: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.sources.len());
         for s in &self.sources {
-            leaves.push(match s {
-                Source::Input(i) => input_leaves.get_item(*i)?,
-                Source::Output(i) => outputs.get_item(*i)?,
+            leaves.push(match s.get() {
+                Source::Input { slot } => input_leaves.get_item(*slot)?,
+                Source::Output { index } => outputs.get_item(*index)?,
             });
         }
         let mut writes: Vec<Write<'_, 'py>> = Vec::new();
@@ -140,6 +149,7 @@ impl CallPlan {
         }
         let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
         for (entry, origin) in def.entries.iter().zip(&self.origins) {
+            let origin = origin.as_ref().map(Py::get);
             let obj = match entry {
                 Entry::Leaf(slot) => leaves[*slot].clone(),
                 Entry::Ref(target) => built[*target].clone(),
@@ -192,114 +202,177 @@ impl CallPlan {
 
 /// How to put a container back as it was.
 enum Undo<'py> {
-    List(Bound<'py, PyList>, Bound<'py, PyList>),
-    Dict(Bound<'py, PyDict>, Bound<'py, PyDict>),
+    /// A list (or list subclass) and its old items.
+    List(Bound<'py, PyAny>, Bound<'py, PyList>),
+    /// A dict (or dict subclass) and its old items, in order.
+    Mapping(
+        Bound<'py, PyAny>,
+        Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    ),
+    /// What `write_custom` returned.
     Call(Bound<'py, PyAny>),
+}
+
+impl Undo<'_> {
+    fn run(self) -> PyResult<()> {
+        match self {
+            Undo::List(l, old) => set_list_items(&l, old.as_any()),
+            Undo::Mapping(d, old) => set_mapping_items(&d, old),
+            Undo::Call(f) => f.call0().map(|_| ()),
+        }
+    }
 }
 
 impl CallPlan {
     fn write_all<'py>(&self, py: Python<'py>, writes: Vec<Write<'_, 'py>>) -> PyResult<()> {
         let mut done: Vec<Undo<'py>> = Vec::with_capacity(writes.len());
         for (obj, node, origin, children) in writes {
-            let order = origin.key_order.as_ref().map(|o| o.bind(py));
-            match write_one(py, &obj, node, order, children, self.write_custom.bind(py)) {
-                Ok(undo) => done.push(undo),
-                Err(err) => {
-                    // Put back what was written, newest first; the first error is the one
-                    // reported, so a failing undo is only attached as context.
-                    for undo in done.into_iter().rev() {
-                        let restored = match undo {
-                            Undo::List(l, old) => l.set_slice(0, l.len(), old.as_any()),
-                            Undo::Dict(d, old) => {
-                                d.clear();
-                                d.update(old.as_mapping())
-                            }
-                            Undo::Call(f) => f.call0().map(|_| ()),
-                        };
-                        if let Err(e) = restored {
-                            err.set_cause(py, Some(e));
-                        }
+            let written = write_one(py, &obj, node, origin, children, self, &mut done);
+            if let Err(err) = written {
+                // Put back what was written, newest first; the first error is the one
+                // reported, so a failing undo is only attached as context.
+                for undo in done.into_iter().rev() {
+                    if let Err(e) = undo.run() {
+                        err.set_cause(py, Some(e));
                     }
-                    return Err(err);
                 }
+                return Err(err);
             }
         }
         Ok(())
     }
 }
 
-/// Give `obj` the contents `children` (and the node data of `node`) in place.
+/// Replace all items of a list (or list subclass, through its own `__setitem__`).
+fn set_list_items(list: &Bound<'_, PyAny>, items: &Bound<'_, PyAny>) -> PyResult<()> {
+    list.set_item(PySlice::full(list.py()), items)
+}
+
+/// Make a dict (or dict subclass, through its own methods) hold exactly `items`, in order.
+fn set_mapping_items<'py>(
+    dict: &Bound<'py, PyAny>,
+    items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<()> {
+    dict.call_method0("clear")?;
+    for (k, v) in items {
+        dict.set_item(k, v)?;
+    }
+    Ok(())
+}
+
+/// A mapping's items, in order.
+fn mapping_items<'py>(
+    dict: &Bound<'py, PyAny>,
+) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    dict.call_method0("items")?
+        .try_iter()?
+        .map(|item| item?.extract())
+        .collect()
+}
+
+/// Give the dict (or dict subclass) `dict` the items of `new` in place, as plain Python would
+/// leave it: removed keys go and kept keys keep their place, new keys follow in `key_order`
+/// (the order the function left, else `new`'s); when the function `reordered` the keys, they
+/// end exactly in `key_order` (a key deleted and added back moves to the end). Returns how
+/// to undo it.
+fn write_mapping<'py>(
+    dict: &Bound<'py, PyAny>,
+    new: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    key_order: Option<&Bound<'py, PyTuple>>,
+    reordered: bool,
+) -> PyResult<Undo<'py>> {
+    let py = dict.py();
+    let old = mapping_items(dict)?;
+    let lookup = PyDict::new(py);
+    for (k, v) in &new {
+        lookup.set_item(k, v)?;
+    }
+    let order: Vec<Bound<'py, PyAny>> = match key_order {
+        Some(order) => order.iter().collect(),
+        None => new.iter().map(|(k, _)| k.clone()).collect(),
+    };
+    let apply = || -> PyResult<()> {
+        for (k, _) in &old {
+            if !lookup.contains(k)? {
+                dict.del_item(k)?;
+            }
+        }
+        for k in &order {
+            if let Some(v) = lookup.get_item(k)? {
+                dict.set_item(k, v)?;
+            }
+        }
+        if reordered {
+            let now: Vec<Bound<'py, PyAny>> = dict.try_iter()?.collect::<PyResult<_>>()?;
+            let same = PyList::new(py, now)?
+                .as_any()
+                .eq(PyList::new(py, &order)?)?;
+            if !same {
+                dict.call_method0("clear")?;
+                for k in &order {
+                    if let Some(v) = lookup.get_item(k)? {
+                        dict.set_item(k, v)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = apply() {
+        set_mapping_items(dict, old)?;
+        return Err(e);
+    }
+    Ok(Undo::Mapping(dict.clone(), old))
+}
+
+/// Give `obj` the contents `children` (and the node data of `node`) in place, pushing onto
+/// `done` how to undo each step taken (also when a later step fails).
 fn write_one<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
     node: &Node,
-    key_order: Option<&Bound<'py, PyTuple>>,
+    origin: &Origin,
     children: Vec<Bound<'py, PyAny>>,
-    write_custom: &Bound<'py, PyAny>,
-) -> PyResult<Undo<'py>> {
+    plan: &CallPlan,
+    done: &mut Vec<Undo<'py>>,
+) -> PyResult<()> {
+    let key_order = origin.key_order.as_ref().map(|o| o.bind(py));
     match &node.kind {
         NodeKind::List => {
-            let list = obj.cast::<PyList>()?;
-            let old = PyList::new(py, list.iter())?;
-            list.set_slice(0, list.len(), PyList::new(py, children)?.as_any())?;
-            Ok(Undo::List(list.clone(), old))
+            let old = PyList::new(py, obj.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+            set_list_items(obj, PyList::new(py, children)?.as_any())?;
+            done.push(Undo::List(obj.clone(), old));
         }
         NodeKind::Dict(keys) => {
-            // As plain Python would leave it: kept keys keep their place, new keys follow.
-            let dict = obj.cast::<PyDict>()?;
-            let old = dict.copy()?;
-            let keys = keys.bind(py);
-            let new = PyDict::new(py);
-            for (k, v) in keys.iter().zip(children) {
-                new.set_item(k, v)?;
-            }
-            let apply = || -> PyResult<()> {
-                for k in dict.keys() {
-                    if !new.contains(&k)? {
-                        dict.del_item(&k)?;
-                    }
-                }
-                // The order the function left its dict in (a key deleted and added back moves
-                // to the end, as in plain Python); without one, kept keys keep their place and
-                // new keys follow sorted.
-                match key_order {
-                    Some(order) => {
-                        for k in order.iter() {
-                            if let Some(v) = new.get_item(&k)? {
-                                dict.set_item(k, v)?;
-                            }
-                        }
-                        if !dict.keys().as_any().eq(order.to_list())? {
-                            dict.clear();
-                            for k in order.iter() {
-                                if let Some(v) = new.get_item(&k)? {
-                                    dict.set_item(k, v)?;
-                                }
-                            }
-                        }
-                    }
-                    None => {
-                        for (k, v) in new.iter() {
-                            dict.set_item(k, v)?;
-                        }
-                    }
-                }
-                Ok(())
-            };
-            if let Err(e) = apply() {
-                dict.clear();
-                dict.update(old.as_mapping())?;
-                return Err(e);
-            }
-            Ok(Undo::Dict(dict.clone(), old))
+            let new = keys.bind(py).iter().zip(children).collect();
+            done.push(write_mapping(obj, new, key_order, origin.reordered)?);
         }
-        NodeKind::Custom(..) | NodeKind::NamedTuple(_) => {
+        NodeKind::Custom(..) => {
             let fresh = build_node(py, &node.kind, children.into_iter())?;
-            Ok(Undo::Call(write_custom.call1((obj, fresh))?))
+            // A registered dict or list subclass (OrderedDict, defaultdict, ...): its items
+            // are written as a dict's or a list's, then its attributes as any object's.
+            if obj.is_instance_of::<PyDict>() && fresh.is_instance_of::<PyDict>() {
+                done.push(write_mapping(
+                    obj,
+                    mapping_items(&fresh)?,
+                    key_order,
+                    origin.reordered,
+                )?);
+            } else if obj.is_instance_of::<PyList>() && fresh.is_instance_of::<PyList>() {
+                let old = PyList::new(py, obj.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+                set_list_items(obj, &fresh)?;
+                done.push(Undo::List(obj.clone(), old));
+            }
+            let attrs = origin.attrs.as_ref().map(|a| a.bind(py));
+            let undo = plan.write_custom.bind(py).call1((obj, fresh, attrs))?;
+            done.push(Undo::Call(undo));
         }
-        NodeKind::Tuple | NodeKind::None | NodeKind::Leaf => Err(PyTypeError::new_err(format!(
-            "cannot update a {} in place",
-            obj.get_type().name()?
-        ))),
+        NodeKind::NamedTuple(_) | NodeKind::Tuple | NodeKind::None | NodeKind::Leaf => {
+            return Err(PyTypeError::new_err(format!(
+                "cannot update a {} in place",
+                obj.get_type().name()?
+            )))
+        }
     }
+    Ok(())
 }

@@ -1,0 +1,194 @@
+"""``alias`` equals plain Python on every container kind JAX knows, detaching included.
+
+Random trees mix dict, OrderedDict, defaultdict, a registered dict subclass, list, a registered
+list subclass, tuples, a dataclass registered with a ``drop_fields`` field and a registered
+class with an attribute its flatten leaves out. Random programs set, add, delete, append, pop,
+detach (mutate a child container, then put a fresh one in its place) and re-attach (move a
+container elsewhere). Plain Python runs the program on a deep copy; under ``alias``, jitted and
+eager, every one of the caller's original containers (those still in the tree and those the
+program detached) must end equal to its plain-Python twin: same type, same items in the same
+order, same leaves, same attributes, including the state outside the pytree.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import jax
+import numpy as np
+import treeclone as tc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from node_kinds import Model, MyDict, MyList, Noted
+
+DICTS = (dict, collections.OrderedDict, MyDict, "defaultdict")
+LISTS = (list, MyList)
+
+
+def make_dict(kind, items):
+    if kind == "defaultdict":
+        return collections.defaultdict(list, items)
+    return kind(items)
+
+
+leaf = st.integers(0, 9).map(lambda i: np.full((2,), float(i), dtype=np.float32))
+keys = st.sampled_from(["e", "b", "d", "a", "c"])
+
+
+def _mutable(inner):
+    return st.one_of(
+        st.tuples(st.sampled_from(LISTS), st.lists(inner, max_size=3)).map(lambda p: p[0](p[1])),
+        st.tuples(st.sampled_from(DICTS), st.dictionaries(keys, inner, max_size=3)).map(
+            lambda p: make_dict(p[0], p[1])
+        ),
+    )
+
+
+def _extend(inner):
+    return st.one_of(_mutable(inner), st.tuples(inner, inner), inner.map(Noted), inner.map(Model))
+
+
+# The root is a mutable container (the argument the program mutates).
+trees = _mutable(st.recursive(leaf, _extend, max_leaves=8))
+
+OPS = ["set", "add", "delete", "append", "pop", "detach", "reattach"]
+programs = st.lists(st.tuples(st.integers(0, 50), st.sampled_from(OPS), keys), max_size=5)
+
+
+def children(node):
+    if isinstance(node, dict):
+        return list(node.values())
+    if isinstance(node, (list, tuple)):
+        return list(node)
+    if isinstance(node, Noted):
+        return [node.x]
+    if isinstance(node, Model):
+        return [node.w]
+    return []
+
+
+def containers(tree):
+    """Every mutable container reachable from ``tree``, in a fixed (breadth-first) order."""
+    out, seen, agenda = [], set(), [tree]
+    while agenda:
+        node = agenda.pop(0)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, (dict, list, Noted, Model)):
+            out.append(node)
+        agenda.extend(children(node))
+    return out
+
+
+def fresh_like(node):
+    if isinstance(node, dict):
+        return (
+            make_dict("defaultdict", {})
+            if isinstance(node, collections.defaultdict)
+            else type(node)()
+        )
+    return type(node)()
+
+
+def run_program(tree, program):
+    """Apply ``program`` to ``tree`` in place, the same way on any equal copy."""
+    for choice, op, key in program:
+        found = containers(tree)
+        node = found[choice % len(found)]
+        leaves = jax.tree.leaves(tree)
+        value = (leaves[0] if leaves else np.zeros(2, np.float32)) + 1
+        if isinstance(node, Noted):
+            node.x = value
+        elif isinstance(node, Model):
+            node.w = value
+        elif op in ("detach", "reattach"):
+            slots = list(node) if isinstance(node, dict) else list(range(len(node)))
+            if not slots:
+                continue
+            slot = slots[choice % len(slots)]
+            child = node[slot]
+            if not isinstance(child, (dict, list)):
+                continue
+            if op == "detach":  # mutate the child, then put a fresh container in its place
+                if isinstance(child, dict):
+                    child["z"] = value
+                else:
+                    child.append(value)
+                node[slot] = fresh_like(child)
+            elif node is not tree:  # move the child to the root
+                del node[slot]
+                if isinstance(tree, dict):
+                    tree[key] = child
+                else:
+                    tree.append(child)
+        elif isinstance(node, dict):
+            present = list(node)
+            if op in ("set", "append") and present:
+                node[present[choice % len(present)]] = value
+            elif op in ("add", "pop") and key not in node:
+                node[key] = value
+            elif op == "delete" and key in node:
+                del node[key]
+        else:
+            if op == "set" and node:
+                node[choice % len(node)] = value
+            elif op in ("append", "add"):
+                node.append(value)
+            elif op in ("pop", "delete") and node:
+                node.pop()
+
+
+def describe(node, index):
+    """What plain Python and alias must agree on for one container: its type, keys in order,
+    attributes outside the pytree, leaf values, and which original container (by position in
+    ``index``) sits in each child place."""
+    state = {"type": type(node)}
+    if isinstance(node, dict):
+        state["keys"] = list(node)
+        if isinstance(node, collections.defaultdict):
+            state["factory"] = node.default_factory
+    if isinstance(node, Noted):
+        state["note"] = node.note
+    if isinstance(node, Model):
+        state["history"] = list(node.history)
+    state["children"] = [
+        ("container", index.get(id(c), "new"), type(c))
+        if isinstance(c, (dict, list, tuple, Noted, Model))
+        else np.asarray(c).tolist()
+        for c in children(node)
+    ]
+    return state
+
+
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(trees, programs)
+def test_alias_equals_plain_python_on_every_container_kind(tree, program):
+    for node in containers(tree):
+        if isinstance(node, Model):
+            node.history.append("caller's history")
+        if isinstance(node, Noted):
+            node.note = "caller's note"
+    expected = copy.deepcopy(tree)
+    expected_nodes = containers(expected)
+    expected_index = {id(n): i for i, n in enumerate(expected_nodes)}
+    run_program(expected, program)
+
+    def f(t):
+        run_program(t, program)
+
+    for runner in (
+        lambda t: tc.jit(f, policy="alias")(t),
+        lambda t: tc.call(f, t, policy="alias"),
+    ):
+        mine = copy.deepcopy(tree)
+        mine_nodes = containers(mine)  # the caller's objects, detached ones included
+        runner(mine)
+        mine_index = {id(n): i for i, n in enumerate(mine_nodes)}
+        for got, want in zip(mine_nodes, expected_nodes, strict=True):
+            got, want = describe(got, mine_index), describe(want, expected_index)
+            assert got == want, (program, got, want)

@@ -1,0 +1,298 @@
+"""The write-back rules of docs/semantics.md ("What write-back changes"), one test per rule.
+
+Each runs jitted and eagerly (``treeclone.call``); ``alias`` is checked against the same
+function run on the caller's objects without any transformation (plain Python).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import treeclone as tc
+from node_kinds import Model, MyDict, MyList, Noted
+
+MODES = ["jit", "call"]
+
+
+def runner(mode, fun, policy):
+    if mode == "jit":
+        return tc.jit(fun, policy=policy)
+    return lambda *a, **k: tc.call(fun, *a, policy=policy, **k)
+
+
+@jax.tree_util.register_pytree_node_class
+class Scaled:
+    """``scale`` is static (aux) data."""
+
+    def __init__(self, w, scale):
+        self.w, self.scale = w, scale
+
+    def tree_flatten(self):
+        return (self.w,), self.scale
+
+    @classmethod
+    def tree_unflatten(cls, scale, children):
+        return cls(children[0], scale)
+
+
+def as_lists(tree):
+    return jax.tree.map(lambda x: np.asarray(x).tolist(), tree)
+
+
+def add_two_keys(d):
+    d["z"] = jnp.ones(2)
+    d["y"] = jnp.zeros(2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "make",
+    [
+        collections.OrderedDict,
+        lambda items: collections.defaultdict(list, items),
+        MyDict,
+    ],
+    ids=["OrderedDict", "defaultdict", "dict-subclass"],
+)
+def test_alias_writes_dict_subclass_items_in_place(mode, make):
+    items = {"b": np.zeros(2), "a": np.ones(2)}
+    expected = make(copy.deepcopy(items))
+    add_two_keys(expected)
+    caller = make(items)
+    holder = [caller]
+    runner(mode, lambda h: add_two_keys(h[0]), "alias")(holder)
+    assert holder[0] is caller  # updated in place, not replaced
+    assert type(caller) is type(expected)
+    assert list(caller) == list(expected)  # plain Python's order: kept keys, then new ones
+    assert as_lists(dict(caller)) == as_lists(dict(expected))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_returns_the_callers_ordereddict_with_its_new_keys(mode):
+    def f(d):
+        d["x"] = jnp.ones(1)
+        return d
+
+    caller = collections.OrderedDict(b=np.zeros(1))
+    out = runner(mode, f, "alias")(caller)
+    assert out is caller and list(caller) == ["b", "x"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_writes_list_subclass_items_in_place(mode):
+    caller = MyList([np.zeros(1)])
+
+    def f(xs):
+        xs.append(jnp.ones(1))
+
+    runner(mode, f, "alias")(caller)
+    assert type(caller) is MyList and as_lists(list(caller)) == [[0.0], [1.0]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_keeps_state_outside_the_pytree(mode):
+    model = Model(np.ones(2))
+    model.history.append("epoch 1")
+    noted = Noted(np.ones(1), "the caller's note")
+
+    def step(m, n):
+        m.w = m.w * 2
+        n.x = n.x + 1
+
+    runner(mode, step, "alias")(model, noted)
+    assert model.history == ["epoch 1"]  # not reset to the [] its unflatten builds
+    assert noted.note == "the caller's note"  # a drop_fields field is not written
+    assert as_lists(model.w) == [2.0, 2.0] and as_lists(noted.x) == [2.0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_keeps_mutations_of_detached_containers(mode):
+    def detach(d):
+        inner = d["l"]
+        inner.append(jnp.ones(1))
+        d["l"] = [jnp.zeros(1)]
+
+    caller = {"l": [np.full(1, 5.0)]}
+    inner = caller["l"]
+    expected = copy.deepcopy(caller)
+    expected_inner = expected["l"]
+    detach(expected)
+    runner(mode, detach, "alias")(caller)
+    assert as_lists(caller) == as_lists(expected)
+    assert as_lists(inner) == as_lists(expected_inner)  # the append stays, as in plain Python
+    assert caller["l"] is not inner
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_reports_mutations_of_detached_containers(mode):
+    def detach(d):
+        inner = d["l"]
+        inner.append(jnp.ones(1))
+        d["l"] = [jnp.zeros(1)]
+        return d
+
+    with pytest.raises(tc.MutationError, match="list resized"):
+        runner(mode, detach, "strict")({"l": [np.zeros(1)]})
+
+
+class Broken:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+jax.tree_util.register_pytree_node(Broken, lambda o: ((o.a, o.b), None), lambda _, c: Broken(*c))
+
+
+def test_register_inplace_hook_that_raises_leaves_its_object_unchanged():
+    def update(target, source):
+        target.a = source.a  # half the update, then a failure
+        if float(np.asarray(source.b)[0]) > 0:
+            raise RuntimeError("hook failed")
+        target.b = source.b
+
+    tc.register_inplace(Broken, update)
+    obj = Broken(np.zeros(1), np.zeros(1))
+    other = [np.zeros(1)]
+
+    def f(o, xs):
+        o.a = o.a + 1
+        o.b = o.b + 1
+        xs.append(jnp.ones(1))
+
+    with pytest.raises(RuntimeError, match="hook failed"):
+        tc.call(f, obj, other, policy="alias")
+    assert as_lists(obj.a) == [0.0] and as_lists(obj.b) == [0.0]
+    assert len(other) == 1  # all or nothing: the list write is undone too
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_traced_value_in_static_data_is_an_error_naming_the_argument(mode, policy):
+    layer = Scaled(jnp.ones(2), 1.0)
+
+    def f(layer):
+        layer.scale = layer.w.sum()
+        return layer
+
+    if mode == "call":  # eagerly the value is concrete: it is static data like any other
+        out = runner(mode, f, policy)(layer)
+        assert float(out.scale) == 2.0
+        return
+    with pytest.raises(ValueError, match=r"traced value in the static data of layer"):
+        runner(mode, f, policy)(layer)
+    assert layer.scale == 1.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_attribute_set_outside_the_pytree_is_an_error_under_alias(mode):
+    model = Model(np.ones(1))
+
+    def f(m):
+        m.cache = m.w * 2
+
+    with pytest.raises(ValueError, match=r"set the attribute 'cache' on m"):
+        runner(mode, f, "alias")(model)
+    assert not hasattr(model, "cache")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_flags_an_attribute_set_outside_the_pytree(mode):
+    def f(m):
+        m.cache = m.w * 2
+        return 0
+
+    with pytest.raises(tc.MutationError, match=r"m: attribute 'cache' set outside the pytree"):
+        runner(mode, f, "strict")(Model(np.ones(1)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_names_a_key_added_to_an_ordereddict(mode):
+    def f(d):
+        d["new"] = jnp.ones(1)
+        return 0
+
+    with pytest.raises(tc.MutationError, match=r"d: key added: 'new'"):
+        runner(mode, f, "strict")(collections.OrderedDict(a=np.zeros(1)))
+
+
+class Meta:
+    """Static data equal only to itself."""
+
+
+@jax.tree_util.register_pytree_node_class
+class FreshAux:
+    def __init__(self, w):
+        self.w = w
+
+    def tree_flatten(self):
+        return (self.w,), Meta()  # a new aux object at every flatten
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_accepts_a_pure_function_whose_aux_data_is_fresh_each_flatten(mode):
+    out = runner(mode, lambda n: n.w * 2, "strict")(FreshAux(np.ones(1)))
+    assert as_lists(out) == [2.0]
+
+    # and a real change to it is still reported
+    def f(n):
+        n.w = n.w + 1
+        return 0
+
+    with pytest.raises(tc.MutationError, match=r"n\.w: replaced"):
+        runner(mode, f, "strict")(FreshAux(np.ones(1)))
+
+
+# --- NumPy arrays under treeclone.call (mutable leaves) ----------------------------------------
+
+
+def bump(p):
+    p["w"] += 1
+
+
+def test_call_clone_never_changes_the_callers_numpy_arrays():
+    x = np.zeros(2)
+    tc.call(bump, {"w": x})
+    assert x.tolist() == [0.0, 0.0]
+
+
+def test_call_alias_writes_numpy_changes_once_the_call_succeeds():
+    x = np.zeros(2)
+    tc.call(bump, {"w": x}, policy="alias")
+    assert x.tolist() == [1.0, 1.0]  # as plain Python
+
+    def then_fail(p):
+        bump(p)
+        raise RuntimeError("after the mutation")
+
+    with pytest.raises(RuntimeError):
+        tc.call(then_fail, {"w": x}, policy="alias")
+    assert x.tolist() == [1.0, 1.0]  # all or nothing: the failed call changed nothing
+
+    def returns(a):
+        a += 1
+        return a
+
+    assert tc.call(returns, x, policy="alias") is x and x.tolist() == [2.0, 2.0]
+
+
+def test_call_strict_reports_a_numpy_array_changed_and_not_returned():
+    x = np.zeros(2)
+    with pytest.raises(tc.MutationError, match=r"p\['w'\]: array changed in place"):
+        tc.call(bump, {"w": x}, policy="strict")
+    assert x.tolist() == [0.0, 0.0]
+
+    def returns(p):
+        bump(p)
+        return p
+
+    out = tc.call(returns, {"w": x}, policy="strict")
+    assert out["w"].tolist() == [1.0, 1.0] and x.tolist() == [0.0, 0.0]

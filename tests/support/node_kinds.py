@@ -1,0 +1,57 @@
+"""Container kinds the write-back tests share, each registered with ``jax.tree_util``.
+
+- ``MyDict`` / ``MyList``: a dict and a list subclass registered as nodes;
+- ``Model``: a registered class with state its flatten does not carry (``history``);
+- ``Noted``: a dataclass registered with a ``drop_fields`` field (``note``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+class MyDict(dict):
+    """A dict subclass registered as a node: children in insertion order, keys as aux data."""
+
+
+jax.tree_util.register_pytree_node(
+    MyDict,
+    lambda d: (list(d.values()), list(d.keys())),
+    lambda keys, values: MyDict(zip(keys, values, strict=True)),
+)
+
+
+class MyList(list):
+    """A list subclass registered as a node."""
+
+
+jax.tree_util.register_pytree_node(MyList, lambda xs: (list(xs), None), lambda _, c: MyList(c))
+
+
+@jax.tree_util.register_pytree_node_class
+class Model:
+    """A registered class with state its flatten does not carry (``history``)."""
+
+    def __init__(self, w):
+        self.w = w
+        self.history = []
+
+    def tree_flatten(self):
+        return (self.w,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+@dataclasses.dataclass
+class Noted:
+    """A dataclass whose ``note`` its flatten drops: write-back must leave it alone."""
+
+    x: object
+    note: str = "default"
+
+
+jax.tree_util.register_dataclass(Noted, data_fields=["x"], meta_fields=[], drop_fields=["note"])
