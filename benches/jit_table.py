@@ -17,15 +17,13 @@ The Markdown goes between ``<!-- jit-table:begin -->`` and ``<!-- jit-table:end 
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 from jit_cases import CASES, CONTENDERS, build_case, wrap
 from tree_table import DEFAULT_OUT, INTRO
-from treeclone.bench.timing import Call, machine_info, measure_cell, write_section
+from treeclone.bench.timing import Call, machine_info, measure_cell, script_command, write_section
 
 BEGIN = "<!-- jit-table:begin -->"
 END = "<!-- jit-table:end -->"
@@ -88,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             call()  # compile
         results[case] = measure_cell(calls, rounds, batch_ns)
         print(case, {c: round(r["median_us"], 1) for c, r in results[case].items()})
-    command = "python benches/jit_table.py" + "".join(
-        f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:])
-    )
+    command = script_command("jit_table.py", argv)
     section = render(results, machine_info(), command, rounds)
     write_section(args.out, section, BEGIN, END, intro=INTRO)
     print(f"wrote {args.out}")

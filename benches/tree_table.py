@@ -24,14 +24,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from tree_ops import CONTENDERS, OPS, applies, check_agreement, make_call, module_for
-from treeclone.bench.timing import format_us, machine_info, measure_cell, write_section
+from treeclone.bench.timing import (
+    format_us,
+    machine_info,
+    measure_cell,
+    script_command,
+    write_section,
+)
 from trees import TREES
 
 BEGIN = "<!-- tree-table:begin -->"
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in tree_names if name not in TREES]
     if unknown:
         parser.error(f"unknown trees: {', '.join(unknown)}")
-    command = "python " + shlex.join(sys.argv if argv is None else ["tree_table.py", *argv])
+    command = script_command("tree_table.py", argv)
 
     tc = module_for("treeclone")
     mods: dict[str, Any] = {}

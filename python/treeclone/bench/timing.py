@@ -15,8 +15,10 @@ import importlib.metadata
 import itertools
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -204,6 +206,12 @@ def format_us(x: float | None, missing: str = "—") -> str:
 
 
 # --------------------------------------------------------------------------- docs
+
+
+def script_command(script: str, argv: list[str] | None) -> str:
+    """How a table generator was run, for its table: ``python benches/<script> <args>``."""
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join(["python", f"benches/{script}", *args])
 
 
 def write_section(path: Path, section: str, begin: str, end: str, intro: str = "") -> None:
