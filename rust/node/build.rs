@@ -26,6 +26,23 @@ fn new_dict(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyDict>> {
     Ok(PyDict::new(py))
 }
 
+/// `dict[key] = value` without the reference-count round trips of `PyDict::set_item`
+/// (unflatten's hot loop: measured 4% of it on dict-heavy trees).
+///
+/// # Safety
+/// `dict` must be an exact `dict` (not a subclass, whose own `__setitem__` would be
+/// bypassed), and `key` and `value` must stay alive for the duration of the call.
+unsafe fn dict_set_item(
+    dict: &Bound<'_, PyDict>,
+    key: &Borrowed<'_, '_, PyAny>,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    if ffi::PyDict_SetItem(dict.as_ptr(), key.as_ptr(), value.as_ptr()) != 0 {
+        return Err(PyErr::fetch(dict.py()));
+    }
+    Ok(())
+}
+
 /// Build one node's Python object from its already built children (as many as its arity).
 pub fn build_node<'py>(
     py: Python<'py>,
@@ -42,12 +59,13 @@ pub fn build_node<'py>(
         NodeKind::Tuple => PyTuple::new(py, children)?.into_any(),
         NodeKind::List => PyList::new(py, children)?.into_any(),
         NodeKind::Dict(keys) => {
-            // The treedef holds `keys`, so each borrowed key outlives its use; a key's
-            // `__hash__`/`__eq__` may run Python code, but cannot reach that tuple.
             let keys = keys.bind(py);
             let dict = new_dict(py, children.len())?;
             for (key, value) in keys.iter_borrowed().zip(children) {
-                dict.set_item(key, value)?;
+                // SAFETY: `dict` is an exact dict we own; the treedef holds `keys`, so each
+                // borrowed key stays alive across the call, even if its `__hash__`/`__eq__`
+                // run Python code (which cannot reach that tuple).
+                unsafe { dict_set_item(&dict, &key, &value)? };
             }
             dict.into_any()
         }

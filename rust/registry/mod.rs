@@ -255,3 +255,24 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     drop(evicted);
     Ok(kind)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_are_classified_by_type_pointer_alone() {
+        Python::attach(|py| {
+            let kind = |code: &str| {
+                let obj = py.eval(&std::ffi::CString::new(code).unwrap(), None, None);
+                builtin_kind(type_ptr(&obj.unwrap()))
+            };
+            assert!(matches!(kind("{}"), Some(Kind::Dict)));
+            assert!(matches!(kind("[]"), Some(Kind::List)));
+            assert!(matches!(kind("()"), Some(Kind::Tuple)));
+            assert!(matches!(kind("None"), Some(Kind::None)));
+            assert!(kind("1").is_none());
+            assert!(kind("__import__('collections').OrderedDict()").is_none());
+        });
+    }
+}

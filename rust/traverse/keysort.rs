@@ -236,3 +236,45 @@ pub fn clear_cache() {
     let old = ORDER_CACHE.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     drop(old);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted_keys(py: Python<'_>, dict: &Bound<'_, PyDict>) -> (Vec<String>, Vec<i64>) {
+        let mut values = Vec::new();
+        let keys = sorted_children(py, dict, &mut values).unwrap();
+        let keys = keys.bind(py).iter().map(|k| k.to_string()).collect();
+        let values = values.iter().map(|v| v.extract(py).unwrap()).collect();
+        (keys, values)
+    }
+
+    #[test]
+    fn str_keys_sort_by_code_point_and_the_cached_order_is_the_same() {
+        Python::attach(|py| {
+            let dict = PyDict::new(py);
+            for (i, k) in ["b", "a", "é", "Z", "aa"].iter().enumerate() {
+                dict.set_item(k, i).unwrap();
+            }
+            let expected = (
+                vec!["Z".into(), "a".into(), "aa".into(), "b".into(), "é".into()],
+                vec![3, 1, 4, 0, 2],
+            );
+            assert_eq!(sorted_keys(py, &dict), expected);
+            assert_eq!(sorted_keys(py, &dict), expected); // from the cache
+        });
+    }
+
+    #[test]
+    fn other_keys_sort_with_pythons_comparison() {
+        Python::attach(|py| {
+            let dict = PyDict::new(py);
+            for (i, k) in [3, 1, 2].iter().enumerate() {
+                dict.set_item(k, i).unwrap();
+            }
+            let (keys, values) = sorted_keys(py, &dict);
+            assert_eq!(keys, vec!["1", "2", "3"]);
+            assert_eq!(values, vec![1, 2, 0]);
+        });
+    }
+}
