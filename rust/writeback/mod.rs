@@ -376,3 +376,54 @@ fn write_one<'py>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(d: &Bound<'_, PyAny>) -> Vec<String> {
+        d.try_iter()
+            .unwrap()
+            .map(|k| k.unwrap().to_string())
+            .collect()
+    }
+
+    /// `{"b": 0, "a": 1}` written with items of `new` (in that order) and `order`.
+    fn written(new: &[&str], order: &[&str], reordered: bool) -> (Vec<String>, Vec<String>) {
+        Python::attach(|py| {
+            let dict = PyDict::new(py);
+            dict.set_item("b", 0).unwrap();
+            dict.set_item("a", 1).unwrap();
+            let dict = dict.into_any();
+            let items = new
+                .iter()
+                .map(|k| {
+                    (
+                        k.into_pyobject(py).unwrap().into_any(),
+                        9i64.into_pyobject(py).unwrap().into_any(),
+                    )
+                })
+                .collect();
+            let order = PyTuple::new(py, order).unwrap();
+            let undo = write_mapping(&dict, items, Some(&order), reordered).unwrap();
+            let after = keys(&dict);
+            undo.run().unwrap();
+            (after, keys(&dict))
+        })
+    }
+
+    #[test]
+    fn kept_keys_keep_their_place_and_new_keys_follow_the_functions_order() {
+        // The function saw the keys sorted (a, b), kept that order and added z then y.
+        let (after, undone) = written(&["a", "b", "z", "y"], &["a", "b", "z", "y"], false);
+        assert_eq!(after, ["b", "a", "z", "y"]);
+        assert_eq!(undone, ["b", "a"]);
+    }
+
+    #[test]
+    fn a_reordering_function_sets_the_exact_order_and_removed_keys_go() {
+        let (after, undone) = written(&["x", "a"], &["x", "a"], true);
+        assert_eq!(after, ["x", "a"]);
+        assert_eq!(undone, ["b", "a"]);
+    }
+}
