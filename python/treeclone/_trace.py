@@ -194,10 +194,23 @@ def run(
         for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
         if isinstance(e, NodeInfo) and e.node_type not in (list, dict) and hasattr(o, "__dict__")
     }
+    # Static objects (``register_static``: the node's aux data is the object itself) are the
+    # caller's own objects inside the function too; what it does to them is checked directly.
+    statics = {
+        k: _shallow_state(o)
+        for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
+        if isinstance(e, NodeInfo) and e.arity == 0 and e.data is o
+    }
     args, kwargs = rebuild_args(*layout.split(root))
     out = fun(*args, **kwargs)
     if transform_out is not None:
         out = transform_out(out)
+    changed_statics = [k for k, state in statics.items() if _shallow_state(objs[k]) != state]
+    if changed_statics and policy.mutations == "error":
+        for k in changed_statics:
+            _restore_shallow_state(objs[k], statics[k])
+        bad = [(k, [(None, "static object changed in place", None)]) for k in changed_statics]
+        _raise_mutation_error(fun, bad, pre_def, objs, layout)
 
     container_index = {
         id(o): k
@@ -312,6 +325,45 @@ def _custom_changes(
         return None, None, None
     keys = (list(before), list(after)) if isinstance(before, dict) else None
     return changed_attributes(before, after), keys, after
+
+
+class _Same:
+    """Compares by identity (a snapshot's values must be the very same objects)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and self.value is other.value
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _shallow_state(obj: Any) -> tuple:
+    """What a static object holds one level down (attributes, items), by identity."""
+    attrs = {n: _Same(v) for n, v in getattr(obj, "__dict__", {}).items()}
+    items: Any = None
+    if isinstance(obj, dict):
+        items = [(k, _Same(v)) for k, v in obj.items()]
+    elif isinstance(obj, list):
+        items = [_Same(v) for v in obj]
+    return attrs, items
+
+
+def _restore_shallow_state(obj: Any, state: tuple) -> None:
+    attrs, items = state
+    if hasattr(obj, "__dict__"):
+        for name in [n for n in vars(obj) if n not in attrs]:
+            object.__delattr__(obj, name)
+        for name, value in attrs.items():
+            object.__setattr__(obj, name, value.value)
+    if isinstance(obj, dict):
+        obj.clear()
+        obj.update((k, v.value) for k, v in items)
+    elif isinstance(obj, list):
+        obj[:] = [v.value for v in items]
 
 
 def _unstable_static_data(root: Any, info: list) -> set[int]:

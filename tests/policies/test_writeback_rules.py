@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -296,3 +297,25 @@ def test_call_strict_reports_a_numpy_array_changed_and_not_returned():
 
     out = tc.call(returns, {"w": x}, policy="strict")
     assert out["w"].tolist() == [1.0, 1.0] and x.tolist() == [0.0, 0.0]
+
+
+@dataclasses.dataclass
+class Config:
+    lr: float
+    name: str = "cfg"
+
+
+jax.tree_util.register_static(Config)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_reports_a_static_object_changed_in_place_and_restores_it(mode):
+    cfg = Config(0.1)
+
+    def f(x, cfg):
+        cfg.lr = 0.5
+        return x * 2
+
+    with pytest.raises(tc.MutationError, match=r"cfg: static object changed in place"):
+        runner(mode, f, "strict")(jnp.ones(1), cfg)
+    assert cfg.lr == 0.1  # strict never changes the caller's objects
