@@ -176,6 +176,7 @@ def run(
     rebuild_args: Callable[[tuple, dict], tuple[tuple, dict]],
     keep_inputs: Sequence[bool] | None = None,
     transform_out: Callable[[Any], Any] | None = None,
+    caller_objects: Sequence[Any] | None = None,
 ) -> tuple[Any, list]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
@@ -185,6 +186,9 @@ def run(
     (it was donated): it is output by the computation instead.
     ``rebuild_args`` turns the rebuilt ``(args, kwargs)`` into the function's full arguments
     (putting static arguments back in place); ``transform_out`` is applied to the result.
+    ``caller_objects``, the caller's object at each node of ``pre_def``, are watched while the
+    function runs: one it changes through another name (a global that is also an argument)
+    is put back and reported, since write-back would silently replace that change.
     """
     root, objs = pre_def.unflatten_nodes(in_leaves)
     pre_info = pre_def.node_info()
@@ -201,10 +205,24 @@ def run(
         for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
         if isinstance(e, NodeInfo) and e.arity == 0 and e.data is o
     }
+    watched = {}
+    if caller_objects is not None:
+        watched = {
+            k: _shallow_state(caller_objects[k])
+            for k, e in enumerate(pre_info)
+            if isinstance(e, NodeInfo)
+            and e.node_type is not NoneType
+            and objs[k] is not caller_objects[k]  # not handed to the function itself
+        }
     args, kwargs = rebuild_args(*layout.split(root))
     out = fun(*args, **kwargs)
     if transform_out is not None:
         out = transform_out(out)
+    touched = [k for k, state in watched.items() if _shallow_state(caller_objects[k]) != state]
+    if touched:
+        for k in touched:
+            _restore_shallow_state(caller_objects[k], watched[k])
+        _raise_changed_elsewhere(fun, touched, pre_def, objs, layout)
     changed_statics = [k for k, state in statics.items() if _shallow_state(objs[k]) != state]
     if changed_statics and policy.mutations == "error":
         for k in changed_statics:
@@ -395,6 +413,18 @@ def _holds_tracer(data: Any) -> bool:
         return any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(data))
     except Exception:
         return False
+
+
+def _raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:
+    paths = _Paths(pre_def, objs, layout).paths
+    where = ", ".join(paths.get(k, "?") or "(the arguments)" for k in touched)
+    qualname = getattr(fun, "__qualname__", None) or repr(fun)
+    raise ValueError(
+        f"{qualname} changed {where} through another name than its argument (a global, a "
+        "closure, an attribute of another object) while that object was also passed in. "
+        "The function works on the argument, so the two changes cannot both reach the "
+        "caller's object; it was put back as it was. Change it through the argument only."
+    )
 
 
 def _raise_outside_attribute(fun, k, name, pre_def, objs, layout) -> None:

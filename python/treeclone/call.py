@@ -61,6 +61,7 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
         # strict hands a changed array back as the function's copy; alias writes it into the
         # caller's array below, so the caller's own array is handed back.
         keep_inputs=changed if chosen.mutations == "error" else None,
+        caller_objects=objects,
     )
     result = plan.apply(leaves, objects, outputs)
     if chosen.mutations == "error":

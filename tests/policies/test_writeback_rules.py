@@ -319,3 +319,16 @@ def test_strict_reports_a_static_object_changed_in_place_and_restores_it(mode):
     with pytest.raises(tc.MutationError, match=r"cfg: static object changed in place"):
         runner(mode, f, "strict")(jnp.ones(1), cfg)
     assert cfg.lr == 0.1  # strict never changes the caller's objects
+
+
+SHARED_STATE = {"w": np.zeros(1)}
+
+
+def test_an_argument_also_changed_through_a_global_is_an_error_not_a_silent_clobber():
+    def f(d):
+        SHARED_STATE["extra"] = 1.0  # the caller's object, through the global
+        d["x"] = np.ones(1)  # the same object, through the argument
+
+    with pytest.raises(ValueError, match=r"changed d through another name"):
+        tc.call(f, SHARED_STATE, policy="alias")
+    assert list(SHARED_STATE) == ["w"]  # put back as it was
