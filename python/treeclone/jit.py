@@ -343,7 +343,12 @@ class Jitted:
 
     def _call_policy(self, policy: Policy, args: tuple, kwargs: dict) -> Any:
         call = self._prepare(policy, args, kwargs)
-        result = call.run(call.jitted)
+        local = call.inner.local
+        local.call = call  # while the inner jit runs, its debug info can name the arguments
+        try:
+            result = call.jitted(call.box, call.donated)
+        finally:
+            local.call = None
         return result.info.plan.apply(call.leaves, call.objects, result.leaves)
 
     def _prepare(self, policy: Policy, args: tuple, kwargs: dict) -> _Call:
@@ -366,9 +371,12 @@ class Jitted:
         if self._donate_nums or self._donate_names:
             n = len(positions) if statics is None else statics[0]
             donation = self._mask(sdef, n, positions, kwargs)
-        call = _Call(*entry, leaves, objects, (sdef, statics, donation))
-        call.args, call.kwargs, call.positions, call.donation = args, kwargs, positions, donation
-        return call
+        key = (sdef, statics, donation)
+        if donation is None:
+            box, donated = _ArgsBox(leaves, key), None
+        else:
+            box, donated = _ArgsBox(donation.kept(leaves), key), donation.donated(leaves)
+        return _Call(*entry, box, donated, leaves, objects, args, kwargs, positions)
 
     def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
         """Take the static arguments out. Each static value is keyed with its type, as jax.jit
@@ -444,7 +452,11 @@ class Jitted:
             call = self._prepare(policy, args, kwargs)
             slots = call.slots_of_jax_leaves()
             if slots is not None:
-                traced = call.run(call.jitted.trace)
+                call.inner.local.call = call
+                try:
+                    traced = call.jitted.trace(call.box, call.donated)
+                finally:
+                    call.inner.local.call = None
                 info = traced.out_tree.node_data()[1]
                 if isinstance(info, _TraceInfo) and info.out_sources is not None:
                     stand_in = self._stand_in(call, traced, info, slots)
@@ -455,8 +467,7 @@ class Jitted:
         """A jax.jit, with ``fun``'s options, of a function that looks like ``fun`` and
         computes what the inner function's trace ``traced`` computes."""
         evaluate = _jaxpr_as_fun(traced.jaxpr)
-        keep = None if call.donation is None else call.donation.keep
-        num_slots = len(call.leaves)
+        donation, num_slots = call.donation, len(call.leaves)
 
         def stand_in(*args: Any, **kwargs: Any) -> Any:
             if self._static_nums or self._static_names:
@@ -466,11 +477,10 @@ class Jitted:
             for x, s in zip(flat, slots, strict=True):
                 if values[s] is None:
                     values[s] = x
-            if keep is None:
+            if donation is None:
                 outputs = evaluate(*values)
-            else:
-                kept = [x for x, k in zip(values, keep, strict=True) if k]
-                outputs = evaluate(*kept, *[x for x, k in zip(values, keep, strict=True) if not k])
+            else:  # the inner function's inputs: the kept leaves, then the donated ones
+                outputs = evaluate(*donation.kept(values), *donation.donated(values))
             result = [outputs[i] if kind == "out" else values[i] for kind, i in info.out_sources]
             return jax.tree_util.tree_unflatten(info.out_tree, result)
 
@@ -525,40 +535,39 @@ class _Call:
 
     __slots__ = (
         "args",
-        "donation",
+        "box",
+        "donated",
         "inner",
         "jitted",
-        "key",
         "kwargs",
         "leaves",
         "objects",
         "positions",
     )
 
-    def __init__(self, inner: _Inner, jitted: Any, leaves: list, objects: list, key: tuple):
-        self.inner, self.jitted = inner, jitted
-        self.leaves, self.objects, self.key = leaves, objects, key
+    def __init__(
+        self,
+        inner: _Inner,
+        jitted: Any,
+        box: _ArgsBox,
+        donated: list | None,
+        leaves: list,
+        objects: list,
+        args: tuple,
+        kwargs: dict,
+        positions: Sequence[int],
+    ):
+        self.inner, self.jitted, self.box, self.donated = inner, jitted, box, donated
+        self.leaves, self.objects = leaves, objects
+        self.args, self.kwargs, self.positions = args, kwargs, positions
 
-    def run(self, jitted: Callable[..., Any]) -> Any:
-        """``jitted`` (the inner jit or its ``trace``) on the boxed leaves. While it runs, the
-        inner function can name this call's arguments for jax's messages."""
-        donation = self.donation
-        if donation is None:
-            box, donated = _ArgsBox(self.leaves, self.key), None
-        else:
-            box = _ArgsBox(donation.kept(self.leaves), self.key)
-            donated = donation.donated(self.leaves)
-        local = self.inner.local
-        previous = getattr(local, "call", None)
-        local.call = self
-        try:
-            return jitted(box, donated)
-        finally:
-            local.call = previous
+    @property
+    def donation(self) -> _Donation | None:
+        return self.box.key[2]
 
     def named_arguments(self, naming: _Naming) -> list[tuple[str, Any]]:
         """The call's dynamic arguments with the names jax.jit gives them, in its order."""
-        statics = self.key[1]
+        statics = self.box.key[1]
         n = len(self.positions) if statics is None else statics[0]
         values = [*self.args, *self.kwargs.values()]
         static = () if statics is None else [k for k, *_ in statics[2]]
@@ -695,7 +704,10 @@ class _Inner:
                 out = self._constrain_out(out)
             seen["out"] = out
             if keep_inputs is not None:  # read by _trace.run after this returns
-                returned = {id(x) for x in jax.tree_util.tree_leaves(out)}
+                try:
+                    returned = {id(x) for x in jax.tree_util.tree_leaves(out)}
+                except Exception:  # noqa: BLE001 - _trace.run's own flatten reports it
+                    returned = set()
                 for s in consumed:
                     keep_inputs[s] = id(leaves[s]) not in returned
             return out

@@ -54,19 +54,10 @@ PASSTHROUGH = (
     "alias/strict hand back a returned input leaf that is not a jax.Array (a Python scalar, a "
     "NumPy array) as the caller's own object, where jax.jit returns a jax.Array"
 )
-AOT_THEN_CALL = (
-    "alias/strict calls do not reuse the trace made by lower()/trace()/eval_shape() (those run "
-    "jax.jit(fun) itself), so the first call traces the function again"
-)
 DICT_ORDER = (
     "by design (docs/semantics.md rule 7; test_dict_order_is_plain_pythons): under alias and "
     "strict a dict's key order is part of the structure (code sees dicts in the caller's "
     "order, as plain Python does), so the same keys in another order trace again"
-)
-DONATE_CONTAINER = (
-    "by design (docs/semantics.md rule 11; test_alias_donated_container_holds_live_arrays): "
-    "under alias the leaves of a donated list/dict argument come back from the computation and "
-    "are written into the caller's container, so it never holds deleted arrays"
 )
 
 # --- running and comparing ----------------------------------------------------------------------
@@ -446,7 +437,6 @@ def _aot_then_call(method: str) -> Callable[..., Any]:
 
 for _method in ("lower", "trace", "eval_shape"):
     SCENARIOS[f"{_method}_then_call"] = _aot_then_call(_method)
-    KNOWN.update({(f"{_method}_then_call", p): AOT_THEN_CALL for p in ("alias", "strict")})
 
 
 # Composition with transformations and other jits.
@@ -1035,7 +1025,7 @@ def sc_donate_tuple_argument(jit, count):
     return [jit(f, donate_argnums=0)(t, y), [a.is_deleted() for a in t], y.is_deleted()]
 
 
-@scenario(designed={"alias": DONATE_CONTAINER})
+@scenario()
 def sc_donate_dict_argument(jit, count):
     def f(d, y):
         count()
@@ -1047,7 +1037,7 @@ def sc_donate_dict_argument(jit, count):
     return [out, p.is_deleted(), q.is_deleted(), d["p"] is p, d["q"] is q]
 
 
-@scenario(designed={"alias": DONATE_CONTAINER})
+@scenario()
 def sc_donate_list_argument(jit, count):
     def f(xs):
         count()
