@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from treeclone import _native, _trace
 from treeclone._jax_compat import keystr
+from treeclone.jit import argument_names
 from treeclone.policies import Policy, as_policy
 
 
@@ -46,11 +46,7 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     leaves, sdef, objects = _native.flatten_shared(root)
     work = [_copy_if_mutable(x) for x in leaves]
     changed = _Changed(leaves, work)
-    try:
-        params = list(inspect.signature(fun).parameters)
-    except (TypeError, ValueError):
-        params = []
-    layout = _trace.Layout(len(args), params[: len(args)])
+    layout = _trace.Layout(len(args), argument_names(fun, range(len(args))))
     plan, outputs = _trace.run(
         fun,
         sdef,

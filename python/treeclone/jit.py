@@ -712,6 +712,7 @@ class _Inner:
                     keep_inputs[s] = id(leaves[s]) not in returned
             return out
 
+        call = getattr(self.local, "call", None)  # None when traced ahead of time
         plan, outputs = _trace.run(
             self._fun(),
             sdef,
@@ -721,6 +722,7 @@ class _Inner:
             rebuild,
             keep_inputs=keep_inputs,
             transform_out=transform_out,
+            caller_objects=None if call is None else call.objects,
         )
         return _ResultBox(self._describe(plan, outputs, leaves, positions, seen), outputs)
 

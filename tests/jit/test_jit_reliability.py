@@ -427,11 +427,6 @@ def test_mutation_error_names_var_positional_arguments_by_index(options, second)
     assert "scale" not in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="treeclone.call names positions from params[: len(args)]; it needs "
-    "treeclone.jit.argument_names (python/treeclone/call.py, not changed here)",
-)
 def test_call_mutation_error_names_var_positional_arguments_by_index() -> None:
     with pytest.raises(tc.MutationError, match=r"rest\[1\]\['w'\]: replaced"):
         tc.call(_mutates_rest, jnp.ones(2), {"a": 1.0}, {"w": jnp.ones(2)}, policy="strict", opt={})

@@ -332,3 +332,13 @@ def test_an_argument_also_changed_through_a_global_is_an_error_not_a_silent_clob
     with pytest.raises(ValueError, match=r"changed d through another name"):
         tc.call(f, SHARED_STATE, policy="alias")
     assert list(SHARED_STATE) == ["w"]  # put back as it was
+
+
+def test_jit_reports_an_argument_also_changed_through_a_global():
+    def f(d):
+        SHARED_STATE["extra"] = d["w"] * 2  # a tracer would leak into the caller's dict
+        d["x"] = jnp.ones(1)
+
+    with pytest.raises(ValueError, match=r"changed d through another name"):
+        tc.jit(f, policy="alias")(SHARED_STATE)
+    assert list(SHARED_STATE) == ["w"]
