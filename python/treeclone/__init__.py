@@ -8,7 +8,7 @@ does) or ``"strict"`` (mutating an input without returning it is an error). See
 ``docs/semantics.md``.
 """
 
-from treeclone import tree_util
+from treeclone import tree, tree_util
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone.call import call
 from treeclone.jit import Jitted, jit
@@ -36,5 +36,6 @@ __all__ = [
     "jit",
     "policy",
     "register_inplace",
+    "tree",
     "tree_util",
 ]

@@ -89,9 +89,12 @@ __all__ = [
     "FlattenedIndexKey",
     "GetAttrKey",
     "SequenceKey",
+    "UNSPECIFIED",
     "classify_type",
     "flatten_one_level_with_keys",
+    "is_unspecified",
     "keystr",
+    "prefix_errors",
     "registry",
     "to_jax_node",
     "unflatten_node",
@@ -105,3 +108,23 @@ def prefix_error(tree, other, is_leaf, exc, name):
     except (RecursionError, SystemError):
         return exc  # JAX's message builder recurses into a cyclic tree: keep treeclone's error
     return err(name) if err is not None else exc
+
+
+def prefix_errors(prefix_tree, full_tree, is_leaf=None):
+    """JAX's message builders for each place where ``prefix_tree`` is not a prefix of
+    ``full_tree`` (``jax._src.tree_util.prefix_errors``): ``[fn(name) -> ValueError, ...]``."""
+    return list(_jtu._prefix_error((), prefix_tree, full_tree, is_leaf))
+
+
+# "No initializer" for tree_reduce (and "no identity" for tree_reduce_associative): an
+# ``Unspecified()`` instance on recent JAX, the ``no_initializer`` object on JAX 0.6. A caller
+# who passes JAX's own sentinel to treeclone gets what JAX would do with it.
+_Unspecified = getattr(_jtu, "Unspecified", None)
+UNSPECIFIED = _Unspecified() if _Unspecified is not None else _jtu.no_initializer
+
+
+def is_unspecified(x) -> bool:
+    """Whether ``x`` is JAX's "argument not given" sentinel of tree_reduce."""
+    if _Unspecified is not None:
+        return isinstance(x, _Unspecified)
+    return x is UNSPECIFIED
