@@ -68,11 +68,13 @@ pub fn nodes_from_parts(py: Python<'_>, parts: Vec<(NodeKind, usize)>) -> PyResu
     Ok(nodes)
 }
 
+/// jaxlib's message for a wrong number of leaves (it names the count only when too few).
 pub fn leaf_count_error(expected: usize, got: usize) -> PyErr {
-    let which = if got < expected { "few" } else { "many" };
-    PyValueError::new_err(format!(
-        "Too {which} leaves for PyTreeDef; expected {expected}, got {got}."
-    ))
+    PyValueError::new_err(if got < expected {
+        format!("Too few leaves for PyTreeDef; expected {expected}, got {got}")
+    } else {
+        format!("Too many leaves for PyTreeDef; expected {expected}.")
+    })
 }
 
 impl PyTreeDef {

@@ -389,24 +389,23 @@ for registrar in (jtu, tc):
 def test_unflatten_wrong_number_of_leaves():
     run_script(
         """
-import re
 import trees
 from helpers import capture
 tree = {"a": trees.PairT(1, [2, 3]), "b": (None, trees.DataJ(4, 5))}
 td = tc.tree_structure(tree)
 assert td.num_leaves == 5
+jax_td = jtu.tree_structure(tree)
 for n in (0, 1, 4, 6, 50):
+    expected = capture(lambda: jax_td.unflatten(list(range(n))))
     for fn in (lambda: td.unflatten(list(range(n))), lambda: tc.tree_unflatten(td, range(n))):
         exc = capture(fn)
         assert type(exc) is ValueError, f"{n} leaves: {exc!r}"
-        numbers = set(re.findall(r"\\d+", str(exc)))
-        assert "5" in numbers and str(n) in numbers, f"{n} leaves: message {str(exc)!r}"
-empty = tc.tree_structure([None, {}, ()])
-exc = capture(lambda: empty.unflatten([1]))
-assert type(exc) is ValueError and "0" in str(exc) and "1" in str(exc), repr(exc)
-leaf = tc.tree_structure(1)
-exc = capture(lambda: leaf.unflatten([]))
-assert type(exc) is ValueError and "1" in str(exc) and "0" in str(exc), repr(exc)
+        # jaxlib's text: it names the count given only when it is too small
+        assert str(exc) == str(expected), f"{n} leaves: {str(exc)!r} != {str(expected)!r}"
+for small, leaves in (([None, {}, ()], [1]), (1, [])):
+    exc = capture(lambda: tc.tree_structure(small).unflatten(leaves))
+    expected = capture(lambda: jtu.tree_structure(small).unflatten(leaves))
+    assert type(exc) is ValueError and str(exc) == str(expected), (exc, expected)
 """
     )
 
