@@ -266,6 +266,8 @@ def treedef_tuple(treedefs: Iterable[PyTreeDef]) -> PyTreeDef:
 def _as_treedef(treedef: Any) -> PyTreeDef:
     # A JAX treedef becomes treeclone's; anything else is used as it is, as JAX uses it, so that
     # a non-treedef fails as in JAX (e.g. "'list' object has no attribute 'unflatten'").
+    if type(treedef) is PyTreeDef:  # the common case first: unflatten is on the hot path
+        return treedef
     if isinstance(treedef, _jtu.PyTreeDef):
         return PyTreeDef.from_jax(treedef)
     return treedef
