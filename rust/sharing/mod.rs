@@ -53,23 +53,27 @@ impl<'py> Mode<'py> for Sharing<'py> {
     const DICT_ORDER: DictOrder = DictOrder::Insertion;
 
     fn leaf(&mut self, obj: Bound<'py, PyAny>, _: &[Py<PyAny>]) -> PyResult<()> {
-        let slot = if is_python_scalar(&obj) {
-            None
-        } else {
-            match self.seen.get(&(obj.as_ptr() as usize)) {
+        let address = obj.as_ptr() as usize;
+        let tracked = !is_python_scalar(&obj);
+        let seen_at = if tracked {
+            match self.seen.get(&address) {
                 Some(Seen::Leaf(slot)) => Some(*slot),
-                _ => {
-                    let slot = self.leaves.len();
-                    self.seen.insert(obj.as_ptr() as usize, Seen::Leaf(slot));
-                    self.leaves.push(obj.clone());
-                    Some(slot)
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let slot = match seen_at {
+            Some(slot) => slot,
+            None => {
+                let slot = self.leaves.len();
+                if tracked {
+                    self.seen.insert(address, Seen::Leaf(slot));
                 }
+                self.leaves.push(obj.clone());
+                slot
             }
         };
-        let slot = slot.unwrap_or_else(|| {
-            self.leaves.push(obj.clone());
-            self.leaves.len() - 1
-        });
         self.entries.push(Entry::Leaf(slot));
         self.objects.push(obj);
         self.leaf_entries += 1;
