@@ -248,6 +248,14 @@ fn set_list_items(list: &Bound<'_, PyAny>, items: &Bound<'_, PyAny>) -> PyResult
     list.set_item(PySlice::full(list.py()), items)
 }
 
+/// Give the list (or list subclass) `list` the items of `items` in place; returns how to undo
+/// it.
+fn write_list<'py>(list: &Bound<'py, PyAny>, items: &Bound<'py, PyAny>) -> PyResult<Undo<'py>> {
+    let old = PyList::new(list.py(), list.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+    set_list_items(list, items)?;
+    Ok(Undo::List(list.clone(), old))
+}
+
 /// Make a dict (or dict subclass, through its own methods) hold exactly `items`, in order.
 fn set_mapping_items<'py>(
     dict: &Bound<'py, PyAny>,
@@ -338,11 +346,7 @@ fn write_one<'py>(
 ) -> PyResult<()> {
     let key_order = origin.key_order.as_ref().map(|o| o.bind(py));
     match &node.kind {
-        NodeKind::List => {
-            let old = PyList::new(py, obj.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
-            set_list_items(obj, PyList::new(py, children)?.as_any())?;
-            done.push(Undo::List(obj.clone(), old));
-        }
+        NodeKind::List => done.push(write_list(obj, PyList::new(py, children)?.as_any())?),
         NodeKind::Dict(keys) => {
             let new = keys.bind(py).iter().zip(children).collect();
             done.push(write_mapping(obj, new, key_order, origin.reordered)?);
@@ -359,9 +363,7 @@ fn write_one<'py>(
                     origin.reordered,
                 )?);
             } else if obj.is_instance_of::<PyList>() && fresh.is_instance_of::<PyList>() {
-                let old = PyList::new(py, obj.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
-                set_list_items(obj, &fresh)?;
-                done.push(Undo::List(obj.clone(), old));
+                done.push(write_list(obj, &fresh)?);
             }
             let attrs = origin.attrs.as_ref().map(|a| a.bind(py));
             let undo = plan.write_custom.bind(py).call1((obj, fresh, attrs))?;
