@@ -3,8 +3,9 @@
 Shared by ``test_jit_bench.py`` (pytest-benchmark) and ``jit_table.py`` (the table in
 ``docs/benchmarks.md``), so both measure exactly the same calls: an MLP train step with Adam
 (dispatch-bound), the identity function over a ~600-leaf transformer+Adam tree (pure call
-overhead: flatten, dispatch, rebuild), and a step that trains half of the parameters and
-returns the other half unchanged.
+overhead: flatten, dispatch, rebuild), a step that trains half of the parameters and
+returns the other half unchanged, and a call that does almost nothing on a small tree (what is
+left is dispatch: where clone's own cycle check weighs most).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ CASES = {
     "mlp_adam_step": "3-layer MLP (32-64-64-10), grad + Adam update, batch 32",
     "identity_600": "identity over params + Adam moments: 576 leaves in 3 x 12 dicts",
     "half_frozen_step": "12 layers x 16 leaves: half returned untouched, half updated",
+    "small_dispatch": "sum of one leaf of an 8-layer params dict + Adam state (49 leaves)",
 }
 
 
@@ -81,6 +83,12 @@ def _half_frozen():
     return step, (frozen, trained)
 
 
+def _small_dispatch():
+    params = {f"layer{i}": {"w": jnp.ones((4, 4)), "b": jnp.ones(4)} for i in range(8)}
+    moments = {"mu": params, "nu": params, "count": jnp.zeros((), jnp.int32)}
+    return (lambda p, opt: p["layer0"]["b"].sum()), (params, moments)
+
+
 @functools.cache
 def build_case(name):
     """``(fun, args)`` of the case ``name`` (built once)."""
@@ -88,4 +96,6 @@ def build_case(name):
         return _mlp()
     if name == "identity_600":
         return (lambda t: t), (_big_tree(),)
+    if name == "small_dispatch":
+        return _small_dispatch()
     return _half_frozen()

@@ -3,10 +3,10 @@
     python benches/jit_table.py                  # full run, rewrites the table in the docs
     python benches/jit_table.py --quick --out /tmp/jit.md
 
-The three calls of ``jit_cases.py`` (which ``test_jit_bench.py`` times too): an MLP train
-step with Adam (dispatch-bound), the identity function over a ~600-leaf transformer+Adam tree
-(pure call overhead) and a step that trains half of the parameters and returns the other half
-untouched. Each call is blocked on
+The calls of ``jit_cases.py`` (which ``test_jit_bench.py`` times too): an MLP train step with
+Adam (dispatch-bound), the identity function over a ~600-leaf transformer+Adam tree (pure call
+overhead), a step that trains half of the parameters and returns the other half untouched, and
+a near-empty call on a 49-leaf tree (dispatch alone). Each call is blocked on
 (``jax.block_until_ready``), compiled before timing, and checked against ``jax.jit``'s result.
 Contenders are interleaved in rounds (order rotated each round), batches of about
 ``--batch-ms``, the garbage collector off; the figure is the median over rounds of the time per

@@ -2,7 +2,7 @@
 
 use crate::registry::{self, compat};
 use crate::traverse::keysort;
-use crate::traverse::plain::flatten;
+use crate::traverse::plain::{check, flatten};
 use crate::traverse::Options;
 use crate::treedef::{self, PyTreeDef};
 use pyo3::prelude::*;
@@ -10,6 +10,7 @@ use pyo3::types::{PyList, PyTuple};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_flatten, m)?)?;
+    m.add_function(wrap_pyfunction!(py_check, m)?)?;
     m.add_function(wrap_pyfunction!(leaves, m)?)?;
     m.add_function(wrap_pyfunction!(structure, m)?)?;
     m.add_function(wrap_pyfunction!(flatten_with_path, m)?)?;
@@ -35,6 +36,18 @@ fn py_flatten<'py>(
         PyList::new(py, out.leaves)?,
         Bound::new(py, PyTreeDef::new(out.nodes))?,
     ))
+}
+
+/// Raise what `flatten(tree)` would raise (a cycle, a bad flatten result), recording nothing;
+/// `name` names the tree's root in a cycle's message.
+#[pyfunction(name = "check")]
+#[pyo3(signature = (tree, name=None))]
+fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
+    let opts = Options {
+        root_name: name,
+        ..Options::default()
+    };
+    check(tree, &opts)
 }
 
 /// The leaves of `tree`.
@@ -71,6 +84,7 @@ fn flatten_with_path<'py>(
         is_leaf: is_leaf.filter(|f| !f.is_none()),
         is_leaf_takes_path,
         with_paths: true,
+        root_name: None,
     };
     let out = flatten(tree, &opts)?;
     let pairs = out

@@ -27,6 +27,10 @@ class PyTreeDef:
 def flatten(
     tree: Any, is_leaf: Callable[[Any], bool] | None = None
 ) -> tuple[list[Any], PyTreeDef]: ...
+def check(tree: Any, name: str | None = None) -> None:
+    """Raise what ``flatten(tree)`` would raise (a cycle, a bad flatten result), recording
+    nothing; ``name`` names the tree's root in a cycle's message."""
+
 def leaves(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[Any]: ...
 def structure(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> PyTreeDef: ...
 def flatten_with_path(

@@ -9,7 +9,7 @@ import numpy as np
 
 from treeclone import _native, _trace
 from treeclone._jax_compat import keystr
-from treeclone.jit import argument_names
+from treeclone.jit import _Naming, argument_names, check_cycles
 from treeclone.policies import Policy, as_policy
 
 
@@ -36,6 +36,11 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     [1.0, 1.0]
     """
     chosen = as_policy(policy)
+    try:
+        _native.check((args, kwargs))
+    except ValueError:
+        check_cycles(_Naming(fun), args, kwargs)  # the same text as jit's, naming the argument
+        raise
     if chosen.identity == "duplicate":
         leaves, treedef = _native.flatten((args, kwargs))
         fresh_args, fresh_kwargs = treedef.unflatten([_copy_if_mutable(x) for x in leaves])

@@ -195,6 +195,32 @@ class _Naming:
         ]
 
 
+def check_cycles(
+    naming: _Naming,
+    args: tuple,
+    kwargs: dict,
+    static_nums: frozenset[int] = frozenset(),
+    static_names: frozenset[str] = frozenset(),
+) -> None:
+    """Raise a ValueError naming the argument and key path of a container that contains
+    itself, among the arguments that are flattened (static ones are hashed instead), with the
+    same text under every policy. Other errors a flatten of them would raise are raised too."""
+    try:
+        if not (static_nums or static_names):
+            _native.check((args, kwargs))
+            return
+    except ValueError:
+        pass  # named below
+    skip = _normalize(static_nums, len(args))
+    for i, arg in enumerate(args):
+        if i not in skip:
+            _native.check(arg, naming.name(i))
+    for k, arg in kwargs.items():
+        if k not in static_names:
+            _native.check(arg, k)
+    _native.check((args, kwargs))  # what was found above, if no argument alone has it
+
+
 def argument_names(fun: Callable, positions: Iterable[int]) -> list[str]:
     """The names of a call's positional arguments at ``positions``, as messages give them.
 
@@ -326,13 +352,15 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = _override.get() or self._policy
         if policy is CLONE:  # presets are canonical objects (as_policy)
-            try:
-                return self._jax_jitted(*args, **kwargs)
-            except (SystemError, RecursionError):
-                # jax's flatten fails this way on a cycle; say so, and where.
-                _native.flatten((args, kwargs))
-                raise
+            # jaxlib's flatten, met with a cycle, leaves the interpreter's recursion counter
+            # exhausted (every later call raises RecursionError): look first, at a fraction of
+            # a flatten's cost (docs/benchmarks.md, jit call path: clone against jax.jit).
+            self._check_cycles(args, kwargs)
+            return self._jax_jitted(*args, **kwargs)
         return self._call_policy(policy, args, kwargs)
+
+    def _check_cycles(self, args: tuple, kwargs: dict) -> None:
+        check_cycles(self._naming, args, kwargs, self._static_nums, self._static_names)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -360,13 +388,18 @@ class Jitted:
             )
         if kwargs and self._in_shardings_given:
             raise ValueError("pjit does not support kwargs when in_shardings is specified.")
+        given = args, kwargs
         statics = None
         positions: Sequence[int] = range(len(args))
         if self._static_nums or self._static_names:
             args, kwargs, statics, positions = self._split_statics(args, kwargs)
         if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
             kwargs = dict(sorted(kwargs.items()))
-        leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+        try:
+            leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+        except ValueError:
+            self._check_cycles(*given)  # the text of every policy, naming the argument
+            raise
         donation = None
         if self._donate_nums or self._donate_names:
             n = len(positions) if statics is None else statics[0]

@@ -158,6 +158,24 @@ pub fn expand<'py>(
     Ok(node)
 }
 
+/// JAX's key entry for child `i` of `obj`, a node of kind `node`. A custom node's comes from
+/// JAX's own keyed flatten of it, run again: for error messages, not traversals.
+pub fn key_entry_of<'py>(
+    obj: &Bound<'py, PyAny>,
+    node: &NodeKind,
+    i: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    if let NodeKind::Custom(..) = node {
+        let (mut children, mut keys) = (Vec::new(), Vec::new());
+        custom_flatten_with_keys(obj, &mut children, &mut keys)?;
+        if let Some(key) = keys.get(i) {
+            return Ok(key.bind(py).clone());
+        }
+    }
+    key_entry(py, node, i)
+}
+
 /// JAX's key entry for child `i` of a node.
 pub fn key_entry<'py>(py: Python<'py>, node: &NodeKind, i: usize) -> PyResult<Bound<'py, PyAny>> {
     let c = compat(py)?;

@@ -6,7 +6,7 @@ mod build;
 mod expand;
 
 pub use build::build_node;
-pub use expand::{call_custom_flatten, expand, key_entry, DictOrder};
+pub use expand::{call_custom_flatten, expand, key_entry_of, DictOrder};
 
 use crate::registry::{CustomType, Kind};
 use pyo3::exceptions::PyValueError;

@@ -11,7 +11,7 @@ pub mod plain;
 
 pub use guard::MAX_DEPTH;
 
-use crate::node::{expand, key_entry, DictOrder, Node, NodeKind};
+use crate::node::{expand, key_entry_of, DictOrder, Node, NodeKind};
 use crate::registry::{compat, Classifier, Kind};
 use guard::{Breach, PathGuard};
 use pyo3::exceptions::{PyRecursionError, PyValueError};
@@ -45,6 +45,8 @@ pub struct Options<'py> {
     pub is_leaf_takes_path: bool,
     /// Record each leaf's key path.
     pub with_paths: bool,
+    /// How errors name the tree's root (a caller's argument, say); None: "the root".
+    pub root_name: Option<String>,
 }
 
 impl<'py> Options<'py> {
@@ -123,7 +125,7 @@ pub fn walk<'py, M: Mode<'py>>(
                 // A leafless container closes at once: no frame, nothing to guard.
                 mode.node(current, Node::childless(node));
             } else {
-                open(&mut frames, &mut guard, mode, current, node, arity)?;
+                open(&mut frames, &mut guard, mode, opts, current, node, arity)?;
             }
         }
         // Move to the next object to visit, closing finished frames.
@@ -160,6 +162,7 @@ fn open<'py, M: Mode<'py>>(
     frames: &mut Vec<OpenNode<'py>>,
     guard: &mut PathGuard,
     mode: &M,
+    opts: &Options<'py>,
     obj: Bound<'py, PyAny>,
     kind: NodeKind,
     arity: usize,
@@ -169,7 +172,7 @@ fn open<'py, M: Mode<'py>>(
     let address = obj.as_ptr() as usize;
     match guard.enter(address, depth, |d| frames[d].obj.as_ptr() as usize) {
         Ok(()) => {}
-        Err(Breach::Cycle) => return Err(cycle_error(py, frames, &obj)?),
+        Err(Breach::Cycle) => return Err(cycle_error(py, frames, &obj, opts)?),
         Err(Breach::TooDeep) => {
             return Err(PyRecursionError::new_err(format!(
                 "pytree is nested more than {MAX_DEPTH} levels deep"
@@ -219,6 +222,7 @@ fn cycle_error<'py>(
     py: Python<'py>,
     path: &[OpenNode<'py>],
     obj: &Bound<'py, PyAny>,
+    opts: &Options<'py>,
 ) -> PyResult<PyErr> {
     let occurrences: Vec<usize> = path
         .iter()
@@ -231,16 +235,17 @@ fn cycle_error<'py>(
     let keys = |nodes: &[OpenNode<'py>]| -> PyResult<Bound<'py, PyTuple>> {
         let mut v = Vec::with_capacity(nodes.len());
         for n in nodes {
-            v.push(key_entry(py, &n.kind, n.current_child())?);
+            v.push(key_entry_of(&n.obj, &n.kind, n.current_child())?);
         }
         PyTuple::new(py, v)
     };
     let keystr = compat(py)?.keystr.bind(py);
     let to_first = keys(&path[..first])?;
-    let where_first = if to_first.is_empty() {
-        "the root".to_string()
-    } else {
-        format!("key path {}", keystr.call1((to_first,))?)
+    let where_first = match (&opts.root_name, to_first.is_empty()) {
+        (Some(name), true) => name.clone(),
+        (Some(name), false) => format!("{name}{}", keystr.call1((to_first,))?),
+        (None, true) => "the root".to_string(),
+        (None, false) => format!("key path {}", keystr.call1((to_first,))?),
     };
     let loop_path = keystr.call1((keys(&path[first..second])?,))?;
     Ok(PyValueError::new_err(format!(

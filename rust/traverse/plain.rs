@@ -1,10 +1,10 @@
 //! JAX's flatten: every leaf in order, every container a node.
 
 use super::{walk, Mode, Options};
-use crate::node::{DictOrder, Node};
-use crate::registry::Kind;
+use crate::node::{call_custom_flatten, DictOrder, Node};
+use crate::registry::{Classifier, Kind};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 /// A flattened tree: its leaves (with their key paths when asked for) and its nodes.
 #[derive(Default)]
@@ -52,4 +52,79 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
     };
     walk(tree, opts, &mut out)?;
     Ok(out)
+}
+
+/// Records nothing: a walk for its checks alone (cycles, and JAX's rules on what flatten
+/// functions return).
+struct Unrecorded;
+
+impl<'py> Mode<'py> for Unrecorded {
+    // No keys are sorted: the order children are met in changes nothing a check finds.
+    const DICT_ORDER: DictOrder = DictOrder::Insertion;
+
+    #[inline]
+    fn leaf(&mut self, _: Bound<'py, PyAny>, _: &[Py<PyAny>]) -> PyResult<()> {
+        Ok(())
+    }
+
+    #[inline]
+    fn revisit(&mut self, _: &Bound<'py, PyAny>, _: &Kind) -> bool {
+        false
+    }
+
+    #[inline]
+    fn node(&mut self, _: Bound<'py, PyAny>, _: Node) {}
+
+    #[inline]
+    fn counts(&self) -> (usize, usize) {
+        (0, 0)
+    }
+}
+
+/// Raise what `flatten(tree)` would raise on a cycle or a bad flatten result, recording
+/// nothing. Trees less than `QUICK_DEPTH` containers deep (all but cyclic or very deep ones)
+/// are only looked through; the others are walked again as `flatten` walks them, to find and
+/// name the cycle.
+pub fn check<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<()> {
+    if shallow(tree, &mut Classifier::new())? {
+        return Ok(());
+    }
+    walk(tree, opts, &mut Unrecorded)
+}
+
+/// Depth to which `shallow` looks.
+const QUICK_DEPTH: usize = 64;
+
+/// Whether `tree` is a pytree less than `QUICK_DEPTH` containers deep (so without a cycle).
+/// Children wait on one stack with their depth, each held by a strong reference: a flatten
+/// function, or a finalizer run by an allocation, may change any container meanwhile.
+fn shallow<'py>(tree: &Bound<'py, PyAny>, classifier: &mut Classifier<'py>) -> PyResult<bool> {
+    let mut stack = vec![(tree.clone(), 0)];
+    while let Some((obj, depth)) = stack.pop() {
+        let kind = classifier.classify(&obj)?;
+        if matches!(kind, Kind::Leaf | Kind::None) {
+            continue;
+        }
+        if depth == QUICK_DEPTH {
+            return Ok(false);
+        }
+        let below = depth + 1;
+        match kind {
+            Kind::Tuple | Kind::NamedTuple => {
+                stack.extend(obj.cast::<PyTuple>()?.iter().map(|c| (c, below)));
+            }
+            Kind::List => {
+                stack.extend(obj.cast::<PyList>()?.iter().map(|c| (c, below)));
+            }
+            // Increfs and Rust pushes only: no Python code runs while the dict is iterated.
+            Kind::Dict => stack.extend(obj.cast::<PyDict>()?.iter().map(|(_, c)| (c, below))),
+            Kind::Custom(custom) => {
+                let (children, _) = call_custom_flatten(&obj, &custom)?;
+                classifier.python_ran();
+                stack.extend(children.into_iter().map(|c| (c, below)));
+            }
+            Kind::Leaf | Kind::None => {}
+        }
+    }
+    Ok(true)
 }
