@@ -170,8 +170,12 @@ fn check_jax(py: Python<'_>) -> PyResult<()> {
     compat(py).map(|_| ())
 }
 
-/// The treedef of a tuple whose children have the given treedefs.
+/// The treedef of a tuple whose children have the given treedefs (treeclone's or jaxlib's).
 #[pyfunction]
-fn treedef_tuple(py: Python<'_>, treedefs: Vec<PyRef<'_, PyTreeDef>>) -> PyResult<PyTreeDef> {
+fn treedef_tuple(py: Python<'_>, treedefs: Vec<Bound<'_, PyAny>>) -> PyResult<PyTreeDef> {
+    let treedefs = treedefs
+        .iter()
+        .map(|t| Ok(treedef::as_treedef(t)?.borrow()))
+        .collect::<PyResult<Vec<_>>>()?;
     treedef::tuple_of(py, &treedefs)
 }

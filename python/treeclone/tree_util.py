@@ -67,7 +67,7 @@ tree_map = _native.tree_map
 
 def tree_unflatten(treedef: PyTreeDef, leaves: Iterable[Leaf]) -> Any:
     """Rebuild the tree of ``treedef`` from ``leaves``."""
-    return _as_treedef(treedef).unflatten(leaves)
+    return treedef.unflatten(leaves)  # a jaxlib treedef unflattens itself, as in JAX
 
 
 def tree_flatten_with_path(
@@ -244,23 +244,22 @@ def tree_broadcast(
 
 def treedef_children(treedef: PyTreeDef) -> list[PyTreeDef]:
     """The treedefs of the root's children."""
-    return _as_treedef(treedef).children()
+    return treedef.children()  # of a jaxlib treedef: jaxlib treedefs, as in JAX
 
 
 def treedef_is_leaf(treedef: PyTreeDef) -> bool:
     """Whether ``treedef`` is a single leaf or an empty node (no children)."""
-    return _as_treedef(treedef).num_nodes == 1
+    return treedef.num_nodes == 1
 
 
 def treedef_is_strict_leaf(treedef: PyTreeDef) -> bool:
     """Whether ``treedef`` is a single leaf (internal to ``jax.tree_util``: not exported)."""
-    treedef = _as_treedef(treedef)
     return treedef.num_nodes == 1 and treedef.num_leaves == 1
 
 
 def treedef_tuple(treedefs: Iterable[PyTreeDef]) -> PyTreeDef:
     """The treedef of a tuple whose children have the given treedefs."""
-    return _native.treedef_tuple([_as_treedef(t) for t in treedefs])
+    return _native.treedef_tuple(list(treedefs))  # jaxlib's are converted
 
 
 def _as_treedef(treedef: Any) -> PyTreeDef:

@@ -12,11 +12,13 @@ mod repr;
 pub mod serial;
 
 use crate::node::{child_indices, Node, NodeKind};
+use crate::registry;
 use protocol::Structure;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
 use std::hash::Hasher;
 use std::sync::OnceLock;
 
@@ -129,6 +131,28 @@ impl Structure for PyTreeDef {
     }
 }
 
+/// jaxlib's `PyTreeDef` type (`jax.tree_util.PyTreeDef`).
+fn jax_treedef_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TYPE.import(py, "jax.tree_util", "PyTreeDef")
+}
+
+/// `obj` as a treeclone treedef: itself, or a jaxlib `PyTreeDef` converted (every function
+/// that takes a treedef accepts either kind).
+pub fn as_treedef<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTreeDef>> {
+    let py = obj.py();
+    if let Ok(def) = obj.cast::<PyTreeDef>() {
+        return Ok(def.clone());
+    }
+    if obj.is_instance(jax_treedef_type(py)?)? {
+        return Bound::new(py, serial::from_jax(py, obj)?);
+    }
+    Err(PyTypeError::new_err(format!(
+        "expected a PyTreeDef (treeclone's or jaxlib's), got {}",
+        obj.get_type().name()?
+    )))
+}
+
 /// The treedef of a tuple whose children have the given treedefs.
 pub fn tuple_of(py: Python<'_>, treedefs: &[PyRef<'_, PyTreeDef>]) -> PyResult<PyTreeDef> {
     let mut parts: Vec<(NodeKind, usize)> = treedefs.iter().flat_map(|t| t.parts(py)).collect();
@@ -218,8 +242,10 @@ impl PyTreeDef {
         self.root().jax_node_data(py)
     }
 
-    /// Replace every leaf of this treedef by `inner`.
-    fn compose(&self, py: Python<'_>, inner: &PyTreeDef) -> PyResult<PyTreeDef> {
+    /// Replace every leaf of this treedef by `inner` (treeclone's or jaxlib's treedef).
+    fn compose(&self, py: Python<'_>, inner: &Bound<'_, PyAny>) -> PyResult<PyTreeDef> {
+        let inner = as_treedef(inner)?;
+        let inner = inner.get();
         let mut parts = Vec::with_capacity(self.nodes.len() * inner.nodes.len());
         for node in &self.nodes {
             if matches!(node.kind, NodeKind::Leaf) {
@@ -237,6 +263,16 @@ impl PyTreeDef {
         other: &Bound<'_, PyAny>,
         op: CompareOp,
     ) -> PyResult<Py<PyAny>> {
+        // A jaxlib treedef compares as the treeclone treedef it converts to; one that does not
+        // convert (a node type registered elsewhere than JAX's default registry) is unequal.
+        if !other.is_instance_of::<PyTreeDef>() && other.is_instance(jax_treedef_type(py)?)? {
+            return match serial::from_jax(py, other) {
+                Ok(converted) => {
+                    protocol::richcmp(py, self, Bound::new(py, converted)?.as_any(), op)
+                }
+                Err(_) => protocol::richcmp(py, self, &py.None().into_bound(py), op),
+            };
+        }
         protocol::richcmp(py, self, other, op)
     }
 
@@ -269,6 +305,85 @@ impl PyTreeDef {
     #[staticmethod]
     fn from_jax(py: Python<'_>, treedef: &Bound<'_, PyAny>) -> PyResult<PyTreeDef> {
         serial::from_jax(py, treedef)
+    }
+
+    // jaxlib's remaining methods, for code written against its treedef. They are not on any
+    // hot path, so each is jaxlib's own, run on the equal jaxlib treedef: the same results
+    // (and the same quirks) as the installed jaxlib.
+
+    /// jaxlib's `walk(f_node, f_leaf, leaves)`: `f_leaf` on each leaf, `f_node(children
+    /// results, node data)` on each node, bottom up.
+    fn walk<'py>(
+        &self,
+        py: Python<'py>,
+        f_node: &Bound<'py, PyAny>,
+        f_leaf: &Bound<'py, PyAny>,
+        leaves: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        serial::to_jax(py, self)?.call_method1("walk", (f_node, f_leaf, leaves))
+    }
+
+    /// jaxlib's `from_iterable_tree(tree)`: this structure rebuilt from nested iterables.
+    fn from_iterable_tree<'py>(
+        &self,
+        py: Python<'py>,
+        tree: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        serial::to_jax(py, self)?.call_method1("from_iterable_tree", (tree,))
+    }
+
+    /// jaxlib's `serialize_using_proto()` (where the installed jaxlib has it).
+    fn serialize_using_proto<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        serial::to_jax(py, self)?.call_method0("serialize_using_proto")
+    }
+
+    /// jaxlib's `deserialize_using_proto(registry, data)`, as a treeclone treedef.
+    #[staticmethod]
+    fn deserialize_using_proto(
+        py: Python<'_>,
+        registry: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyBytes>,
+    ) -> PyResult<PyTreeDef> {
+        let jax =
+            jax_treedef_type(py)?.call_method1("deserialize_using_proto", (registry, data))?;
+        serial::from_jax(py, &jax)
+    }
+
+    /// The treedef whose root has `node_data` (`node_data()`'s form: None for a leaf, else
+    /// `(type, data)`) and the given child treedefs (treeclone's or jaxlib's). Treeclone
+    /// treedefs use JAX's default registry, the only `registry` accepted.
+    #[staticmethod]
+    fn from_node_data_and_children(
+        py: Python<'_>,
+        registry: &Bound<'_, PyAny>,
+        node_data: Option<(Bound<'_, PyType>, Bound<'_, PyAny>)>,
+        children: &Bound<'_, PyAny>,
+    ) -> PyResult<PyTreeDef> {
+        let default = py.import("jax.tree_util")?.getattr("default_registry")?;
+        if !registry.is(&default) {
+            return Err(PyValueError::new_err(
+                "treeclone treedefs use JAX's default registry (jax.tree_util.default_registry)",
+            ));
+        }
+        let mut parts = Vec::new();
+        let mut arity = 0;
+        for child in children.try_iter()? {
+            parts.extend(as_treedef(&child?)?.get().parts(py));
+            arity += 1;
+        }
+        match node_data {
+            None if arity == 0 => parts.push((NodeKind::Leaf, 0)),
+            None => {
+                return Err(PyValueError::new_err(
+                    "a leaf (node_data None) has no children",
+                ))
+            }
+            Some((ty, data)) => {
+                let kind = registry::kind_for_type(py, &ty)?;
+                parts.push((serial::node_kind(py, &ty, kind, data)?, arity));
+            }
+        }
+        Ok(PyTreeDef::new(nodes_from_parts(py, parts)?))
     }
 }
 

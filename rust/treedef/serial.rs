@@ -43,7 +43,7 @@ fn registry_kind_name(kind: &Kind) -> &'static str {
 
 /// A node's kind and payload from a node type as JAX's registry classifies it today, and its
 /// data in JAX's form (`node_data()`'s second item).
-fn node_kind(
+pub(super) fn node_kind(
     py: Python<'_>,
     ty: &Bound<'_, PyType>,
     kind: Kind,
