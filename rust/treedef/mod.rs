@@ -324,7 +324,8 @@ impl PyTreeDef {
     }
 
     /// jaxlib's `from_iterable_tree(tree)`: this structure rebuilt from nested iterables.
-    fn from_iterable_tree<'py>(
+    #[pyo3(name = "from_iterable_tree")]
+    fn rebuild_from_iterable_tree<'py>(
         &self,
         py: Python<'py>,
         tree: &Bound<'py, PyAny>,
