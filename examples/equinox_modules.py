@@ -1,0 +1,87 @@
+"""equinox: Modules with non-array leaves (activation functions) under treeclone.jit.
+
+    python examples/equinox_modules.py
+
+An ``eqx.nn.MLP`` holds its activation functions as pytree leaves. ``treeclone.jit``, under
+every policy, treats them as ``jax.jit`` does: passing the whole Module is a ``TypeError``
+naming the leaf (``model.activation``). Split the Module with ``eqx.partition`` into its
+arrays (traced) and the rest (a hashable static argument), and ``eqx.combine`` them inside
+the step: the loop then gives ``eqx.filter_jit``'s results under every policy, tracing once.
+"""
+
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import treeclone
+
+tx = optax.adam(1e-2)
+model = eqx.nn.MLP(3, 2, 16, 2, key=jax.random.PRNGKey(0))
+x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 3)), jnp.float32)
+y = jnp.sin(x[:, :2])
+
+non_arrays = [type(leaf).__name__ for leaf in jax.tree.leaves(model) if not eqx.is_array(leaf)]
+print(f"non-array leaves of the MLP: {non_arrays}")
+
+
+def loss_fn(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+# The whole Module as an argument: the same TypeError as jax.jit's, under every policy.
+for name, jit in [("jax.jit", jax.jit)] + [
+    (p, lambda f, p=p: treeclone.jit(f, policy=p)) for p in ("clone", "alias", "strict")
+]:
+    try:
+        jit(loss_fn)(model, x, y)
+    except TypeError as e:
+        path = re.search(r"at path (\S+?)\.?$", str(e), re.M).group(1)
+        print(f"{name}: TypeError: a {type(model.activation).__name__} passed at path {path}")
+        assert path == "model.activation"
+
+
+# Partition instead: arrays are traced, everything else is a static argument.
+params, static = eqx.partition(model, eqx.is_array)
+traces = 0
+
+
+def step(params, static, opt_state, x, y):
+    global traces
+    traces += 1
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(eqx.combine(p, static), x, y))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return eqx.apply_updates(params, updates), opt_state, loss
+
+
+# The reference: equinox's own filter_jit on the whole Module.
+@eqx.filter_jit
+def eqx_step(model, opt_state, x, y):
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+    updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+
+ref_model, ref_opt_state = model, tx.init(params)
+for _ in range(5):
+    ref_model, ref_opt_state, ref_loss = eqx_step(ref_model, ref_opt_state, x, y)
+
+for policy in ("clone", "alias", "strict"):
+    traces = 0
+    train = treeclone.jit(step, policy=policy, static_argnums=1)
+    p, opt_state = params, tx.init(params)
+    for _ in range(5):
+        p, opt_state, loss = train(p, static, opt_state, x, y)
+    trained = eqx.combine(p, static)  # a whole Module again
+    same = all(
+        np.allclose(a, b, rtol=1e-6, atol=1e-7)
+        for a, b in zip(
+            jax.tree.leaves(eqx.filter((trained, opt_state, loss), eqx.is_array)),
+            jax.tree.leaves(eqx.filter((ref_model, ref_opt_state, ref_loss), eqx.is_array)),
+            strict=True,
+        )
+    )
+    print(f"partitioned loop, {policy}: same as eqx.filter_jit: {same}, traced {traces} time(s)")
+    assert same and traces == 1
