@@ -13,6 +13,16 @@ A :class:`Policy` has two independent axes:
 Three presets have names: ``clone`` (``discard``/``duplicate``: exactly ``jax.jit``),
 ``alias`` (``propagate``/``preserve``: the function behaves as it would without jit) and
 ``strict`` (``error``/``preserve``). ``docs/semantics.md`` states every rule.
+
+>>> import treeclone
+>>> treeclone.policies.as_policy("alias")
+Policy.alias
+>>> treeclone.Policy(mutations="error", identity="preserve")
+Policy.strict
+>>> treeclone.Policy(mutations="propagate", identity="duplicate")
+Traceback (most recent call last):
+...
+ValueError: mutations='propagate' needs identity='preserve': ...
 """
 
 from __future__ import annotations
@@ -25,20 +35,58 @@ from typing import Any
 
 from treeclone import _writeback
 
-MUTATIONS = ("discard", "propagate", "error")
-IDENTITY = ("duplicate", "preserve")
+__all__ = [
+    "ALIAS",
+    "CLONE",
+    "IDENTITY",
+    "MUTATIONS",
+    "PRESETS",
+    "STRICT",
+    "MutationError",
+    "Policy",
+    "as_policy",
+    "policy",
+    "register_inplace",
+]
+
+MUTATIONS: tuple[str, ...] = ("discard", "propagate", "error")
+"""The values of :attr:`Policy.mutations`."""
+IDENTITY: tuple[str, ...] = ("duplicate", "preserve")
+"""The values of :attr:`Policy.identity`."""
 
 
 class MutationError(ValueError):
-    """A function run under the ``strict`` policy mutated an input it does not return."""
+    """A function run under the ``strict`` policy mutated an input it does not return.
+
+    The message names the argument and the key path of each mutated container.
+
+    >>> import treeclone
+    >>> def f(x):
+    ...     x.append(1.0)
+    >>> treeclone.call(f, [], policy="strict")
+    Traceback (most recent call last):
+    ...
+    treeclone.policies.MutationError: ...
+    """
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """A choice on both axes (see the module docstring)."""
+    """A choice on both axes (see the module docstring); invalid combinations are refused.
+
+    >>> import treeclone
+    >>> treeclone.Policy()  # the default is clone, what jax.jit does
+    Policy.clone
+    >>> treeclone.Policy(mutations="propagate", identity="preserve")
+    Policy.alias
+    >>> treeclone.Policy(mutations="discard", identity="preserve")
+    Policy(mutations='discard', identity='preserve')
+    """
 
     mutations: str = "discard"
+    """What happens to in-place changes of inputs: one of :data:`MUTATIONS`."""
     identity: str = "duplicate"
+    """Whether shared objects stay shared: one of :data:`IDENTITY`."""
 
     def __post_init__(self) -> None:
         if self.mutations not in MUTATIONS:
@@ -55,7 +103,14 @@ class Policy:
 
     @property
     def name(self) -> str | None:
-        """The preset's name, or None for another combination."""
+        """The preset's name, or None for another combination.
+
+        >>> from treeclone import ALIAS, Policy
+        >>> ALIAS.name
+        'alias'
+        >>> Policy("discard", "preserve").name is None
+        True
+        """
         return _NAMES.get((self.mutations, self.identity))
 
     def __repr__(self) -> str:
@@ -64,17 +119,32 @@ class Policy:
         return f"Policy(mutations={self.mutations!r}, identity={self.identity!r})"
 
 
-CLONE = Policy("discard", "duplicate")
-ALIAS = Policy("propagate", "preserve")
-STRICT = Policy("error", "preserve")
-PRESETS = {"clone": CLONE, "alias": ALIAS, "strict": STRICT}
+CLONE: Policy = Policy("discard", "duplicate")
+"""``discard``/``duplicate``: exactly what ``jax.jit`` does."""
+ALIAS: Policy = Policy("propagate", "preserve")
+"""``propagate``/``preserve``: the function behaves as it would without jit."""
+STRICT: Policy = Policy("error", "preserve")
+"""``error``/``preserve``: a mutated input that is not returned is a :class:`MutationError`."""
+PRESETS: dict[str, Policy] = {"clone": CLONE, "alias": ALIAS, "strict": STRICT}
+"""The presets by name."""
 _NAMES = {(p.mutations, p.identity): name for name, p in PRESETS.items()}
 
 
 def as_policy(policy: str | Policy) -> Policy:
-    """A :class:`Policy` from a preset name or a Policy."""
+    """A :class:`Policy` from a preset name or a Policy; a preset is always the same object.
+
+    >>> from treeclone import CLONE, Policy
+    >>> from treeclone.policies import as_policy
+    >>> as_policy("clone") is as_policy(Policy()) is CLONE
+    True
+    >>> as_policy("copy")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown policy 'copy'; expected one of ['alias', 'clone', 'strict'] or a Policy
+    """
     if isinstance(policy, Policy):
-        return PRESETS.get(policy.name, policy)  # a preset is always the same object
+        name = policy.name
+        return policy if name is None else PRESETS[name]  # a preset is always the same object
     if isinstance(policy, str) and policy in PRESETS:
         return PRESETS[policy]
     raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(PRESETS)} or a Policy")
@@ -91,6 +161,19 @@ def policy(p: str | Policy) -> Iterator[Policy]:
 
     It overrides the policy a function was wrapped with; ``jitted.with_policy(...)`` calls
     made inside the block are overridden too (the innermost ``with`` wins).
+
+    >>> import treeclone
+    >>> def append_one(xs):
+    ...     xs.append(1.0)
+    >>> jitted = treeclone.jit(append_one)  # clone: the caller's list is not changed
+    >>> xs = []
+    >>> jitted(xs)
+    >>> xs
+    []
+    >>> with treeclone.policy("alias") as chosen:
+    ...     jitted(xs)
+    >>> chosen, xs
+    (Policy.alias, [Array(1., dtype=float32, weak_type=True)])
     """
     chosen = as_policy(p)
     token = _override.set(chosen)
@@ -108,6 +191,23 @@ def register_inplace(cls: type, update: Callable[[Any, Any], None]) -> None:
     that failed elsewhere, with a shallow copy of the target taken before, so it must accept
     any instance of ``cls`` as ``source``. Without a hook, dataclasses get their fields assigned
     and other objects their instance attributes (``__dict__`` and ``__slots__``).
+
+    >>> import jax, treeclone
+    >>> class Box:
+    ...     def __init__(self, value):
+    ...         self.value = value
+    >>> jax.tree_util.register_pytree_node(Box, lambda b: ((b.value,), None), lambda _, c: Box(*c))
+    >>> def update(target, source):
+    ...     print("update")
+    ...     target.value = source.value
+    >>> treeclone.register_inplace(Box, update)
+    >>> def bump(box):
+    ...     box.value = box.value + 1
+    >>> b = Box(1.0)
+    >>> treeclone.jit(bump, policy="alias")(b)
+    update
+    >>> b.value
+    Array(2., dtype=float32, weak_type=True)
     """
     if not isinstance(cls, type):
         raise TypeError(f"register_inplace expects a class, got {cls!r}")
