@@ -24,7 +24,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import jax
 
@@ -36,7 +36,7 @@ try:  # jax's description of a traced function, for its messages (private, hence
     from jax._src.core import DebugInfo as _DebugInfo
     from jax._src.core import initial_result_paths as _INITIAL_RESULT_PATHS
 except ImportError:  # pragma: no cover - a JAX release that moved them: jax's own naming
-    _DebugInfo = None
+    _DebugInfo = None  # type: ignore[assignment,misc]
 
 try:
     from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
@@ -85,7 +85,7 @@ class _ResultBox:
 
     __slots__ = ("info", "leaves")
 
-    def __init__(self, info: _TraceInfo, leaves: Sequence[Any]):
+    def __init__(self, info: _TraceInfo, leaves: Any):
         self.info = info
         self.leaves = leaves
 
@@ -204,7 +204,18 @@ def check_cycles(
 ) -> None:
     """Raise a ValueError naming the argument and key path of a container that contains
     itself, among the arguments that are flattened (static ones are hashed instead), with the
-    same text under every policy. Other errors a flatten of them would raise are raised too."""
+    same text under every policy. Other errors a flatten of them would raise are raised too.
+
+    >>> from treeclone.jit import _Naming, check_cycles
+    >>> def f(xs, *rest):
+    ...     pass
+    >>> loop = []
+    >>> loop.append(loop)
+    >>> check_cycles(_Naming(f), ([], {"a": loop}), {})
+    Traceback (most recent call last):
+    ...
+    ValueError: cycle detected in pytree: the list at rest[0]['a'] contains itself at ...
+    """
     try:
         if not (static_nums or static_names):
             _native.check((args, kwargs))
@@ -229,6 +240,12 @@ def argument_names(fun: Callable, positions: Iterable[int]) -> list[str]:
     are the names ``jax.jit`` uses; ``treeclone.jit`` and ``treeclone.call`` name the arguments
     of a :class:`~treeclone.MutationError` with them (keyword arguments are named by their
     keyword).
+
+    >>> from treeclone.jit import argument_names
+    >>> def f(xs, *rest):
+    ...     pass
+    >>> argument_names(f, [0, 1, 2])
+    ['xs', 'rest[0]', 'rest[1]']
     """
     naming = _Naming(fun)
     return [naming.name(i) for i in positions]
@@ -312,10 +329,46 @@ def _inner_cache(fun: Callable, options: tuple | None) -> tuple[dict, bool]:
 # --- the jitted function ------------------------------------------------------------------------
 
 
+class _FunSignature:
+    """``jitted.__signature__``: the signature of the jitted function, as on jax.jit's wrapper
+    (``inspect.signature(fun)``, raising what it raises). Read on the class it is None, so that
+    ``inspect.signature(Jitted)`` still describes the class."""
+
+    @overload
+    def __get__(self, obj: None, objtype: Any = None) -> None: ...
+    @overload
+    def __get__(self, obj: Jitted, objtype: Any = None) -> inspect.Signature: ...
+    def __get__(self, obj: Jitted | None, objtype: Any = None) -> inspect.Signature | None:
+        if obj is None:
+            return None
+        signature = obj._naming.signature
+        return inspect.signature(obj._fun) if signature is None else signature
+
+
 class Jitted:
-    """What ``treeclone.jit(fun, ...)`` returns: call it like the ``jax.jit`` of ``fun``."""
+    """What ``treeclone.jit(fun, ...)`` returns: call it like the ``jax.jit`` of ``fun``.
+
+    It has what user code reaches for on ``jax.jit``'s wrapper: ``fun``'s name, docstring,
+    ``__wrapped__`` and ``__signature__``, :meth:`lower`, :meth:`trace`, :meth:`eval_shape`,
+    :meth:`clear_cache` and :meth:`_cache_size`; and :attr:`policy` and :meth:`with_policy`.
+
+    >>> import inspect, jax.numpy as jnp, treeclone
+    >>> def scale(x, factor=2.0):
+    ...     "Multiply x by factor."
+    ...     return x * factor
+    >>> jitted = treeclone.jit(scale, policy="alias")
+    >>> jitted.__name__, jitted.__doc__, inspect.signature(jitted)
+    ('scale', 'Multiply x by factor.', <Signature (x, factor=2.0)>)
+    >>> jitted(jnp.ones(2))
+    Array([2., 2.], dtype=float32)
+    >>> jitted._cache_size()
+    1
+    """
+
+    __signature__ = _FunSignature()
 
     def __init__(self, fun: Callable, policy: str | Policy, jit_kwargs: dict[str, Any]):
+        """Use :func:`jit`; ``jit_kwargs`` are passed to ``jax.jit`` as they are."""
         if not callable(fun):
             raise TypeError(f"Expected a callable value, got {fun!r}")
         # Name, docstring, __wrapped__ and a copy of fun's __dict__ go into self (as jax.jit's
@@ -324,7 +377,7 @@ class Jitted:
         self._fun = fun
         self._policy = as_policy(policy)
         self._kwargs = dict(jit_kwargs)
-        self._jax_jitted = jax.jit(fun, **jit_kwargs)  # the clone policy
+        self._jax_jitted: Any = jax.jit(fun, **jit_kwargs)  # the clone policy
         self._static_nums, self._static_names = _resolve(
             fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
         )
@@ -340,16 +393,29 @@ class Jitted:
 
     @property
     def policy(self) -> Policy:
+        """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it).
+
+        >>> import treeclone
+        >>> treeclone.jit(abs, policy="strict").policy
+        Policy.strict
+        """
         return self._policy
 
     def with_policy(self, policy: str | Policy) -> Jitted:
-        """The same jitted function under another policy (sharing compiled code)."""
+        """The same jitted function under another policy (sharing compiled code).
+
+        >>> import treeclone
+        >>> jitted = treeclone.jit(abs)
+        >>> jitted.with_policy("alias").policy, jitted.policy
+        (Policy.alias, Policy.clone)
+        """
         other = object.__new__(Jitted)
         other.__dict__.update(self.__dict__)
         other._policy = as_policy(policy)
         return other
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun(*args, **kwargs)``, compiled, under the policy (see :func:`jit`)."""
         policy = _override.get() or self._policy
         if policy is CLONE:  # presets are canonical objects (as_policy)
             # jaxlib's flatten, met with a cycle, leaves the interpreter's recursion counter
@@ -409,7 +475,8 @@ class Jitted:
             box, donated = _ArgsBox(leaves, key), None
         else:
             box, donated = _ArgsBox(donation.kept(leaves), key), donation.donated(leaves)
-        return _Call(*entry, box, donated, leaves, objects, args, kwargs, positions)
+        inner, jitted = entry
+        return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
 
     def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
         """Take the static arguments out. Each static value is keyed with its type, as jax.jit
@@ -463,15 +530,41 @@ class Jitted:
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(fun).lower(...)``: the computation of ``fun`` itself (nothing written
-        back); a call with the same arguments afterwards does not trace again."""
+        back); a call with the same arguments afterwards does not trace again.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> def push(stack, x):
+        ...     stack.append(x)
+        ...     return x * 2
+        >>> lowered = treeclone.jit(push, policy="alias").lower([], jnp.ones(2))
+        >>> lowered.compile()([], jnp.ones(2))
+        Array([2., 2.], dtype=float32)
+        """
         return self._ahead_of_time("lower", args, kwargs)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(fun).trace(...)`` (see :meth:`lower`)."""
+        """``jax.jit(fun).trace(...)`` (see :meth:`lower`).
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> traced = treeclone.jit(jnp.negative, policy="alias").trace(jnp.ones(2))
+        >>> traced.jaxpr
+        { lambda ; a:f32[2]. let b:f32[2] = neg a in (b,) }
+        """
         return self._ahead_of_time("trace", args, kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(fun).eval_shape(...)``: shapes of the outputs; nothing is written back."""
+        """``jax.jit(fun).eval_shape(...)``: shapes of the outputs; nothing is written back.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> def push(stack, x):
+        ...     stack.append(x)
+        ...     return {"doubled": x * 2}
+        >>> stack = []
+        >>> treeclone.jit(push, policy="alias").eval_shape(stack, jnp.ones(3))
+        {'doubled': ShapeDtypeStruct(shape=(3,), dtype=float32)}
+        >>> stack
+        []
+        """
         return self._ahead_of_time("eval_shape", args, kwargs)
 
     def _ahead_of_time(self, method: str, args: tuple, kwargs: dict) -> Any:
@@ -524,9 +617,37 @@ class Jitted:
             return jax.jit(stand_in, **self._kwargs)
 
     def clear_cache(self) -> None:
+        """Empty the compiled-code caches of every policy (``jax.jit(fun).clear_cache()``).
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> jitted = treeclone.jit(lambda x: x + 1)
+        >>> _ = jitted(1.0)
+        >>> jitted.clear_cache()
+        >>> jitted._cache_size()
+        0
+        """
         self._jax_jitted.clear_cache()
         for _, jitted in self._inner.values():
             jitted.clear_cache()
+
+    def _cache_size(self) -> int:
+        """The number of compiled entries this function's calls can reuse, as
+        ``jax.jit(fun)._cache_size()`` counts them: under ``clone`` alone it is exactly that
+        number (the calls are ``jax.jit``'s); each other policy used adds the entries of its own
+        inner ``jax.jit`` (one per argument structure, sharing and static values it was called
+        with, so ``f(a, a)`` and ``f(a, b)`` are two entries there and one under ``jax.jit``).
+        Like ``jax.jit``'s caches, these are shared by every ``treeclone.jit`` of the same
+        function with the same options, and by :meth:`with_policy`.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> jitted = treeclone.jit(lambda x: x * 2)
+        >>> _ = jitted(jnp.ones(2)), jitted(jnp.ones(2)), jitted(jnp.ones(3))
+        >>> jitted._cache_size()
+        2
+        """
+        return self._jax_jitted._cache_size() + sum(
+            jitted._cache_size() for _, jitted in self._inner.values()
+        )
 
     def __repr__(self) -> str:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
@@ -658,12 +779,12 @@ class _Inner:
     ) -> None:
         # Held weakly when shared between wrappers (the registry must not keep fun alive);
         # every caller holds fun itself.
-        self._fun = weakref.ref(fun) if weak else (lambda: fun)
+        self._fun: Callable[[], Any] = weakref.ref(fun) if weak else (lambda: fun)
         self._policy = policy
         self._naming = naming
         self.__name__ = _fun_name(fun)
         self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
-        self._sourceinfo = _fun_sourceinfo(fun) if _DebugInfo is not None else None
+        self._sourceinfo: Any = _fun_sourceinfo(fun) if _DebugInfo is not None else None
         in_shardings = kwargs.get("in_shardings")
         self._in_shardings = in_shardings if _specified(in_shardings) else None
         out_shardings = kwargs.get("out_shardings")
@@ -694,7 +815,7 @@ class _Inner:
         keep = None if donation is None else donation.keep
         leaves = list(box.leaves)
         if keep is not None:
-            it_kept, it_donated = iter(box.leaves), iter(donated)
+            it_kept, it_donated = iter(box.leaves), iter(donated or ())
             leaves = [next(it_kept) if k else next(it_donated) for k in keep]
         num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         if statics is None:
@@ -837,24 +958,169 @@ def _constrain_outputs(out_shardings: Any) -> Callable[[Any], Any]:
     return constrain
 
 
+class _Unspecified:
+    """The default of ``in_shardings`` and ``out_shardings``: not given (printed as jax.jit's
+    own default is)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UnspecifiedValue"
+
+
+_UNSPECIFIED: Any = _Unspecified()
+
+# jax.jit's keywords (those of every JAX treeclone supports) with their defaults. A keyword is
+# passed to jax.jit only when given a value other than its default, which is jax.jit's own
+# default: so a keyword that this JAX does not have (abstracted_axes since JAX 0.8) is an error
+# only when it is used, the TypeError jax.jit itself raises.
+_JIT_DEFAULTS: dict[str, Any] = {
+    "in_shardings": _UNSPECIFIED,
+    "out_shardings": _UNSPECIFIED,
+    "static_argnums": None,
+    "static_argnames": None,
+    "donate_argnums": None,
+    "donate_argnames": None,
+    "keep_unused": False,
+    "device": None,
+    "backend": None,
+    "inline": False,
+    "abstracted_axes": None,
+    "compiler_options": None,
+}
+
+
+def _jax_jit_keywords() -> frozenset[str] | None:
+    """The keywords this JAX's ``jax.jit`` takes (None: its signature is unknown)."""
+    try:
+        parameters = inspect.signature(jax.jit).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):  # pragma: no cover
+        return None
+    return frozenset(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+
+
+_JAX_JIT_KEYWORDS = _jax_jit_keywords()
+
+
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options given a value other than their default, checked against this JAX's jax.jit
+    at once (also in the decorator form), with the TypeError jax.jit raises."""
+    given = {k: v for k, v in options.items() if v is not _JIT_DEFAULTS[k]}
+    for k in given:
+        if _JAX_JIT_KEYWORDS is not None and k not in _JAX_JIT_KEYWORDS:
+            raise TypeError(f"jit() got an unexpected keyword argument '{k}'")
+    return given
+
+
+@overload
 def jit(
-    fun: Callable | None = None,
+    fun: Callable[..., Any],
     /,
     *,
     policy: str | Policy = "clone",
-    **jit_kwargs: Any,
-) -> Any:
-    """``jax.jit(fun, **jit_kwargs)`` with an explicit policy (``"clone"``, ``"alias"``,
-    ``"strict"`` or a :class:`treeclone.Policy`).
+    in_shardings: Any = ...,
+    out_shardings: Any = ...,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Iterable[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Iterable[str] | None = None,
+    keep_unused: bool = False,
+    device: Any | None = None,
+    backend: str | None = None,
+    inline: bool = False,
+    abstracted_axes: Any | None = None,
+    compiler_options: dict[str, Any] | None = None,
+) -> Jitted: ...
+@overload
+def jit(
+    fun: None = None,
+    /,
+    *,
+    policy: str | Policy = "clone",
+    in_shardings: Any = ...,
+    out_shardings: Any = ...,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Iterable[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Iterable[str] | None = None,
+    keep_unused: bool = False,
+    device: Any | None = None,
+    backend: str | None = None,
+    inline: bool = False,
+    abstracted_axes: Any | None = None,
+    compiler_options: dict[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], Jitted]: ...
+def jit(
+    fun: Callable[..., Any] | None = None,
+    /,
+    *,
+    policy: str | Policy = "clone",
+    in_shardings: Any = _UNSPECIFIED,
+    out_shardings: Any = _UNSPECIFIED,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Iterable[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Iterable[str] | None = None,
+    keep_unused: bool = False,
+    device: Any | None = None,
+    backend: str | None = None,
+    inline: bool = False,
+    abstracted_axes: Any | None = None,
+    compiler_options: dict[str, Any] | None = None,
+) -> Jitted | Callable[[Callable[..., Any]], Jitted]:
+    """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
+    or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
 
-    Takes every keyword ``jax.jit`` takes (``in_shardings``, ``out_shardings``,
-    ``static_argnums``, ``static_argnames``, ``donate_argnums``, ``donate_argnames``,
-    ``keep_unused``, ``device``, ``backend``, ``inline``, ``compiler_options``, ...).
-    Without ``fun`` it returns a decorator.
+    The keywords are ``jax.jit``'s, with its meanings and defaults. One is passed on only when
+    given, so each works exactly when this JAX's ``jax.jit`` has it (``abstracted_axes``: JAX
+    before 0.8); another keyword, or ``fun`` given by keyword, is the TypeError ``jax.jit``
+    raises. Without ``fun``, the decorator that applies these options. Under ``clone`` a call
+    is ``jax.jit(fun, ...)``'s own.
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def append_double(xs, x):
+    ...     xs.append(x * 2)
+    ...     return len(xs)
+    >>> xs = []
+    >>> treeclone.jit(append_double)(xs, jnp.ones(2))  # clone: what jax.jit does
+    Array(1, dtype=int32, weak_type=True)
+    >>> xs
+    []
+    >>> treeclone.jit(append_double, policy="alias")(xs, jnp.ones(2))  # as without jit
+    Array(1, dtype=int32, weak_type=True)
+    >>> xs
+    [Array([2., 2.], dtype=float32)]
+    >>> @treeclone.jit(policy="strict", static_argnames="n")
+    ... def power(x, n):
+    ...     return x**n
+    >>> power(jnp.arange(3.0), n=2)
+    Array([0., 1., 4.], dtype=float32)
+    >>> treeclone.jit(fun=power)
+    Traceback (most recent call last):
+    ...
+    TypeError: jit() got some positional-only arguments passed as keyword arguments: 'fun'
     """
+    given = _given(
+        {
+            "in_shardings": in_shardings,
+            "out_shardings": out_shardings,
+            "static_argnums": static_argnums,
+            "static_argnames": static_argnames,
+            "donate_argnums": donate_argnums,
+            "donate_argnames": donate_argnames,
+            "keep_unused": keep_unused,
+            "device": device,
+            "backend": backend,
+            "inline": inline,
+            "abstracted_axes": abstracted_axes,
+            "compiler_options": compiler_options,
+        }
+    )
     if fun is None:
-        return lambda f: Jitted(f, policy, jit_kwargs)
-    return Jitted(fun, policy, jit_kwargs)
+        return lambda f: Jitted(f, policy, given)
+    return Jitted(fun, policy, given)
 
 
 __all__: Sequence[str] = ["Jitted", "argument_names", "jit"]
