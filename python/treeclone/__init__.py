@@ -6,6 +6,17 @@ for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations o
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). See
 ``docs/semantics.md``.
+
+>>> import jax.numpy as jnp, treeclone
+>>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
+[3, 1, 2]
+>>> @treeclone.jit(policy="alias")
+... def accumulate(state, x):
+...     state["total"] = state["total"] + x
+>>> state = {"total": jnp.zeros(())}
+>>> accumulate(state, 2.0)
+>>> state
+{'total': Array(2., dtype=float32)}
 """
 
 from treeclone import tree, tree_util
@@ -22,7 +33,7 @@ from treeclone.policies import (
     register_inplace,
 )
 
-__all__ = [
+__all__: list[str] = [
     "ALIAS",
     "CLONE",
     "STRICT",
