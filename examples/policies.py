@@ -68,9 +68,9 @@ y = jnp.zeros((4, 2))
 
 # Plain Python, no jit: the reference.
 model, optimizer = fresh()
-loss = train_step(model, x, y, optimizer)
+train_step(model, x, y, optimizer)
 expected_w = model.params["w"]
-print(f"plain Python: optimizer.count = {int(optimizer.count)}, loss = {float(loss):.4f}")
+print(f"plain Python: optimizer.count = {int(optimizer.count)} (updated in place)")
 
 # jax.jit: the function runs on rebuilt copies, so the in-place update never reaches the caller.
 model, optimizer = fresh()
@@ -100,6 +100,8 @@ try:
     treeclone.jit(train_step, policy="strict")(model, x, y, optimizer)
 except treeclone.MutationError as e:
     print(f"strict:       MutationError: {e}")
+else:
+    raise AssertionError("strict accepted a step that mutates its inputs without returning them")
 print(f"strict:       optimizer.count = {int(optimizer.count)} (caller untouched)")
 
 
@@ -115,7 +117,8 @@ model, optimizer, loss = treeclone.jit(train_step_returning, policy="strict")(
 )
 print(f"strict, returned: optimizer.count = {int(optimizer.count)}")
 
-# The policy can also be chosen per call or for a block of code.
+# A block of code can override every jitted function's policy (per call:
+# jitted.with_policy("alias")(...)).
 model, optimizer = fresh()
 with treeclone.policy("alias"):
     treeclone.jit(train_step)(model, x, y, optimizer)  # the block overrides the default
