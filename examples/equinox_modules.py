@@ -76,7 +76,7 @@ for policy in ("clone", "alias", "strict"):
         p, opt_state, loss = train(p, static, opt_state, x, y)
     trained = eqx.combine(p, static)  # a whole Module again
     same = all(
-        np.allclose(a, b, rtol=1e-6, atol=1e-7)
+        np.allclose(a, b, rtol=1e-4, atol=1e-6)
         for a, b in zip(
             jax.tree.leaves(eqx.filter((trained, opt_state, loss), eqx.is_array)),
             jax.tree.leaves(eqx.filter((ref_model, ref_opt_state, ref_loss), eqx.is_array)),

@@ -57,7 +57,7 @@ ref_params, ref_opt_state, ref_loss = run(jax.jit)
 for policy in ("clone", "alias", "strict"):
     params, opt_state, loss = run(lambda f, p=policy: treeclone.jit(f, policy=p))
     same = all(
-        np.allclose(a, b, rtol=1e-6, atol=1e-7)
+        np.allclose(a, b, rtol=1e-4, atol=1e-6)
         for a, b in zip(
             jax.tree.leaves((params, opt_state, loss)),
             jax.tree.leaves((ref_params, ref_opt_state, ref_loss)),
@@ -83,7 +83,7 @@ train = treeclone.jit(step_in_place, policy="alias")
 for _ in range(5):
     loss = train(state, x, y)
 same = all(
-    np.allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.allclose(a, b, rtol=1e-4, atol=1e-6)
     for a, b in zip(
         jax.tree.leaves((state["params"], state["opt_state"], loss)),
         jax.tree.leaves((ref_params, ref_opt_state, ref_loss)),
