@@ -880,7 +880,9 @@ class _Inner:
         )
         return _ResultBox(self._describe(plan, outputs, leaves, positions, seen), outputs)
 
-    def _describe(self, plan: Any, outputs: list, leaves: list, positions: list, seen: dict):
+    def _describe(
+        self, plan: Any, outputs: list, leaves: list, positions: list, seen: dict
+    ) -> _TraceInfo:
         """The trace's ``_TraceInfo``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None
