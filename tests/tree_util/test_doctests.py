@@ -19,6 +19,7 @@ MODULES = {
     for name in (
         "treeclone",
         "treeclone.call",
+        "treeclone.jaxlib_tree_util",
         "treeclone.jit",
         "treeclone.policies",
         "treeclone.tree",
