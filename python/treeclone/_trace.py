@@ -122,17 +122,33 @@ class _Paths:
         return self.paths.get(node, "?") + key
 
 
+def _equal_empty_nodes(before: Any, after: Any) -> bool:
+    """Whether two entries are leafless nodes of one immutable type with equal static data (nnx's
+    per-module ``PytreeState``, rebuilt by every unflatten): no value a caller could rely on
+    changed when one replaces the other (docs/semantics.md, rule 12)."""
+    return (
+        isinstance(before, NodeInfo)
+        and isinstance(after, NodeInfo)
+        and before.node_type is after.node_type
+        and not issubclass(before.node_type, (list, dict))
+        and before.arity == 0 == after.arity
+        and _same_data(before.data, after.data)
+    )
+
+
 def _describe(
     pre: NodeInfo,
     post: NodeInfo,
     objs: list,
     post_objs: list,
+    entries: tuple[list, list],
     keys: tuple | None = None,
     static_comparable: bool = True,
 ):
     """What changed in one container: ``(child index or None, description, child now)``s.
 
-    ``keys``: a dict's (or dict subclass's) keys before and after, in child order;
+    ``entries``: all entries before and after (a child replaced by an equal leafless node is
+    no change); ``keys``: a dict's (or dict subclass's) keys before and after, in child order;
     ``static_comparable``: whether a change of the static data can be told (see
     ``_unstable_static_data``)."""
     ty, old, new = pre.node_type, pre.children, post.children
@@ -159,8 +175,11 @@ def _describe(
     elif static_comparable and not _same_data(old_data, new_data):
         changes.append((None, "attribute set (the node's static data changed)", None))
     if not changes:
+        pre_entries, post_entries = entries
         for j, (o, n) in enumerate(zip(old, new, strict=False)):
-            if objs[o] is not post_objs[n]:
+            if objs[o] is not post_objs[n] and not _equal_empty_nodes(
+                pre_entries[o], post_entries[n]
+            ):
                 changes.append((j, "replaced", post_objs[n]))
         if old_arity != new_arity:
             changes.append((None, f"children changed from {old_arity} to {new_arity}", None))
@@ -292,7 +311,9 @@ def run(
             reordered=key_order is not None and _reordered(keys and keys[0], key_order),
             attrs=attrs,
         )
-        changes = _describe(pre_info[k], entry, objs, post_objs, keys, k not in unstable)
+        changes = _describe(
+            pre_info[k], entry, objs, post_objs, (pre_info, post_info), keys, k not in unstable
+        )
         for name in outside:
             if policy.mutations == "propagate":
                 _raise_outside_attribute(fun, k, name, pre_def, objs, layout)
