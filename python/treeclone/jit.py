@@ -583,7 +583,11 @@ class Jitted:
                     traced = call.jitted.trace(call.box, call.donated)
                 finally:
                     call.inner.local.call = None
-                info = traced.out_tree.node_data()[1]
+                # Traced.out_tree is public since JAX 0.8 (_out_tree before).
+                out_tree = getattr(traced, "out_tree", None)
+                if out_tree is None:
+                    out_tree = getattr(traced, "_out_tree", None)
+                info = None if out_tree is None else out_tree.node_data()[1]
                 if isinstance(info, _TraceInfo) and info.out_sources is not None:
                     stand_in = self._stand_in(call, traced, info, slots)
                     return getattr(stand_in, method)(*args, **kwargs)
