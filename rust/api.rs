@@ -24,6 +24,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// `(leaves, treedef)` of `tree`, as `jax.tree_util.tree_flatten`.
+///
+/// >>> import treeclone.tree_util as tu
+/// >>> tu.tree_flatten({"b": (1, 2), "a": [3, None]})
+/// ([3, 1, 2], PyTreeDef({'a': [*, None], 'b': (*, *)}))
 #[pyfunction(name = "flatten")]
 #[pyo3(signature = (tree, is_leaf=None))]
 fn py_flatten<'py>(
@@ -50,7 +54,11 @@ fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
     check(tree, &opts)
 }
 
-/// The leaves of `tree`.
+/// The leaves of `tree`, in JAX's order (dict keys sorted).
+///
+/// >>> import treeclone.tree_util as tu
+/// >>> tu.tree_leaves({"b": (1, 2), "a": [3, None]})
+/// [3, 1, 2]
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None))]
 fn leaves<'py>(
@@ -61,6 +69,10 @@ fn leaves<'py>(
 }
 
 /// The treedef of `tree`.
+///
+/// >>> import treeclone.tree_util as tu
+/// >>> tu.tree_structure({"a": [1, 2], "b": None})
+/// PyTreeDef({'a': [*, *], 'b': None})
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None))]
 fn structure<'py>(
@@ -100,6 +112,10 @@ fn flatten_with_path<'py>(
 }
 
 /// `jax.tree_util.tree_map`: `f` over the leaves of `tree` and the matching subtrees of `rest`.
+///
+/// >>> import treeclone.tree_util as tu
+/// >>> tu.tree_map(lambda x, y: x + y, [1, 2], [10, 20])
+/// [11, 22]
 #[pyfunction]
 #[pyo3(signature = (f, tree, *rest, is_leaf=None))]
 fn tree_map<'py>(

@@ -66,21 +66,37 @@ tree_map = _native.tree_map
 
 
 def tree_unflatten(treedef: PyTreeDef, leaves: Iterable[Leaf]) -> Any:
-    """Rebuild the tree of ``treedef`` from ``leaves``."""
+    """Rebuild the tree of ``treedef`` (treeclone's or jaxlib's) from ``leaves``.
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.tree_unflatten(tu.tree_structure({"a": [0, 0], "b": None}), ["x", "y"])
+    {'a': ['x', 'y'], 'b': None}
+    """
     return treedef.unflatten(leaves)  # a jaxlib treedef unflattens itself, as in JAX
 
 
 def tree_flatten_with_path(
     tree: Any, is_leaf: Callable[..., bool] | None = None, is_leaf_takes_path: bool = False
 ) -> tuple[list[tuple[KeyPath, Any]], PyTreeDef]:
-    """``([(key_path, leaf), ...], treedef)``."""
+    """``([(key_path, leaf), ...], treedef)``.
+
+    >>> import treeclone.tree_util as tu
+    >>> pairs, treedef = tu.tree_flatten_with_path({"a": [1, 2]})
+    >>> [(tu.keystr(path), leaf) for path, leaf in pairs]
+    [("['a'][0]", 1), ("['a'][1]", 2)]
+    """
     return _native.flatten_with_path(tree, is_leaf, is_leaf_takes_path)
 
 
 def tree_leaves_with_path(
     tree: Any, is_leaf: Callable[..., bool] | None = None, is_leaf_takes_path: bool = False
 ) -> list[tuple[KeyPath, Any]]:
-    """``[(key_path, leaf), ...]``."""
+    """``[(key_path, leaf), ...]``.
+
+    >>> import treeclone.tree_util as tu
+    >>> [(tu.keystr(path), leaf) for path, leaf in tu.tree_leaves_with_path((1, {"x": 2}))]
+    [('[0]', 1), ("[1]['x']", 2)]
+    """
     return _native.flatten_with_path(tree, is_leaf, is_leaf_takes_path)[0]
 
 
@@ -91,7 +107,12 @@ def tree_map_with_path(
     is_leaf: Callable[..., bool] | None = None,
     is_leaf_takes_path: bool = False,
 ) -> Any:
-    """``f(key_path, leaf, *matching_subtrees_of_rest)`` over the leaves of ``tree``."""
+    """``f(key_path, leaf, *matching_subtrees_of_rest)`` over the leaves of ``tree``.
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.tree_map_with_path(lambda path, x: f"{tu.keystr(path)}={x}", {"a": [1, 2]})
+    {'a': ["['a'][0]=1", "['a'][1]=2"]}
+    """
     pairs, treedef = _native.flatten_with_path(tree, is_leaf, is_leaf_takes_path)
     others = []
     for other in rest:
@@ -168,12 +189,22 @@ def _parallel_reduce(
 
 
 def tree_all(tree: Any, *, is_leaf: Callable[[Any], bool] | None = None) -> bool:
-    """Whether every leaf of ``tree`` is truthy."""
+    """Whether every leaf of ``tree`` is truthy.
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.tree_all({"a": 1, "b": (True, [2.0])}), tu.tree_all([1, 0])
+    (True, False)
+    """
     return all(_native.leaves(tree, is_leaf))
 
 
 def all_leaves(iterable: Iterable[Any], is_leaf: Callable[[Any], bool] | None = None) -> bool:
-    """Whether every element of ``iterable`` is a leaf."""
+    """Whether every element of ``iterable`` is a leaf.
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.all_leaves([1, "a", 2.0]), tu.all_leaves([1, [2]])
+    (True, False)
+    """
     if is_leaf is None:
         return all(_native.is_leaf_object(x) for x in iterable)
     items = list(iterable)
@@ -184,7 +215,13 @@ def all_leaves(iterable: Iterable[Any], is_leaf: Callable[[Any], bool] | None = 
 def tree_transpose(
     outer_treedef: PyTreeDef, inner_treedef: PyTreeDef | None, pytree_to_transpose: Any
 ) -> Any:
-    """Turn a tree of trees (outer of inner) into a tree of trees (inner of outer)."""
+    """Turn a tree of trees (outer of inner) into a tree of trees (inner of outer).
+
+    >>> import treeclone.tree_util as tu
+    >>> outer, inner = tu.tree_structure([0, 0]), tu.tree_structure((0, 0))
+    >>> tu.tree_transpose(outer, inner, [(1, 2), (3, 4)])
+    ([1, 3], [2, 4])
+    """
     outer_treedef = _as_treedef(outer_treedef)
     flat, treedef = _native.flatten(pytree_to_transpose)
     if inner_treedef is None:
@@ -243,12 +280,22 @@ def tree_broadcast(
 
 
 def treedef_children(treedef: PyTreeDef) -> list[PyTreeDef]:
-    """The treedefs of the root's children."""
+    """The treedefs of the root's children.
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.treedef_children(tu.tree_structure(([1, 2], 3)))
+    [PyTreeDef([*, *]), PyTreeDef(*)]
+    """
     return treedef.children()  # of a jaxlib treedef: jaxlib treedefs, as in JAX
 
 
 def treedef_is_leaf(treedef: PyTreeDef) -> bool:
-    """Whether ``treedef`` is a single leaf or an empty node (no children)."""
+    """Whether ``treedef`` is a single leaf or an empty node (no children).
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.treedef_is_leaf(tu.tree_structure(None)), tu.treedef_is_leaf(tu.tree_structure([1]))
+    (True, False)
+    """
     return treedef.num_nodes == 1
 
 
@@ -258,7 +305,12 @@ def treedef_is_strict_leaf(treedef: PyTreeDef) -> bool:
 
 
 def treedef_tuple(treedefs: Iterable[PyTreeDef]) -> PyTreeDef:
-    """The treedef of a tuple whose children have the given treedefs."""
+    """The treedef of a tuple whose children have the given treedefs (of either kind).
+
+    >>> import treeclone.tree_util as tu
+    >>> tu.treedef_tuple([tu.tree_structure([1, 2]), tu.tree_structure(3)])
+    PyTreeDef(([*, *], *))
+    """
     return _native.treedef_tuple(list(treedefs))  # jaxlib's are converted
 
 

@@ -22,6 +22,14 @@ use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
 use std::hash::Hasher;
 use std::sync::OnceLock;
 
+/// A pytree's structure: equal to jaxlib's `PyTreeDef` of the same tree.
+///
+/// >>> import treeclone.tree_util as tu, jax.tree_util as jtu
+/// >>> treedef = tu.tree_structure({"a": [1, 2], "b": None})
+/// >>> treedef.num_leaves, treedef == jtu.tree_structure({"a": [0, 0], "b": None})
+/// (2, True)
+/// >>> treedef.unflatten(["x", "y"])
+/// {'a': ['x', 'y'], 'b': None}
 #[pyclass(frozen, module = "treeclone", name = "PyTreeDef")]
 pub struct PyTreeDef {
     pub nodes: Vec<Node>,

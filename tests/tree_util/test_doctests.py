@@ -30,26 +30,24 @@ MODULES = {
 # Modules whose every public function and method must have an example.
 WITH_EXAMPLES = ("treeclone.call", "treeclone.jit", "treeclone.policies", "treeclone.tree")
 
-# The tree_util functions treeclone defines (the rest are JAX's own objects, re-exported with
-# JAX's docstrings) that have no example yet; each is expected to gain one.
-TREE_UTIL_WITHOUT_EXAMPLES = frozenset(
-    {
-        "all_leaves",
-        "tree_all",
-        "tree_flatten",
-        "tree_flatten_with_path",
-        "tree_leaves",
-        "tree_leaves_with_path",
-        "tree_map",
-        "tree_map_with_path",
-        "tree_structure",
-        "tree_transpose",
-        "tree_unflatten",
-        "treedef_children",
-        "treedef_is_leaf",
-        "treedef_tuple",
-    }
-)
+
+def test_rust_doctests_pass() -> None:
+    """The examples in the Rust core's docstrings (tree_flatten, tree_map, PyTreeDef, ...),
+    which doctest.testmod of the modules re-exporting them does not collect."""
+    from treeclone import _native
+
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    tests = [
+        test
+        for name, obj in vars(_native).items()
+        if callable(obj) and not name.startswith("__")
+        for test in finder.find(obj, name)
+        if test.examples
+    ]
+    assert len(tests) >= 5
+    for test in tests:
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -119,36 +117,14 @@ def test_the_listed_functions_are_found() -> None:
         assert expected in names
 
 
-def _tree_util_cases() -> list[Any]:
-    module = MODULES["treeclone.tree_util"]
-    return [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(reason="no example yet", strict=False)
-            if name in TREE_UTIL_WITHOUT_EXAMPLES
-            else (),
-        )
-        for name in _public_functions(module)
-    ]
-
-
-@pytest.mark.parametrize("name", _tree_util_cases())
+@pytest.mark.parametrize("name", _public_functions(MODULES["treeclone.tree_util"]))
 def test_tree_util_functions_have_an_example(name: str) -> None:
     assert ">>> " in _doc(MODULES["treeclone.tree_util"], name)
 
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(reason="the Rust class has no docstring yet", strict=False)
-            if name == "PyTreeDef"
-            else (),
-        )
-        for name in treeclone.__all__
-        if name != "__version__"
-    ],
+    [name for name in treeclone.__all__ if name != "__version__"],
 )
 def test_top_level_names_are_documented(name: str) -> None:
     assert inspect.getdoc(getattr(treeclone, name))
