@@ -417,13 +417,16 @@ def _unstable_static_data(root: Any, info: list) -> set[int]:
 
 
 def _reordered(seen: Any, now: tuple) -> bool:
-    """Whether the keys kept from ``seen`` (the order the function saw) come in another order
-    in ``now`` (the order it left). Unknown ``seen``: assume so."""
+    """Whether the function moved a key it kept: ``seen`` is the order it saw, ``now`` the
+    order it left. A dict keeps the keys never deleted first, in their order, ahead of every
+    key inserted since, so anything else in ``now`` means a kept key was deleted and added back
+    (after a new key, say), and the caller's dict must end exactly in ``now``'s order, as in
+    plain Python. Unknown ``seen``: assume so."""
     if seen is None:
         return True
     present = set(now)
-    kept = set(seen)
-    return [k for k in seen if k in present] != [k for k in now if k in kept]
+    kept = [k for k in seen if k in present]
+    return list(now[: len(kept)]) != kept
 
 
 def _holds_tracer(data: Any) -> bool:
