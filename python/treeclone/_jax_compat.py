@@ -14,8 +14,11 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, k
 
 from treeclone._native import TypeKind
 
-# Oldest JAX release whose internals this module has been checked against.
-MIN_JAX = (0, 6, 0)
+# The oldest JAX release treeclone supports and is tested against (pyproject.toml declares the
+# same range, jax>=0.6.2,<0.11; .ci/run tests each minor's last patch). Below it: ImportError.
+# Everything that differs between supported releases is probed by feature below, one place per
+# difference, each marked "JAX difference".
+MIN_JAX = (0, 6, 2)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -34,7 +37,7 @@ if _version_tuple(jax.__version__) < MIN_JAX:
 try:
     registry: dict = _jtu._registry
     default_registry = _jtu.default_registry
-    _from_node_data_and_children = type(jax.tree_util.tree_structure(0)).from_node_data_and_children
+    _PyTreeDef = type(jax.tree_util.tree_structure(0))
 except AttributeError as exc:  # pragma: no cover - only on a JAX release that moved these
     raise ImportError(
         f"treeclone cannot read the pytree registry of jax {jax.__version__}: {exc}. "
@@ -42,6 +45,118 @@ except AttributeError as exc:  # pragma: no cover - only on a JAX release that m
     ) from exc
 
 flatten_one_level_with_keys = default_registry.flatten_one_level_with_keys
+
+
+# --- JAX difference 1: building one jaxlib treedef node from node data and children ----------
+# jax >= 0.8: ``PyTreeDef.from_node_data_and_children(registry, node_data, children)``.
+# jax 0.6, 0.7: no such function (under any name); a treedef is built from its pickle state
+# instead (``__getstate__``/``__setstate__``, present on every supported release): the registry
+# and a post-order list of ``(kind, arity, data, type, num_leaves, num_nodes)``, ``kind`` being
+# jaxlib's ``PyTreeKind`` number (read off sample treedefs below, not written down).
+if hasattr(_PyTreeDef, "from_node_data_and_children"):
+    _from_node_data_and_children = _PyTreeDef.from_node_data_and_children
+else:
+
+    def _kind_number(treedef) -> int:
+        return treedef.__getstate__()[1][-1][0]
+
+    def _probe_kinds() -> dict:
+        from collections import namedtuple
+        from dataclasses import dataclass
+
+        from jax._src.lib import pytree
+
+        @dataclass
+        class _Data:
+            a: int
+
+        class _Node:
+            pass
+
+        # A private registry: the probe registers nothing where users could see it.
+        probe = pytree.PyTreeRegistry()
+        probe.register_node(_Node, lambda n: ((), None), lambda aux, children: _Node())
+        probe.register_dataclass_node(_Data, ["a"], [])
+        samples = {
+            "leaf": 0,
+            "none": None,
+            "tuple": (),
+            "list": [],
+            "dict": {},
+            "namedtuple": namedtuple("_Pair", "a b")(1, 2),
+            "custom": _Node(),
+            "dataclass": _Data(1),
+        }
+        return {name: _kind_number(probe.flatten(x)[1]) for name, x in samples.items()}
+
+    _KIND = _probe_kinds()
+    _BUILTIN_KIND = {tuple: _KIND["tuple"], list: _KIND["list"], dict: _KIND["dict"]}
+    _BUILTIN_KIND[type(None)] = _KIND["none"]
+
+    def _registered_as_dataclass(ty: type) -> bool:
+        # A type registered through ``jax.tree_util.register_dataclass`` is a "dataclass" node
+        # to jaxlib, any other registered type a "custom" one; the type alone does not say
+        # which (nor does jaxlib's registry, on these releases), but the unflatten function
+        # that register_dataclass puts in ``_registry`` does.
+        entry = registry.get(ty)
+        fn = getattr(entry, "from_iter", None)
+        return (
+            getattr(fn, "__module__", None) == _jtu.__name__
+            and getattr(fn, "__qualname__", "") == "register_dataclass.<locals>.unflatten_func"
+        )
+
+    def _from_node_data_and_children(registry_, node_data, children):
+        nodes: list = []
+        num_leaves, num_nodes = 0, 1
+        for child in children:
+            child_nodes = child.__getstate__()[1]
+            nodes.extend(child_nodes)
+            num_leaves += child.num_leaves
+            num_nodes += child.num_nodes
+        arity = len(children)
+        if node_data is None:
+            if arity:
+                raise ValueError("a leaf has no children")
+            nodes.append((_KIND["leaf"], 0, None, None, 1, 1))
+        else:
+            ty, data = node_data
+            if ty in _BUILTIN_KIND:
+                # dict: the (sorted) keys; tuple, list, None: no data.
+                data = data if ty is dict else None
+                nodes.append((_BUILTIN_KIND[ty], arity, data, None, num_leaves, num_nodes))
+            elif ty not in registry and issubclass(ty, tuple) and hasattr(ty, "_fields"):
+                nodes.append((_KIND["namedtuple"], arity, ty, None, num_leaves, num_nodes))
+            else:
+                kind = _KIND["dataclass" if _registered_as_dataclass(ty) else "custom"]
+                nodes.append((kind, arity, data, ty, num_leaves, num_nodes))
+        treedef = _PyTreeDef.__new__(_PyTreeDef)
+        treedef.__setstate__((registry_, nodes))
+        return treedef
+
+
+# --- JAX difference 2: is a type a node of jaxlib's registry? --------------------------------
+# jax >= 0.10: ``PyTreeRegistry.is_node(type)``. jax 0.6 to 0.9: no such query (nor
+# ``jax.tree_util.is_tree_node``). There every registration function of jax.tree_util fills
+# ``_registry`` too (checked on 0.6.2, 0.7.2, 0.8.3, 0.9.2, and JAX itself registers nothing
+# in default_registry alone), so a type missing from ``_registry`` is a node only if someone
+# called ``default_registry.register_node`` directly: such a type is a leaf to treeclone there.
+if hasattr(default_registry, "is_node"):
+    _is_registry_only_node = default_registry.is_node
+else:
+
+    def _is_registry_only_node(ty: type) -> bool:
+        return False
+
+
+# --- JAX difference 3: the output treedef of ``jax.jit(f).trace(...)`` -------------------------
+# jax >= 0.8: ``Traced.out_tree``. jax 0.6, 0.7: only the private ``_out_tree``; the public
+# ``out_info`` (the outputs' shapes, in the output's structure) gives the same treedef.
+def traced_out_tree(traced):
+    """The treedef of the outputs of a ``jax.stages.Traced``."""
+    out_tree = getattr(traced, "out_tree", None)
+    if out_tree is None:
+        out_tree = jax.tree_util.tree_structure(traced.out_info)
+    return out_tree
 
 
 def _opaque_functions(ty: type):
@@ -66,7 +181,7 @@ def classify_type(ty: type):
         return TypeKind.Custom, entry.to_iter, entry.from_iter
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
         return TypeKind.NamedTuple, None, None
-    if default_registry.is_node(ty):
+    if _is_registry_only_node(ty):
         return (TypeKind.Custom, *_opaque_functions(ty))
     return TypeKind.Leaf, None, None
 
@@ -97,6 +212,7 @@ __all__ = [
     "prefix_errors",
     "registry",
     "to_jax_node",
+    "traced_out_tree",
     "unflatten_node",
 ]
 
