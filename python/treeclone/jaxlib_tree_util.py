@@ -42,9 +42,6 @@ from treeclone.tree_util import (  # noqa: F401  (re-exported through __all__)
     SequenceKey,
     all_leaves,
     default_registry,
-    flatten_one_level,
-    flatten_one_level_with_keys,
-    is_tree_node,
     keystr,
     register_dataclass,
     register_pytree_node,
@@ -64,6 +61,15 @@ from treeclone.tree_util import (  # noqa: F401  (re-exported through __all__)
     treedef_is_leaf,
 )
 from treeclone.tree_util import __all__ as _names
+
+# JAX difference: jax.tree_util exports these registry queries from 0.10 on only; they are here
+# exactly when treeclone.tree_util has them (that is, when the installed JAX does).
+if "is_tree_node" in _names:
+    from treeclone.tree_util import (  # noqa: F401  (re-exported through __all__)
+        flatten_one_level,
+        flatten_one_level_with_keys,
+        is_tree_node,
+    )
 
 # The same names as treeclone.tree_util (the installed jax.tree_util's public names).
 __all__ = list(_names)
