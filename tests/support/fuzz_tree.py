@@ -519,8 +519,8 @@ def same_tree(what: str, actual: Any, expected: Any) -> None:
             pairs = zip(e.items(), a.values(), strict=True)
             stack.extend((av, ev, f"{where}[{k!r}]") for (k, ev), av in pairs)
             continue
-        a_kids, a_aux = jtu.flatten_one_level(a)
-        e_kids, e_aux = jtu.flatten_one_level(e)
+        a_kids, a_aux = jax_internal_tu.flatten_one_level(a)
+        e_kids, e_aux = jax_internal_tu.flatten_one_level(e)
         a_kids, e_kids = list(a_kids), list(e_kids)
         if len(a_kids) != len(e_kids) or not _aux_same(a_aux, e_aux):
             raise Finding(f"{what} at {where}: node {a!r} != JAX's {e!r}")

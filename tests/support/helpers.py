@@ -11,6 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.tree_util as jtu
+
+# JAX's own one-level flatten: exported by jax.tree_util from 0.10 on, in jax._src.tree_util on
+# every supported release (0.6 on).
+from jax._src.tree_util import flatten_one_level as jax_flatten_one_level
 from trees import Rec
 
 # This folder: the helper modules and the scripts that tests run in subprocesses.
@@ -82,8 +86,8 @@ def _walk_same(actual: Any, expected: Any, leaf_eq: Callable[[Any, Any], bool]) 
         elif jtu.tree_structure(e).num_leaves == 1 and jtu.tree_structure(e).num_nodes == 1:
             assert leaf_eq(a, e), f"{where}: leaf {a!r} vs {e!r}"
         else:
-            a_children, a_aux = jtu.flatten_one_level(a)
-            e_children, e_aux = jtu.flatten_one_level(e)
+            a_children, a_aux = jax_flatten_one_level(a)
+            e_children, e_aux = jax_flatten_one_level(e)
             assert a_aux == e_aux, f"{where}: aux {a_aux!r} != {e_aux!r}"
             a_children, e_children = list(a_children), list(e_children)
             assert len(a_children) == len(e_children)
@@ -91,6 +95,27 @@ def _walk_same(actual: Any, expected: Any, leaf_eq: Callable[[Any, Any], bool]) 
                 (x, y, f"{where}.<{i}>")
                 for i, (x, y) in enumerate(zip(a_children, e_children, strict=True))
             )
+
+
+def register_dataclass_dropping(
+    register: Callable[..., Any],
+    cls: type,
+    *,
+    data_fields: Sequence[str],
+    meta_fields: Sequence[str],
+    drop_fields: Sequence[str],
+) -> Any:
+    """``register(cls, data_fields=..., meta_fields=..., drop_fields=...)`` (a
+    ``register_dataclass``), with ``drop_fields`` in the form the installed JAX reads."""
+    fields = {"data_fields": list(data_fields), "meta_fields": list(meta_fields)}
+    try:
+        return register(cls, **fields, drop_fields=list(drop_fields))
+    except ValueError:
+        # JAX 0.6 to 0.9 read each drop_fields entry as an iterable of names (their
+        # ``init_fields.difference_update(*drop_fields)`` spells "note" out as n, o, t, e;
+        # fixed in 0.10): the same registration in the form those releases understand. The
+        # failed call registered nothing (its check comes first).
+        return register(cls, **fields, drop_fields=[list(drop_fields)])
 
 
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:

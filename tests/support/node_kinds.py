@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+from helpers import register_dataclass_dropping
 
 
 class MyDict(dict):
@@ -54,4 +55,6 @@ class Noted:
     note: str = "default"
 
 
-jax.tree_util.register_dataclass(Noted, data_fields=["x"], meta_fields=[], drop_fields=["note"])
+register_dataclass_dropping(
+    jax.tree_util.register_dataclass, Noted, data_fields=["x"], meta_fields=[], drop_fields=["note"]
+)

@@ -12,7 +12,13 @@ import jax.tree_util as jtu
 import pytest
 import treeclone.tree_util as tc
 import trees
-from helpers import assert_same_objects, assert_same_outcome, assert_same_tree, run_script
+from helpers import (
+    assert_same_objects,
+    assert_same_outcome,
+    assert_same_tree,
+    register_dataclass_dropping,
+    run_script,
+)
 from trees import Opaque, Rec
 
 _counter = itertools.count()
@@ -77,8 +83,12 @@ def _make_dataclass_explicit(registrar: Any) -> Any:
     cls = dataclasses.make_dataclass(
         _fresh_name("DataX"), [("x", Any), ("y", Any), ("n", int), ("cache", int, 0)]
     )
-    result = registrar.register_dataclass(
-        cls, data_fields=["y", "x"], meta_fields=["n"], drop_fields=["cache"]
+    result = register_dataclass_dropping(
+        registrar.register_dataclass,
+        cls,
+        data_fields=["y", "x"],
+        meta_fields=["n"],
+        drop_fields=["cache"],
     )
     assert result is cls
     return cls(Opaque("x"), Opaque("y"), 3, cache=7)
