@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import subprocess
 import sys
@@ -97,25 +98,31 @@ def _walk_same(actual: Any, expected: Any, leaf_eq: Callable[[Any, Any], bool]) 
             )
 
 
-def register_dataclass_dropping(
-    register: Callable[..., Any],
-    cls: type,
-    *,
-    data_fields: Sequence[str],
-    meta_fields: Sequence[str],
-    drop_fields: Sequence[str],
-) -> Any:
-    """``register(cls, data_fields=..., meta_fields=..., drop_fields=...)`` (a
-    ``register_dataclass``), with ``drop_fields`` in the form the installed JAX reads."""
-    fields = {"data_fields": list(data_fields), "meta_fields": list(meta_fields)}
+def drop_fields_arg(names: Sequence[str]) -> list[Any]:
+    """``register_dataclass``'s ``drop_fields`` naming ``names``, in the form the installed JAX
+    reads: JAX 0.6 to 0.9 read each entry as an iterable of names (their
+    ``init_fields.difference_update(*drop_fields)`` spells "note" out as n, o, t, e; fixed in
+    0.10), so there the names go in as one entry."""
+    return list(names) if _DROP_FIELDS_ARE_NAMES else [list(names)]
+
+
+def _drop_fields_are_names() -> bool:
+    # Probed on a throwaway dataclass: the failing form raises before registering anything.
+    @dataclasses.dataclass
+    class DropFieldsProbe:
+        kept: Any
+        dropped: Any = None
+
     try:
-        return register(cls, **fields, drop_fields=list(drop_fields))
+        jtu.register_dataclass(
+            DropFieldsProbe, data_fields=["kept"], meta_fields=[], drop_fields=["dropped"]
+        )
     except ValueError:
-        # JAX 0.6 to 0.9 read each drop_fields entry as an iterable of names (their
-        # ``init_fields.difference_update(*drop_fields)`` spells "note" out as n, o, t, e;
-        # fixed in 0.10): the same registration in the form those releases understand. The
-        # failed call registered nothing (its check comes first).
-        return register(cls, **fields, drop_fields=[list(drop_fields)])
+        return False
+    return True
+
+
+_DROP_FIELDS_ARE_NAMES = _drop_fields_are_names()
 
 
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:

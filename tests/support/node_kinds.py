@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from helpers import register_dataclass_dropping
+from helpers import drop_fields_arg
 
 
 class MyDict(dict):
@@ -55,6 +55,6 @@ class Noted:
     note: str = "default"
 
 
-register_dataclass_dropping(
-    jax.tree_util.register_dataclass, Noted, data_fields=["x"], meta_fields=[], drop_fields=["note"]
+jax.tree_util.register_dataclass(
+    Noted, data_fields=["x"], meta_fields=[], drop_fields=drop_fields_arg(["note"])
 )

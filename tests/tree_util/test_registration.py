@@ -16,7 +16,7 @@ from helpers import (
     assert_same_objects,
     assert_same_outcome,
     assert_same_tree,
-    register_dataclass_dropping,
+    drop_fields_arg,
     run_script,
 )
 from trees import Opaque, Rec
@@ -83,12 +83,8 @@ def _make_dataclass_explicit(registrar: Any) -> Any:
     cls = dataclasses.make_dataclass(
         _fresh_name("DataX"), [("x", Any), ("y", Any), ("n", int), ("cache", int, 0)]
     )
-    result = register_dataclass_dropping(
-        registrar.register_dataclass,
-        cls,
-        data_fields=["y", "x"],
-        meta_fields=["n"],
-        drop_fields=["cache"],
+    result = registrar.register_dataclass(
+        cls, data_fields=["y", "x"], meta_fields=["n"], drop_fields=drop_fields_arg(["cache"])
     )
     assert result is cls
     return cls(Opaque("x"), Opaque("y"), 3, cache=7)
