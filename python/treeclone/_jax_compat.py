@@ -159,6 +159,21 @@ def traced_out_tree(traced):
     return out_tree
 
 
+# --- JAX difference 4: naming a jitted function's arguments in jax's messages -----------------
+# jax >= 0.7 reads a function's ``__fun_debug_info__``: a ``jax._src.core.DebugInfo`` whose
+# result paths start as ``initial_result_paths``. jax 0.6 has neither the hook nor that value
+# (it names the arguments itself): DebugInfo is None there, and treeclone.jit leaves the naming
+# to jax. Private names, hence also None on a release that moved them.
+try:
+    from jax._src.api_util import fun_sourceinfo
+    from jax._src.core import DebugInfo
+    from jax._src.core import initial_result_paths as INITIAL_RESULT_PATHS
+except ImportError:
+    fun_sourceinfo = None  # type: ignore[assignment]
+    DebugInfo = None  # type: ignore[assignment,misc]
+    INITIAL_RESULT_PATHS = None
+
+
 def _opaque_functions(ty: type):
     """Flatten/unflatten for a type registered only in jaxlib's C++ registry."""
 
@@ -200,6 +215,8 @@ def to_jax_node(node_data, children):
 
 
 __all__ = [
+    "INITIAL_RESULT_PATHS",
+    "DebugInfo",
     "DictKey",
     "FlattenedIndexKey",
     "GetAttrKey",

@@ -28,15 +28,13 @@ from typing import Any, overload
 
 import jax
 
-from treeclone import _native, _trace
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone import _jax_compat, _native, _trace
 
-try:  # jax's description of a traced function, for its messages (private, hence optional)
-    from jax._src.api_util import fun_sourceinfo as _fun_sourceinfo
-    from jax._src.core import DebugInfo as _DebugInfo
-    from jax._src.core import initial_result_paths as _INITIAL_RESULT_PATHS
-except ImportError:  # pragma: no cover - a JAX release that moved them: jax's own naming
-    _DebugInfo = None  # type: ignore[assignment,misc]
+# jax's description of a traced function, for its messages (None: jax's own naming).
+from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
+from treeclone._jax_compat import DebugInfo as _DebugInfo
+from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
+from treeclone.policies import CLONE, Policy, _override, as_policy
 
 try:
     from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
@@ -583,11 +581,7 @@ class Jitted:
                     traced = call.jitted.trace(call.box, call.donated)
                 finally:
                     call.inner.local.call = None
-                # Traced.out_tree is public since JAX 0.8 (_out_tree before).
-                out_tree = getattr(traced, "out_tree", None)
-                if out_tree is None:
-                    out_tree = getattr(traced, "_out_tree", None)
-                info = None if out_tree is None else out_tree.node_data()[1]
+                info = _jax_compat.traced_out_tree(traced).node_data()[1]
                 if isinstance(info, _TraceInfo) and info.out_sources is not None:
                     stand_in = self._stand_in(call, traced, info, slots)
                     return getattr(stand_in, method)(*args, **kwargs)
