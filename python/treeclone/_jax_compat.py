@@ -234,8 +234,38 @@ __all__ = [
 ]
 
 
+# --- JAX difference 5: tree_map's error when a later tree does not match the first ----------
+# jax >= 0.10 reports it as a prefix error ("pytree structure error: ... at key path ...",
+# from ``_prefix_error``); jax 0.6 to 0.9 let jaxlib's ``flatten_up_to`` error through as it
+# is (whose text changed too: a dict's key mismatch shows the dict on 0.6, its keys on 0.7 on).
+# Probed on a mismatch: does jax's tree_map say what flatten_up_to says?
+def _tree_map_reports_prefix_errors() -> bool:
+    tree, other = [0], (0,)
+    try:
+        jax.tree_util.tree_structure(tree).flatten_up_to(other)
+    except ValueError as exc:
+        raw = str(exc)
+    try:
+        jax.tree_util.tree_map(lambda *xs: None, tree, other)
+    except ValueError as exc:
+        return str(exc) != raw
+    return True  # pragma: no cover - a mismatch always raises
+
+
+_TREE_MAP_PREFIX_ERRORS = _tree_map_reports_prefix_errors()
+
+
 def prefix_error(tree, other, is_leaf, exc, name):
     """The exception JAX's tree_map raises when `other` does not match `tree`'s structure."""
+    if not _TREE_MAP_PREFIX_ERRORS:
+        # jaxlib's own flatten_up_to error, so that the text is the installed JAX's.
+        try:
+            jax.tree_util.tree_structure(tree, is_leaf).flatten_up_to(other)
+        except (RecursionError, SystemError):
+            return exc  # jaxlib recurses into a cyclic tree: keep treeclone's error
+        except Exception as raw:  # noqa: BLE001 - whatever jaxlib raises is JAX's answer
+            return raw
+        return exc
     try:
         err = next(_jtu._prefix_error((), tree, other, is_leaf), None)
     except (RecursionError, SystemError):
@@ -249,15 +279,18 @@ def prefix_errors(prefix_tree, full_tree, is_leaf=None):
     return list(_jtu._prefix_error((), prefix_tree, full_tree, is_leaf))
 
 
-# "No initializer" for tree_reduce (and "no identity" for tree_reduce_associative): an
-# ``Unspecified()`` instance on recent JAX, the ``no_initializer`` object on JAX 0.6. A caller
-# who passes JAX's own sentinel to treeclone gets what JAX would do with it.
+# --- JAX difference 6: tree_reduce's "no initializer" (and reduce_associative's "no identity") --
+# jax >= 0.8: an ``Unspecified()`` instance. jax 0.7: tree_reduce's default is still the
+# ``no_initializer`` object while tree_reduce_associative (new in 0.7) has ``Unspecified()``.
+# jax 0.6: ``no_initializer`` only. A caller who passes JAX's own sentinel to treeclone gets
+# what JAX would do with it: either sentinel, where the release has it, means "not given".
 _Unspecified = getattr(_jtu, "Unspecified", None)
-UNSPECIFIED = _Unspecified() if _Unspecified is not None else _jtu.no_initializer
+_NO_INITIALIZER = getattr(_jtu, "no_initializer", None)
+UNSPECIFIED = _Unspecified() if _Unspecified is not None else _NO_INITIALIZER
 
 
 def is_unspecified(x) -> bool:
     """Whether ``x`` is JAX's "argument not given" sentinel of tree_reduce."""
-    if _Unspecified is not None:
-        return isinstance(x, _Unspecified)
-    return x is UNSPECIFIED
+    if _Unspecified is not None and isinstance(x, _Unspecified):
+        return True
+    return _NO_INITIALIZER is not None and x is _NO_INITIALIZER
