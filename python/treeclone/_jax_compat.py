@@ -1,4 +1,8 @@
-"""Everything treeclone reads from JAX's internals lives here, behind one version check.
+"""Everything treeclone reads from JAX's internals lives here, for JAX 0.6.2 to 0.10.x.
+
+Below ``MIN_JAX`` the import fails with a clear ImportError. Within the range, what differs
+between releases is probed by feature (``hasattr``, or a call whose behaviour changed), never
+by version number: one commented place per difference, each headed "JAX difference N".
 
 JAX keeps the Python-side flatten/unflatten functions of every registered node type in
 ``jax._src.tree_util._registry`` (a dict that only grows). The Rust core classifies an unknown
