@@ -47,7 +47,11 @@ def test_jaxlib_treedef_equality_is_one_way():
     asks treeclone's: `jaxlib_def == treeclone_def` is False. Documented in README."""
     ours, theirs = _defs("nested_mixed")
     assert ours == theirs
-    assert (theirs == ours) is False
+    try:
+        answer = theirs == ours
+    except TypeError:  # JAX 0.6, 0.7: jaxlib's __eq__ raises for another type instead
+        return
+    assert answer is False
 
 
 @pytest.mark.parametrize("corpus_id", SMALL_IDS)
