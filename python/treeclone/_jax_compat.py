@@ -12,6 +12,8 @@ later, through any of JAX's public functions, because the size of that dict chan
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax._src.tree_util as _jtu
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
@@ -290,7 +292,7 @@ def prefix_errors(prefix_tree, full_tree, is_leaf=None):
 # what JAX would do with it: either sentinel, where the release has it, means "not given".
 _Unspecified = getattr(_jtu, "Unspecified", None)
 _NO_INITIALIZER = getattr(_jtu, "no_initializer", None)
-UNSPECIFIED = _Unspecified() if _Unspecified is not None else _NO_INITIALIZER
+UNSPECIFIED: Any = _Unspecified() if _Unspecified is not None else _NO_INITIALIZER
 
 
 def is_unspecified(x) -> bool:
