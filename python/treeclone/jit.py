@@ -419,7 +419,14 @@ class Jitted:
             # jaxlib's flatten, met with a cycle, leaves the interpreter's recursion counter
             # exhausted (every later call raises RecursionError): look first, at a fraction of
             # a flatten's cost (docs/benchmarks.md, jit call path: clone against jax.jit).
-            self._check_cycles(args, kwargs)
+            if self._static_nums or self._static_names:
+                self._check_cycles(args, kwargs)
+            else:
+                try:
+                    _native.check((args, kwargs))
+                except ValueError:
+                    self._check_cycles(args, kwargs)  # names the argument
+                    raise
             return self._jax_jitted(*args, **kwargs)
         return self._call_policy(policy, args, kwargs)
 

@@ -96,35 +96,39 @@ pub fn check<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<()>
 const QUICK_DEPTH: usize = 64;
 
 /// Whether `tree` is a pytree less than `QUICK_DEPTH` containers deep (so without a cycle).
-/// Children wait on one stack with their depth, each held by a strong reference: a flatten
-/// function, or a finalizer run by an allocation, may change any container meanwhile.
+/// Containers wait on one stack with their kind and depth (leaves are dropped when met), each
+/// held by a strong reference: a flatten function, a classification, or a finalizer run by an
+/// allocation may run Python code that changes any container meanwhile, so a dict's values are
+/// copied out before any of them is classified.
 fn shallow<'py>(tree: &Bound<'py, PyAny>, classifier: &mut Classifier<'py>) -> PyResult<bool> {
-    let mut stack = vec![(tree.clone(), 0)];
-    while let Some((obj, depth)) = stack.pop() {
-        let kind = classifier.classify(&obj)?;
-        if matches!(kind, Kind::Leaf | Kind::None) {
-            continue;
+    let mut stack: Vec<(Bound<'py, PyAny>, Kind, usize)> = Vec::with_capacity(16);
+    let mut children: Vec<Bound<'py, PyAny>> = Vec::new();
+    children.push(tree.clone());
+    let mut below = 0;
+    loop {
+        for child in children.drain(..) {
+            let kind = classifier.classify(&child)?;
+            if !matches!(kind, Kind::Leaf | Kind::None) {
+                stack.push((child, kind, below));
+            }
         }
+        let Some((obj, kind, depth)) = stack.pop() else {
+            return Ok(true);
+        };
         if depth == QUICK_DEPTH {
             return Ok(false);
         }
-        let below = depth + 1;
+        below = depth + 1;
         match kind {
-            Kind::Tuple | Kind::NamedTuple => {
-                stack.extend(obj.cast::<PyTuple>()?.iter().map(|c| (c, below)));
-            }
-            Kind::List => {
-                stack.extend(obj.cast::<PyList>()?.iter().map(|c| (c, below)));
-            }
+            Kind::Tuple | Kind::NamedTuple => children.extend(obj.cast::<PyTuple>()?.iter()),
+            Kind::List => children.extend(obj.cast::<PyList>()?.iter()),
             // Increfs and Rust pushes only: no Python code runs while the dict is iterated.
-            Kind::Dict => stack.extend(obj.cast::<PyDict>()?.iter().map(|(_, c)| (c, below))),
+            Kind::Dict => children.extend(obj.cast::<PyDict>()?.iter().map(|(_, c)| c)),
             Kind::Custom(custom) => {
-                let (children, _) = call_custom_flatten(&obj, &custom)?;
+                children = call_custom_flatten(&obj, &custom)?.0;
                 classifier.python_ran();
-                stack.extend(children.into_iter().map(|c| (c, below)));
             }
             Kind::Leaf | Kind::None => {}
         }
     }
-    Ok(true)
 }

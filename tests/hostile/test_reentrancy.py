@@ -76,6 +76,8 @@ def traversals(c, twin):
     yield "unflatten", lambda: tc.tree_unflatten(td, leaves)
     yield "flatten_shared", lambda: treeclone._native.flatten_shared(c)
     yield "shared_unflatten", lambda: treeclone._native.flatten_shared(c)[1].unflatten(leaves)
+    yield "cycle_check", lambda: treeclone._native.check(c)  # what jit's clone call runs
+    yield "jit-clone", lambda: treeclone.jit(lambda x: 0)(c)
     for policy in ("clone", "alias", "strict"):
         yield f"call-{policy}", lambda p=policy: treeclone.call(lambda x: x, c, policy=p)
         yield f"call-{policy}-mutate", lambda p=policy: treeclone.call(_poke, c, policy=p)
