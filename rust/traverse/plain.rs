@@ -59,8 +59,8 @@ pub fn flatten<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<F
 struct Unrecorded;
 
 impl<'py> Mode<'py> for Unrecorded {
-    // No keys are sorted: the order children are met in changes nothing a check finds.
-    const DICT_ORDER: DictOrder = DictOrder::Insertion;
+    // JAX's order, as flatten's: a cycle's message names keys by their place in it.
+    const DICT_ORDER: DictOrder = DictOrder::Sorted;
 
     #[inline]
     fn leaf(&mut self, _: Bound<'py, PyAny>, _: &[Py<PyAny>]) -> PyResult<()> {
