@@ -1,14 +1,11 @@
 """treeclone.jaxlib_tree_util: treeclone.tree_util with jaxlib's treedefs, for code that checks
 ``isinstance(t, jax.tree_util.PyTreeDef)`` (equinox's jaxtyping annotations, libraries' own
-checks). Differential against jax.tree_util, and a real equinox training step run with
-jax.tree_util's functions replaced by this namespace's."""
+checks). Differential against jax.tree_util; real optax, equinox and flax nnx steps run with
+jax.tree_util replaced by this namespace are in test_library_drop_in.py."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 import pytest
 import treeclone.jaxlib_tree_util as jl
 import treeclone.tree_util as tc
@@ -58,37 +55,3 @@ def test_jaxtyping_pytreedef_annotation_accepts_its_treedefs():
     jaxtyping = pytest.importorskip("jaxtyping")
     assert isinstance(jl.tree_structure({"a": [1]}), jaxtyping.PyTreeDef)
     assert not isinstance(tc.tree_structure({"a": [1]}), jaxtyping.PyTreeDef)
-
-
-def test_equinox_training_step_with_jax_tree_util_replaced(monkeypatch):
-    eqx = pytest.importorskip("equinox")
-    optax = pytest.importorskip("optax")
-
-    def train(steps: int) -> tuple[list[float], list[np.ndarray]]:
-        model = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.PRNGKey(0))
-        opt = optax.adam(1e-2)
-        state = opt.init(eqx.filter(model, eqx.is_inexact_array))
-        x, y = jnp.ones((16, 4)), jnp.zeros((16, 2))
-
-        @eqx.filter_jit
-        def step(model, state):
-            def loss(m):
-                return jnp.mean((jax.vmap(m)(x) - y) ** 2)
-
-            value, grads = eqx.filter_value_and_grad(loss)(model)
-            updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
-            return eqx.apply_updates(model, updates), state, value
-
-        losses = []
-        for _ in range(steps):
-            model, state, value = step(model, state)
-            losses.append(float(value))
-        return losses, [np.asarray(a) for a in jtu.tree_leaves(eqx.filter(model, eqx.is_array))]
-
-    expected = train(3)
-    for name in jl.__all__:
-        monkeypatch.setattr(jtu, name, getattr(jl, name))
-    got = train(3)
-    assert got[0] == expected[0]
-    for a, b in zip(got[1], expected[1], strict=True):
-        np.testing.assert_array_equal(a, b)
