@@ -77,13 +77,9 @@ def traversals(c, twin):
     yield "flatten_shared", lambda: treeclone._native.flatten_shared(c)
     yield "shared_unflatten", lambda: treeclone._native.flatten_shared(c)[1].unflatten(leaves)
     yield "cycle_check", lambda: treeclone._native.check(c)  # what jit's clone call runs
-    yield "jit-clone", lambda: _clone_jitted(c)
     for policy in ("clone", "alias", "strict"):
         yield f"call-{policy}", lambda p=policy: treeclone.call(lambda x: x, c, policy=p)
         yield f"call-{policy}-mutate", lambda p=policy: treeclone.call(_poke, c, policy=p)
-
-_clone_jitted = treeclone.jit(lambda x: 0)  # one function: its cache holds each structure
-
 
 def _poke(x):
     if isinstance(x, dict):

@@ -175,6 +175,8 @@ sys.path.insert(0, {SUPPORT_DIR!r})
 PRELUDE = (
     _PATH_SETUP
     + """
+import faulthandler
+faulthandler.enable()  # a crash prints every thread's Python stack to stderr
 import jax.tree_util as jtu
 import treeclone.tree_util as tc
 """
