@@ -131,6 +131,7 @@ class Origin:
         key_order: tuple[Any, ...] | None = None,
         reordered: bool = True,
         attrs: Any = None,
+        direct: list[tuple[str, int]] | None = None,
     ) -> None: ...
     node: int
     old_children: list[int]

@@ -292,10 +292,12 @@ def run(
             continue
         obj, ty = post_objs[n], entry.node_type
         attrs, keys, outside = None, (pre_info[k].data, entry.data) if ty is dict else None, []
+        direct = None
         if ty not in (list, dict) and writable(obj) and not has_updater(obj):
             if _holds_tracer(entry.data):
                 _raise_traced_static_data(fun, k, pre_def, objs, layout)
             attrs, keys, after = _custom_changes(pre_info[k], entry, objs, post_objs)
+            direct = _direct_writes(attrs, after, [post_objs[c] for c in entry.children])
             outside = [
                 name
                 for name in getattr(obj, "__dict__", ())
@@ -310,7 +312,19 @@ def run(
             key_order=key_order,
             reordered=key_order is not None and _reordered(keys and keys[0], key_order),
             attrs=attrs,
+            direct=direct,
         )
+        for j, c in enumerate(entry.children):
+            # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
+            # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
+            old = pre_info[k].children
+            if (
+                j < len(old)
+                and c not in origin_of
+                and id(post_objs[c]) not in container_index
+                and _equal_empty_nodes(pre_info[old[j]], post_info[c])
+            ):
+                origin_of[c] = Origin(node=old[j], old_children=[], same_data=True, writable=False)
         changes = _describe(
             pre_info[k], entry, objs, post_objs, (pre_info, post_info), keys, k not in unstable
         )
@@ -364,6 +378,30 @@ def _custom_changes(
         return None, None, None
     keys = (list(before), list(after)) if isinstance(before, dict) else None
     return changed_attributes(before, after), keys, after
+
+
+def _direct_writes(
+    attrs: tuple[str, ...] | None, after: Any, children: list
+) -> list[tuple[str, int]] | None:
+    """``(attribute, child index)`` for each changed attribute of a rebuilt custom node that
+    holds one of the node's ``children`` itself: write-back then sets those attributes to the
+    new children directly, without rebuilding the node (``CallPlan``'s fast path). None when
+    some changed attribute holds anything else (derived or converted by the node's unflatten),
+    or the node is a dict or list subclass, whose items are written as a dict's or a list's."""
+    if attrs is None or isinstance(after, (dict, list)):
+        return None
+    position = {}
+    for j, child in enumerate(children):
+        position.setdefault(id(child), j)
+    direct = []
+    missing = object()
+    for name in attrs:
+        value = getattr(after, name, missing)
+        j = position.get(id(value))
+        if j is None or children[j] is not value:
+            return None
+        direct.append((name, j))
+    return direct
 
 
 class _Same:

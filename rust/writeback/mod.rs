@@ -6,7 +6,8 @@ use crate::node::{build_node, Node, NodeKind};
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PySlice, PyString, PyTuple};
 
 /// Where a result leaf comes from.
 #[pyclass(frozen, module = "treeclone._native")]
@@ -35,13 +36,18 @@ pub struct Origin {
     reordered: bool,
     /// A custom node's attributes the function changed (None: let `write_custom` decide).
     attrs: Option<Py<PyTuple>>,
+    /// When every changed attribute of a custom node holds one of its children as it is (the
+    /// node's unflatten stores child `j` in attribute `name`, as nnx's `Variable` and modules
+    /// do): `(name, j)` for each, set directly, without rebuilding the node or calling Python.
+    direct: Option<Vec<(Py<PyString>, usize)>>,
 }
 
 #[pymethods]
 impl Origin {
     #[new]
     #[pyo3(signature = (
-        *, node, old_children, same_data, writable, key_order=None, reordered=true, attrs=None
+        *, node, old_children, same_data, writable, key_order=None, reordered=true, attrs=None,
+        direct=None
     ))]
     #[allow(clippy::too_many_arguments)] // keyword-only, each one a named field
     fn new(
@@ -52,6 +58,7 @@ impl Origin {
         key_order: Option<Py<PyTuple>>,
         reordered: bool,
         attrs: Option<Py<PyTuple>>,
+        direct: Option<Vec<(Py<PyString>, usize)>>,
     ) -> Self {
         Origin {
             node,
@@ -61,6 +68,7 @@ impl Origin {
             key_order,
             reordered,
             attrs,
+            direct,
         }
     }
 }
@@ -211,6 +219,11 @@ enum Undo<'py> {
     ),
     /// What `write_custom` returned.
     Call(Bound<'py, PyAny>),
+    /// An object and the attributes set directly, with their old values (None: it had none).
+    Attributes(
+        Bound<'py, PyAny>,
+        Vec<(Bound<'py, PyString>, Option<Bound<'py, PyAny>>)>,
+    ),
 }
 
 impl Undo<'_> {
@@ -219,6 +232,7 @@ impl Undo<'_> {
             Undo::List(l, old) => set_list_items(&l, old.as_any()),
             Undo::Mapping(d, old) => set_mapping_items(&d, old),
             Undo::Call(f) => f.call0().map(|_| ()),
+            Undo::Attributes(obj, old) => restore_attributes(&obj, old),
         }
     }
 }
@@ -241,6 +255,78 @@ impl CallPlan {
         }
         Ok(())
     }
+}
+
+/// `object.__setattr__`, which sets an attribute as `write_custom` does: past a class's own
+/// `__setattr__` (frozen dataclasses, nnx's trace-level checks), as if the function had run on
+/// the caller's object.
+fn object_setattr(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static SETATTR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    SETATTR
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.get_type::<PyAny>().getattr("__setattr__")?.unbind())
+        })
+        .map(|f| f.bind(py))
+}
+
+/// Put back attributes set by [`write_attributes`]: old values, and none where there was none.
+fn restore_attributes<'py>(
+    obj: &Bound<'py, PyAny>,
+    old: Vec<(Bound<'py, PyString>, Option<Bound<'py, PyAny>>)>,
+) -> PyResult<()> {
+    let py = obj.py();
+    let setattr = object_setattr(py)?;
+    for (name, value) in old.into_iter().rev() {
+        match value {
+            Some(v) => {
+                setattr.call1((obj, name, v))?;
+            }
+            None => {
+                let delattr = py.get_type::<PyAny>().getattr("__delattr__")?;
+                if let Err(e) = delattr.call1((obj, name)) {
+                    if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Set `obj.<name> = children[j]` for each `(name, j)` of `direct`; returns how to undo it
+/// (also the part done when a later attribute fails).
+fn write_attributes<'py>(
+    obj: &Bound<'py, PyAny>,
+    direct: &[(Py<PyString>, usize)],
+    children: &[Bound<'py, PyAny>],
+) -> PyResult<Undo<'py>> {
+    let py = obj.py();
+    let setattr = object_setattr(py)?;
+    let mut old = Vec::with_capacity(direct.len());
+    for (name, j) in direct {
+        let name = name.bind(py);
+        let Some(value) = children.get(*j) else {
+            restore_attributes(obj, old)?;
+            return Err(PyValueError::new_err(
+                "CallPlan: a direct write names a child the node does not have",
+            ));
+        };
+        let before = match obj.getattr(name) {
+            Ok(v) => Some(v),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
+            Err(e) => {
+                restore_attributes(obj, old)?;
+                return Err(e);
+            }
+        };
+        if let Err(e) = setattr.call1((obj, name, value)) {
+            restore_attributes(obj, old)?;
+            return Err(e);
+        }
+        old.push((name.clone(), before));
+    }
+    Ok(Undo::Attributes(obj.clone(), old))
 }
 
 /// Replace all items of a list (or list subclass, through its own `__setitem__`).
@@ -350,6 +436,10 @@ fn write_one<'py>(
         NodeKind::Dict(keys) => {
             let new = keys.bind(py).iter().zip(children).collect();
             done.push(write_mapping(obj, new, key_order, origin.reordered)?);
+        }
+        NodeKind::Custom(..) if origin.direct.is_some() => {
+            let direct = origin.direct.as_deref().unwrap_or_default();
+            done.push(write_attributes(obj, direct, &children)?);
         }
         NodeKind::Custom(..) => {
             let fresh = build_node(py, &node.kind, children.into_iter())?;

@@ -75,3 +75,35 @@ def test_strict_nnx_step_not_returning_names_variables_not_bookkeeping():
         assert f"  {variable}.value: replaced" in message, message
     assert "_pytree__state" not in message
     assert int(optimizer.step[...]) == 0
+
+
+def test_alias_nnx_step_writes_the_variables_and_nothing_else():
+    """Under alias the step updates the caller's Variables in place; every module keeps its
+    own bookkeeping objects (``_pytree__state``), which the function only replaced by equal
+    ones, and no unchanged Variable is written."""
+    model, optimizer, x = _setup()
+    plain_model, plain_optimizer, _ = _setup()
+    states = {
+        id(m): m._pytree__state for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module)
+    }
+    variables = {p: v for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Variable)}
+    mean = model.linear_in.bn.mean
+
+    def step(model, optimizer):
+        return _train(model, optimizer, x)
+
+    jitted = tc.jit(step, policy="alias")
+    for _ in range(3):
+        loss = jitted(model, optimizer)
+        plain_loss = step(plain_model, plain_optimizer)
+        assert jnp.allclose(loss, plain_loss, atol=1e-6)
+    for _, m in nnx.iter_graph(model):
+        if isinstance(m, nnx.Module):
+            assert m._pytree__state is states[id(m)]
+    assert {p: v for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Variable)} == variables
+    assert all(v is variables[p] for p, v in nnx.iter_graph(model) if p in variables)
+    assert model.linear_in.bn.mean is mean
+    assert int(optimizer.step[...]) == 3
+    after, plain = jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(plain_model))
+    for a, b in zip(after, plain, strict=True):
+        assert jnp.allclose(a, b, atol=1e-6)

@@ -342,3 +342,91 @@ def test_jit_reports_an_argument_also_changed_through_a_global():
     with pytest.raises(ValueError, match=r"changed d through another name"):
         tc.jit(f, policy="alias")(SHARED_STATE)
     assert list(SHARED_STATE) == ["w"]
+
+
+class Holder:
+    """A registered class whose unflatten stores each child in an attribute as it is; counts
+    its unflattens."""
+
+    unflattens = 0
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+
+def _unflatten_holder(_, children):
+    Holder.unflattens += 1
+    return Holder(*children)
+
+
+jax.tree_util.register_pytree_node(Holder, lambda h: ((h.w, h.b), None), _unflatten_holder)
+
+
+class Wrapped:
+    def __init__(self, value):
+        self.value = value
+
+
+class Converting:
+    """A registered class whose unflatten wraps its child: the attribute is not the child."""
+
+    def __init__(self, w):
+        self.w = w if isinstance(w, Wrapped) else Wrapped(w)
+
+
+jax.tree_util.register_pytree_node(
+    Converting, lambda c: ((c.w.value,), None), lambda _, children: Converting(children[0])
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_sets_attributes_that_hold_children_directly(mode):
+    holder = Holder(jnp.zeros(2), jnp.ones(2))
+    b = holder.b
+
+    def f(h):
+        h.w = h.w + 1
+
+    run = runner(mode, f, "alias")
+    run(holder)  # traced (jit) or run (call) once: the node's unflatten builds what it checks
+    before = Holder.unflattens
+    for _ in range(3):
+        run(holder)
+    assert as_lists(holder.w) == [4.0, 4.0]
+    assert holder.b is b  # not written: unchanged
+    if mode == "jit":  # at each call the attribute is set without rebuilding the node
+        assert Holder.unflattens == before
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_rebuilds_a_node_whose_unflatten_converts_its_children(mode):
+    obj = Converting(jnp.zeros(2))
+
+    def f(c):
+        c.w = Wrapped(c.w.value + 1)
+
+    runner(mode, f, "alias")(obj)
+    runner(mode, f, "alias")(obj)
+    assert isinstance(obj.w, Wrapped) and as_lists(obj.w.value) == [2.0, 2.0]
+    expected = Converting(np.zeros(2))
+    f(expected)
+    f(expected)
+    assert as_lists(obj.w.value) == as_lists(expected.w.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_undoes_attributes_set_directly_when_a_later_write_fails(mode):
+    def update(target, source):
+        raise RuntimeError("hook failed")
+
+    tc.register_inplace(Broken, update)
+    holder = Holder(np.zeros(1), np.zeros(1))
+    broken = Broken(np.zeros(1), np.zeros(1))
+
+    def f(h, o):
+        h.w = h.w + 1
+        o.a = o.a + 1
+
+    with pytest.raises(RuntimeError, match="hook failed"):
+        runner(mode, f, "alias")(holder, broken)
+    assert as_lists(holder.w) == [0.0] and as_lists(broken.a) == [0.0]
