@@ -7,6 +7,7 @@
 //! - `treedef/`: `PyTreeDef` (unflatten, flatten_up_to, equality, pickling, JAX conversion);
 //! - `sharing/`: the identity-tracking mode and `SharedTreeDef`;
 //! - `writeback/`: `CallPlan`, the all-or-nothing write into the caller's objects;
+//! - `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
 //! - `api.rs`: the module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.
@@ -14,6 +15,7 @@
 use pyo3::prelude::*;
 
 mod api;
+mod bound;
 mod node;
 mod registry;
 mod sharing;
@@ -33,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writeback::CallPlan>()?;
     m.add_class::<writeback::Source>()?;
     m.add_class::<writeback::Origin>()?;
+    m.add_class::<bound::Snapshot>()?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;
     api::register(m)

@@ -23,6 +23,7 @@ from treeclone import tree, tree_util
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone.call import call
 from treeclone.jit import Jitted, jit
+from treeclone.partial import JitPartial, jit_partial
 from treeclone.policies import (
     ALIAS,
     CLONE,
@@ -37,6 +38,7 @@ __all__: list[str] = [
     "ALIAS",
     "CLONE",
     "STRICT",
+    "JitPartial",
     "Jitted",
     "MutationError",
     "Policy",
@@ -45,6 +47,7 @@ __all__: list[str] = [
     "__version__",
     "call",
     "jit",
+    "jit_partial",
     "policy",
     "register_inplace",
     "tree",

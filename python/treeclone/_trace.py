@@ -196,11 +196,14 @@ def run(
     keep_inputs: Sequence[bool] | None = None,
     transform_out: Callable[[Any], Any] | None = None,
     caller_objects: Sequence[Any] | None = None,
-) -> tuple[Any, list]:
+    track_inputs: bool = False,
+) -> tuple[Any, list, tuple[int, ...] | bool | None]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
-    Returns ``(plan, output_leaves)``: ``plan.apply(caller_leaves, caller_objects,
-    output_leaves)`` gives the call's result (and performs the write-back under ``alias``).
+    Returns ``(plan, output_leaves, next_inputs)``: ``plan.apply(caller_leaves,
+    caller_objects, output_leaves)`` gives the call's result (and performs the write-back under
+    ``alias``); ``next_inputs`` says where the arguments' leaves are after it
+    (see ``_next_inputs``; always None unless ``track_inputs``).
     ``keep_inputs[s]`` false means input slot ``s`` may not be handed back as it came in
     (it was donated): it is output by the computation instead.
     ``rebuild_args`` turns the rebuilt ``(args, kwargs)`` into the function's full arguments
@@ -351,15 +354,38 @@ def run(
         origins = [None] * result_def.num_nodes
         result_child = None
     sources, outputs = [], []
+    # For each result leaf, its index in ``in_leaves + outputs`` (for next_inputs below).
+    pool_index: dict[int, int] = {}
     for leaf in result_leaves:
         s = slot_of.get(id(leaf))
         if s is not None and in_leaves[s] is leaf and (keep_inputs is None or keep_inputs[s]):
             sources.append(Source.Input(slot=s))
+            pool_index.setdefault(id(leaf), s)
         else:
             sources.append(Source.Output(index=len(outputs)))
+            pool_index.setdefault(id(leaf), len(in_leaves) + len(outputs))
             outputs.append(leaf)
     plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom)
-    return plan, outputs
+    if not track_inputs:
+        return plan, outputs, None
+    return plan, outputs, _next_inputs(policy, root, pre_def, in_leaves, pool_index)
+
+
+def _next_inputs(
+    policy: Policy, root: Any, pre_def: Any, in_leaves: list, pool_index: dict[int, int]
+) -> tuple[int, ...] | bool | None:
+    """What the caller's arguments hold after a call, for ``jit_partial``'s cached leaves:
+    None when their leaves are the ones they had; False when their structure changed (they
+    must be flattened again); else, for each leaf slot, its index in ``in_leaves + outputs``."""
+    if policy.mutations != "propagate":
+        return None  # nothing is written back
+    after_leaves, after_def, _ = _native.flatten_shared(root)
+    if after_def != pre_def:
+        return False
+    index = tuple(pool_index[id(leaf)] for leaf in after_leaves)
+    if index == tuple(range(len(in_leaves))):
+        return None
+    return index
 
 
 def _custom_changes(

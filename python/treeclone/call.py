@@ -52,7 +52,7 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     work = [_copy_if_mutable(x) for x in leaves]
     changed = _Changed(leaves, work)
     layout = _trace.Layout(len(args), argument_names(fun, range(len(args))))
-    plan, outputs = _trace.run(
+    plan, outputs, _ = _trace.run(
         fun,
         sdef,
         work,

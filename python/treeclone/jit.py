@@ -24,7 +24,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import jax
 
@@ -35,6 +35,9 @@ from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
 from treeclone._jax_compat import DebugInfo as _DebugInfo
 from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
 from treeclone.policies import CLONE, Policy, _override, as_policy
+
+if TYPE_CHECKING:
+    from treeclone.partial import BoundArguments
 
 try:
     from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
@@ -66,16 +69,25 @@ class _TraceInfo:
     key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
     own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
     ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
-    Compared by identity, as the plan is.
+    ``next_inputs``: where the arguments' leaves are after a call (``_trace._next_inputs``),
+    for ``jit_partial``. Compared by identity, as the plan is.
     """
 
-    __slots__ = ("out_sources", "out_tree", "paths", "plan")
+    __slots__ = ("next_inputs", "out_sources", "out_tree", "paths", "plan")
 
-    def __init__(self, plan: Any, paths: Sequence[str], out_tree: Any, out_sources: Any):
+    def __init__(
+        self,
+        plan: Any,
+        paths: Sequence[str],
+        out_tree: Any,
+        out_sources: Any,
+        next_inputs: tuple[int, ...] | bool | None = None,
+    ):
         self.plan = plan
         self.paths = paths
         self.out_tree = out_tree
         self.out_sources = out_sources
+        self.next_inputs = next_inputs
 
 
 class _ResultBox:
@@ -440,18 +452,26 @@ class Jitted:
 
     # --- the policy path ----------------------------------------------------------------------
 
-    def _call_policy(self, policy: Policy, args: tuple, kwargs: dict) -> Any:
-        call = self._prepare(policy, args, kwargs)
+    def _call_policy(
+        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
+    ) -> Any:
+        call = self._prepare(policy, args, kwargs, bound)
         local = call.inner.local
         local.call = call  # while the inner jit runs, its debug info can name the arguments
         try:
             result = call.jitted(call.box, call.donated)
         finally:
             local.call = None
-        return result.info.plan.apply(call.leaves, call.objects, result.leaves)
+        out = result.info.plan.apply(call.leaves, call.objects, result.leaves)
+        if bound is not None:
+            bound.advance(result.info.next_inputs, call.leaves, result.leaves)
+        return out
 
-    def _prepare(self, policy: Policy, args: tuple, kwargs: dict) -> _Call:
-        """Everything about one call up to running the inner jit."""
+    def _prepare(
+        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
+    ) -> _Call:
+        """Everything about one call up to running the inner jit. With ``bound``, the first
+        arguments are ``jit_partial``'s, flattened already: only the others are flattened."""
         entry = self._inner.get(policy)
         if entry is None:
             entry = self._inner[policy] = _make_inner(
@@ -467,7 +487,10 @@ class Jitted:
         if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
             kwargs = dict(sorted(kwargs.items()))
         try:
-            leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+            if bound is None:
+                leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+            else:
+                leaves, sdef, objects = bound.join(args, kwargs)
         except ValueError:
             self._check_cycles(*given)  # the text of every policy, naming the argument
             raise
@@ -872,7 +895,7 @@ class _Inner:
             return out
 
         call = getattr(self.local, "call", None)  # None when traced ahead of time
-        plan, outputs = _trace.run(
+        plan, outputs, next_inputs = _trace.run(
             self._fun(),
             sdef,
             leaves,
@@ -882,8 +905,11 @@ class _Inner:
             keep_inputs=keep_inputs,
             transform_out=transform_out,
             caller_objects=None if call is None else call.objects,
+            track_inputs=True,
         )
-        return _ResultBox(self._describe(plan, outputs, leaves, positions, seen), outputs)
+        info = self._describe(plan, outputs, leaves, positions, seen)
+        info.next_inputs = next_inputs
+        return _ResultBox(info, outputs)
 
     def _describe(
         self, plan: Any, outputs: list, leaves: list, positions: list, seen: dict

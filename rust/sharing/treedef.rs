@@ -2,7 +2,7 @@
 //! object), in post-order. Each node stores its subtree's size, so a node's children are found
 //! in O(arity).
 
-use crate::node::{build_node, child_indices, Node};
+use crate::node::{build_node, child_indices, Node, NodeKind};
 use crate::treedef::leaf_count_error;
 use crate::treedef::protocol::{self, Structure};
 use pyo3::exceptions::PyValueError;
@@ -224,6 +224,43 @@ impl SharedTreeDef {
             });
         }
         Ok(out)
+    }
+
+    /// The structure of the tuple `(*a, *b)`, where `a` and `b` are the structures of two
+    /// tuples flattened apart (`jit_partial`: the bound arguments, flattened once, and the
+    /// call's own). Leaves and containers of `b` are distinct from those of `a`; the caller
+    /// checks that they are distinct objects.
+    #[staticmethod]
+    fn join_tuples(py: Python<'_>, a: &SharedTreeDef, b: &SharedTreeDef) -> PyResult<Self> {
+        let root_arity = |d: &SharedTreeDef| match d.entries.last() {
+            Some(Entry::Node(n)) if matches!(n.kind, NodeKind::Tuple) => Ok(n.arity),
+            _ => Err(PyValueError::new_err(
+                "join_tuples: both structures must be tuples",
+            )),
+        };
+        let arity = root_arity(a)? + root_arity(b)?;
+        let a_len = a.entries.len() - 1;
+        let mut entries = Vec::with_capacity(a_len + b.entries.len());
+        let mut num_leaves = 0;
+        for (part, entry_offset, slot_offset) in [(a, 0, 0), (b, a_len, a.num_slots)] {
+            for e in &part.entries[..part.entries.len() - 1] {
+                entries.push(match e {
+                    Entry::Leaf(s) => {
+                        num_leaves += 1;
+                        Entry::Leaf(s + slot_offset)
+                    }
+                    Entry::Ref(t) => Entry::Ref(t + entry_offset),
+                    Entry::Node(n) => Entry::Node(n.clone_ref(py)),
+                });
+            }
+        }
+        entries.push(Entry::Node(Node {
+            kind: NodeKind::Tuple,
+            arity,
+            num_leaves,
+            num_nodes: entries.len() + 1,
+        }));
+        Ok(SharedTreeDef::new(entries, a.num_slots + b.num_slots))
     }
 
     /// Entry indices of entry `i`'s children.

@@ -1,0 +1,199 @@
+"""``treeclone.jit_partial``: a jitted function with its first arguments bound and flattened once.
+
+A training step called as ``step(model, optimizer, x, y)`` flattens the model and optimizer at
+every call; for flax nnx modules that is one Python flatten per module and per Variable, most
+of a small step's cost. ``jit_partial(step, model, optimizer, policy="alias")`` flattens them
+once, keeps their leaves, and at each call flattens only ``x`` and ``y``.
+
+What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
+
+- the call's own write-back knows where every leaf of the bound arguments went (the trace
+  records it), so the cache follows the function's updates without flattening again; a call
+  that changes their structure (a key added, a list grown) flattens them again afterwards;
+- before each call, a ``Snapshot`` of the bound containers (their items and instance
+  attributes, by identity, compared in Rust) tells whether code outside the function changed
+  them since; if so they are flattened again, so such a change is used, never lost;
+- an argument of the call that is also reachable from the bound arguments (``step(model.layer)``
+  with ``model`` bound) makes that call flatten everything together, so sharing is preserved.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from treeclone import _native
+from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
+from treeclone.jit import _UNSPECIFIED, Jitted, _given
+from treeclone.policies import Policy, _override, as_policy
+
+_SCALARS = (int, float, bool, complex)
+# Joined structures kept per bound state (one per structure of the call's own arguments).
+_JOIN_CACHE_SIZE = 64
+
+
+class BoundArguments:
+    """The bound arguments of a ``jit_partial``, flattened, with what checks them."""
+
+    def __init__(self, args: tuple):
+        self.args = args
+        self._flatten()
+
+    def _flatten(self) -> None:
+        self.leaves, self.sdef, self.objects = _native.flatten_shared(self.args)
+        info = self.sdef.node_info()
+        self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
+        self.snapshot = Snapshot.take(self.objects, self.containers)
+        # Objects a call's arguments must not share with the bound ones (Python scalars are
+        # values, not tracked).
+        self.ids = {id(o) for o in self.objects if type(o) not in _SCALARS}
+        self.joined: dict[Any, SharedTreeDef] = {}
+        self.takers: dict[tuple[int, ...], Callable[[list], list]] = {}
+        self.stale = False
+
+    def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
+        """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
+        flattening only the others (and the bound ones again if they were changed since)."""
+        if not self.snapshot.checkable or not self.snapshot.unchanged():
+            self._flatten()
+        n = len(self.args)
+        leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
+        if not self.ids.isdisjoint(map(id, objects)):
+            # An argument reachable from the bound ones: one flatten keeps them one object.
+            self.stale = True
+            return _native.flatten_shared((*args, kwargs))
+        joined = self.joined.get(sdef)
+        if joined is None:
+            if len(self.joined) >= _JOIN_CACHE_SIZE:
+                self.joined.clear()
+            joined = self.joined[sdef] = SharedTreeDef.join_tuples(self.sdef, sdef)
+        root = (*args, kwargs)
+        return self.leaves + leaves, joined, [*self.objects[:-1], *objects[:-1], root]
+
+    def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
+        """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
+        bound leaves are now among ``leaves + outputs``."""
+        if self.stale or next_inputs is False:
+            self._flatten()
+        elif next_inputs is not None:
+            n = len(self.leaves)
+            take = self.takers.get(next_inputs)
+            if take is None:
+                take = self.takers[next_inputs] = _taker(next_inputs[:n])
+            self.leaves = take([*leaves, *outputs])
+            self.snapshot = self.snapshot.again()
+
+
+def _taker(indices: tuple[int, ...]) -> Callable[[list], list]:
+    if not indices:
+        return lambda pool: []
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda pool: [pool[i]]
+    getter = operator.itemgetter(*indices)
+    return lambda pool: list(getter(pool))
+
+
+class JitPartial:
+    """What :func:`jit_partial` returns: call it with the remaining arguments."""
+
+    def __init__(self, jitted: Jitted, bound: tuple):
+        functools.update_wrapper(self, jitted._fun)
+        self._jitted = jitted
+        if jitted._static_nums & set(range(len(bound))):
+            raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
+        self._bound = BoundArguments(bound)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it)."""
+        return self._jitted.policy
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun(*bound, *args, **kwargs)``, compiled, under the policy."""
+        policy = _override.get() or self._jitted._policy
+        _check_policy(policy)
+        return self._jitted._call_policy(policy, (*self._bound.args, *args), kwargs, self._bound)
+
+    def clear_cache(self) -> None:
+        """Empty the compiled-code caches (see :meth:`treeclone.Jitted.clear_cache`)."""
+        self._jitted.clear_cache()
+
+    def _cache_size(self) -> int:
+        return self._jitted._cache_size()
+
+    def __repr__(self) -> str:
+        return f"<treeclone.jit_partial of {self._jitted._fun!r} (policy {self.policy!r})>"
+
+
+def _check_policy(policy: Policy) -> None:
+    if policy.identity != "preserve":
+        raise ValueError(
+            f"jit_partial needs a policy that preserves identity (alias, strict, or "
+            f"Policy('discard', 'preserve')), got {policy!r}: under clone, call "
+            f"treeclone.jit(fun)(*bound, *args)"
+        )
+
+
+def jit_partial(
+    fun: Callable[..., Any],
+    /,
+    *bound: Any,
+    policy: str | Policy = "alias",
+    in_shardings: Any = _UNSPECIFIED,
+    out_shardings: Any = _UNSPECIFIED,
+    static_argnums: Any = None,
+    static_argnames: Any = None,
+    donate_argnums: Any = None,
+    donate_argnames: Any = None,
+    keep_unused: bool = False,
+    device: Any | None = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
+) -> JitPartial:
+    """``treeclone.jit(fun, policy=..., ...)`` with ``bound`` as its first arguments, flattened
+    once: the callable returned takes the remaining ones. Write-back under ``alias`` goes into
+    the bound objects themselves, exactly as ``treeclone.jit(fun)(*bound, *args)`` would; the
+    keywords are :func:`treeclone.jit`'s (argument numbers count the bound arguments).
+
+    Changes made to the bound objects between calls are seen (docs/semantics.md,
+    "jit_partial"); the policy must preserve identity (``alias``, the default, or ``strict``).
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def accumulate(state, x):
+    ...     state["total"] = state["total"] + x
+    ...     return state["total"]
+    >>> state = {"total": jnp.zeros(())}
+    >>> add = treeclone.jit_partial(accumulate, state)
+    >>> add(1.0), add(2.0)
+    (Array(1., dtype=float32), Array(3., dtype=float32))
+    >>> state
+    {'total': Array(3., dtype=float32)}
+    >>> state["total"] = jnp.zeros(())  # changed outside: the next call sees it
+    >>> add(5.0)
+    Array(5., dtype=float32)
+    """
+    options = _given(
+        {
+            "in_shardings": in_shardings,
+            "out_shardings": out_shardings,
+            "static_argnums": static_argnums,
+            "static_argnames": static_argnames,
+            "donate_argnums": donate_argnums,
+            "donate_argnames": donate_argnames,
+            "keep_unused": keep_unused,
+            "device": device,
+            "backend": backend,
+            "inline": inline,
+            "compiler_options": compiler_options,
+        }
+    )
+    policy = as_policy(policy)
+    _check_policy(policy)
+    return JitPartial(Jitted(fun, policy, options), bound)
+
+
+__all__ = ["JitPartial", "jit_partial"]

@@ -1,0 +1,152 @@
+"""Random container trees of every kind JAX knows, and random mutation programs over them,
+with what plain Python and treeclone must agree on (``describe``). Shared by the alias
+property tests (``tests/policies/test_alias_container_kinds.py``) and jit_partial's
+(``tests/jit/test_jit_partial.py``)."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import numpy as np
+from hypothesis import strategies as st
+from node_kinds import Model, MyDict, MyList, Noted
+
+DICTS = (dict, collections.OrderedDict, MyDict, "defaultdict")
+LISTS = (list, MyList)
+
+
+def make_dict(kind, items):
+    if kind == "defaultdict":
+        return collections.defaultdict(list, items)
+    return kind(items)
+
+
+leaf = st.integers(0, 9).map(lambda i: np.full((2,), float(i), dtype=np.float32))
+keys = st.sampled_from(["e", "b", "d", "a", "c"])
+
+
+def _mutable(inner):
+    return st.one_of(
+        st.tuples(st.sampled_from(LISTS), st.lists(inner, max_size=3)).map(lambda p: p[0](p[1])),
+        st.tuples(st.sampled_from(DICTS), st.dictionaries(keys, inner, max_size=3)).map(
+            lambda p: make_dict(p[0], p[1])
+        ),
+    )
+
+
+def _extend(inner):
+    return st.one_of(_mutable(inner), st.tuples(inner, inner), inner.map(Noted), inner.map(Model))
+
+
+# The root is a mutable container (the argument the program mutates).
+trees = _mutable(st.recursive(leaf, _extend, max_leaves=8))
+
+OPS = ["set", "add", "delete", "append", "pop", "detach", "reattach"]
+programs = st.lists(st.tuples(st.integers(0, 50), st.sampled_from(OPS), keys), max_size=5)
+
+
+def children(node):
+    if isinstance(node, dict):
+        return list(node.values())
+    if isinstance(node, (list, tuple)):
+        return list(node)
+    if isinstance(node, Noted):
+        return [node.x]
+    if isinstance(node, Model):
+        return [node.w]
+    return []
+
+
+def containers(tree):
+    """Every mutable container reachable from ``tree``, in a fixed (breadth-first) order."""
+    out, seen, agenda = [], set(), [tree]
+    while agenda:
+        node = agenda.pop(0)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, (dict, list, Noted, Model)):
+            out.append(node)
+        agenda.extend(children(node))
+    return out
+
+
+def fresh_like(node):
+    if isinstance(node, dict):
+        return (
+            make_dict("defaultdict", {})
+            if isinstance(node, collections.defaultdict)
+            else type(node)()
+        )
+    return type(node)()
+
+
+def run_program(tree, program):
+    """Apply ``program`` to ``tree`` in place, the same way on any equal copy."""
+    for choice, op, key in program:
+        found = containers(tree)
+        node = found[choice % len(found)]
+        leaves = jax.tree.leaves(tree)
+        value = (leaves[0] if leaves else np.zeros(2, np.float32)) + 1
+        if isinstance(node, Noted):
+            node.x = value
+        elif isinstance(node, Model):
+            node.w = value
+        elif op in ("detach", "reattach"):
+            slots = list(node) if isinstance(node, dict) else list(range(len(node)))
+            if not slots:
+                continue
+            slot = slots[choice % len(slots)]
+            child = node[slot]
+            if not isinstance(child, (dict, list)):
+                continue
+            if op == "detach":  # mutate the child, then put a fresh container in its place
+                if isinstance(child, dict):
+                    child["z"] = value
+                else:
+                    child.append(value)
+                node[slot] = fresh_like(child)
+            elif node is not tree:  # move the child to the root
+                del node[slot]
+                if isinstance(tree, dict):
+                    tree[key] = child
+                else:
+                    tree.append(child)
+        elif isinstance(node, dict):
+            present = list(node)
+            if op in ("set", "append") and present:
+                node[present[choice % len(present)]] = value
+            elif op in ("add", "pop") and key not in node:
+                node[key] = value
+            elif op == "delete" and key in node:
+                del node[key]
+        else:
+            if op == "set" and node:
+                node[choice % len(node)] = value
+            elif op in ("append", "add"):
+                node.append(value)
+            elif op in ("pop", "delete") and node:
+                node.pop()
+
+
+def describe(node, index):
+    """What plain Python and alias must agree on for one container: its type, keys in order,
+    attributes outside the pytree, leaf values, and which original container (by position in
+    ``index``) sits in each child place."""
+    state = {"type": type(node)}
+    if isinstance(node, dict):
+        state["keys"] = list(node)
+        if isinstance(node, collections.defaultdict):
+            state["factory"] = node.default_factory
+    if isinstance(node, Noted):
+        state["note"] = node.note
+    if isinstance(node, Model):
+        state["history"] = list(node.history)
+    state["children"] = [
+        ("container", index.get(id(c), "new"), type(c))
+        if isinstance(c, (dict, list, tuple, Noted, Model))
+        else np.asarray(c).tolist()
+        for c in children(node)
+    ]
+    return state
