@@ -109,3 +109,36 @@ def test_docs_section_is_replaced_and_the_rest_kept(tmp_path: Path) -> None:
     text = doc.read_text()
     assert "first" not in text and text.count(BEGIN) == 1 and "second" in text
     assert "<!-- tree-table:begin -->\ntable\n" in text
+
+
+def test_nnx_overhead_workload_runs_every_nnx_mode_and_the_floor(tmp_path: Path) -> None:
+    from treeclone.bench.contenders import EQX, FLOOR, PEERS
+
+    out = tmp_path / "bench"
+    proc = _run(out, "--only", "nnx_empty_20", "--rounds", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = _check_files(out, ["nnx_empty_20"])
+    wl = results["workloads"]["nnx_empty_20"]
+    for contender, res in wl["contenders"].items():
+        if contender == EQX:
+            assert res["status"] == "not applicable"
+        else:  # nnx graph and tree mode, both jit_partials, the floor: all run and are timed
+            assert res["status"] == "ok", (contender, res)
+            assert res["ratio_to_floor"] > 0 and res["ratio_to_peer"] > 0
+    assert wl["fastest_peer"] in PEERS
+    assert wl["contenders"][FLOOR]["ratio_to_floor"] == 1.0
+    report = (out / "report.md").read_text()
+    assert "| *fastest peer* |" in report and "vs floor" in report
+
+
+def test_a_run_under_load_says_its_numbers_are_noisy() -> None:
+    from treeclone.bench.report import noise_warning
+
+    timing = {"median_us": 100.0, "q1_us": 95.0, "q3_us": 105.0}
+    results = {"workloads": {"w": {"contenders": {"jax.jit": timing}}}}
+    assert noise_warning({**results, "load": {"cores": 2, "before": 0.2, "after": 0.3}}) == ""
+    loaded = noise_warning({**results, "load": {"cores": 2, "before": 3.5, "after": 3.0}})
+    assert loaded.startswith("**Noisy run**") and "3.50 on 2 cores" in loaded
+    spread = {"median_us": 100.0, "q1_us": 70.0, "q3_us": 130.0}
+    noisy = {"workloads": {"w": {"contenders": {"jax.jit": spread}}}}
+    assert "60%" in noise_warning(noisy)

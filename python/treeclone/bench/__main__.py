@@ -8,6 +8,7 @@ python -m treeclone.bench --docs docs/benchmarks.md   # also rewrite the docs se
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,8 +23,10 @@ def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m treeclone.bench",
         description="Time real training loops under jax.jit, treeclone.jit (clone, alias, "
-        "strict), flax.nnx.jit and equinox.filter_jit, after checking that all of them "
-        "compute the same thing. Writes results.json, report.md and bench.png.",
+        "strict), treeclone.jit_partial, flax.nnx.jit (graph mode, tree mode, jit_partial) "
+        "and equinox.filter_jit, with the floor (one jax.jit over the flat arrays) as a "
+        "reference, after checking that all of them compute the same thing. Writes "
+        "results.json, report.md and bench.png.",
     )
     p.add_argument(
         "--quick",
@@ -96,6 +99,14 @@ def resolve_device(name: str | None) -> Any:
     return devices[0]
 
 
+def _load() -> float | None:
+    """The 1-minute load average, where the system has one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .workloads import WORKLOADS
@@ -149,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     for c, why in av.skipped.items():
         print(f"note: {c}: skipped ({why})", file=sys.stderr)
 
+    load_before = _load()
     started = time.perf_counter()
     progress = Progress(len(names) * len(CONTENDERS) * (1 + rounds))
     results: dict[str, Any] = {
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / "report.md").write_text(report.render(results, heading="#"))
     progress.close()
     results["elapsed_s"] = time.perf_counter() - started
+    results["load"] = {"cores": os.cpu_count(), "before": load_before, "after": _load()}
     results["machine"] = report.machine_info(device)
 
     no_plot = report.write_plot(out / "bench.png", results)

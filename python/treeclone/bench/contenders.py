@@ -6,20 +6,40 @@ reported as skipped with the reason; it is never silently dropped.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 BASELINE = "jax.jit"
+FLOOR = "floor"
 TC_CLONE = "treeclone.jit[clone]"
 TC_ALIAS = "treeclone.jit[alias]"
 TC_STRICT = "treeclone.jit[strict]"
+TC_PARTIAL = "treeclone.jit_partial[alias]"
 NNX = "flax.nnx.jit"
+NNX_TREE = "flax.nnx.jit[graph=False]"
+NNX_PARTIAL = "flax.nnx.jit_partial"
 EQX = "equinox.filter_jit"
 
-CONTENDERS = (BASELINE, TC_CLONE, TC_ALIAS, TC_STRICT, NNX, EQX)
-TC_POLICY = {TC_CLONE: "clone", TC_ALIAS: "alias", TC_STRICT: "strict"}
+CONTENDERS = (
+    BASELINE,
+    FLOOR,
+    TC_CLONE,
+    TC_ALIAS,
+    TC_STRICT,
+    TC_PARTIAL,
+    NNX,
+    NNX_TREE,
+    NNX_PARTIAL,
+    EQX,
+)
+TC_POLICY = {TC_CLONE: "clone", TC_ALIAS: "alias", TC_STRICT: "strict", TC_PARTIAL: "alias"}
+# The other libraries' wrappers, each in its fastest documented modes: the "fastest peer" of a
+# workload is the fastest of these there. (FLOOR is a reference, not a peer: no wrapper can do
+# less than one jax.jit over the flat arrays that returns only the arrays that change.)
+PEERS = (BASELINE, NNX, NNX_TREE, NNX_PARTIAL, EQX)
 
 
 @dataclass
@@ -44,6 +64,7 @@ def probe() -> Availability:
 
     av = Availability()
     av.wrappers[BASELINE] = jax.jit
+    av.wrappers[FLOOR] = jax.jit  # the workloads build the flat-array step around it
     try:
         tc_jit = importlib.import_module("treeclone").jit
         if not callable(tc_jit):
@@ -60,16 +81,30 @@ def probe() -> Availability:
             av.skipped[name] = f"treeclone.jit not available: {_short(e)}"
     else:
         for name, policy in TC_POLICY.items():
-            av.wrappers[name] = _with_policy(tc_jit, policy)
+            if name == TC_PARTIAL:
+                partial = getattr(importlib.import_module("treeclone"), "jit_partial", None)
+                if partial is None:
+                    av.skipped[name] = "this treeclone has no jit_partial"
+                    continue
+                av.wrappers[name] = functools.partial(partial, policy=policy)
+            else:
+                av.wrappers[name] = _with_policy(tc_jit, policy)
             if _preserves_identity(policy):
                 av.preserving |= {name}
     try:
         from flax import nnx
     except ImportError:
-        av.skipped[NNX] = "not installed"
+        for name in (NNX, NNX_TREE, NNX_PARTIAL):
+            av.skipped[name] = "not installed"
     else:
         av.wrappers[NNX] = nnx.jit
         av.preserving |= {NNX}
+        # Tree mode and jit_partial refuse shared Variables (they do not preserve identity).
+        av.wrappers[NNX_TREE] = functools.partial(nnx.jit, graph=False)
+        if hasattr(nnx, "jit_partial"):
+            av.wrappers[NNX_PARTIAL] = functools.partial(nnx.jit_partial, graph=False)
+        else:
+            av.skipped[NNX_PARTIAL] = "this flax has no nnx.jit_partial"
     try:
         import equinox as eqx
     except ImportError:

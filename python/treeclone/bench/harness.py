@@ -27,6 +27,8 @@ import numpy as np
 from .contenders import (
     BASELINE,
     CONTENDERS,
+    FLOOR,
+    PEERS,
     TC_POLICY,
     Availability,
     describe_error,
@@ -141,11 +143,22 @@ def run_workload(
                     results[c]["notes"].append(
                         f"retraced during timing: {runner.traces.n} traces in all"
                     )
-            base = results.get(BASELINE, {}).get("median_us")
-            for c in runners:
-                med = results[c]["median_us"]
-                results[c]["ratio_to_jax_jit"] = med / base if base else None
+            add_ratios(out)
     return out
+
+
+def add_ratios(out: dict[str, Any]) -> None:
+    """Each timed contender's ratio of medians to jax.jit, to the fastest peer (``PEERS``:
+    the other libraries' wrappers) and to the floor; the fastest peer's name in ``out``."""
+    results = out["contenders"]
+    timed = {c: r["median_us"] for c, r in results.items() if "median_us" in r}
+    peers = {c: t for c, t in timed.items() if c in PEERS}
+    fastest = min(peers, key=peers.__getitem__) if peers else None
+    out["fastest_peer"] = fastest
+    for c, med in timed.items():
+        for key, ref in (("jax_jit", BASELINE), ("peer", fastest), ("floor", FLOOR)):
+            base = timed.get(ref) if ref is not None else None
+            results[c][f"ratio_to_{key}"] = med / base if base else None
 
 
 def _check(

@@ -50,31 +50,88 @@ def _status(res: dict[str, Any]) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _ratio(res: dict[str, Any], key: str) -> str:
+    ratio = res.get(f"ratio_to_{key}")
+    return "—" if ratio is None else f"{ratio:.2f}x"
+
+
 def workload_table(wl: dict[str, Any]) -> list[str]:
     lines = [
-        "| contender | µs/step (median) | spread: IQR (min–max) | vs jax.jit | steps/s "
-        "| traces | 1st step s | semantics | status |",
-        "|---|--:|--:|--:|--:|--:|--:|---|---|",
+        "| contender | µs/step (median) | spread: IQR (min–max) | vs jax.jit | vs fastest peer "
+        "| vs floor | steps/s | traces | 1st step s | semantics | status |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|",
     ]
     for c in CONTENDERS:
         res = wl["contenders"].get(c, {})
         if "median_us" in res:
-            ratio = res.get("ratio_to_jax_jit")
             cells = [
                 format_us(res["median_us"]),
                 f"{format_us(res['q1_us'])}–{format_us(res['q3_us'])} "
                 f"({format_us(res['min_us'])}–{format_us(res['max_us'])})",
-                "—" if ratio is None else f"{ratio:.2f}x",
+                _ratio(res, "jax_jit"),
+                _ratio(res, "peer"),
+                _ratio(res, "floor"),
                 f"{res['steps_per_s']:,.0f}",
                 str(res.get("traces", "—")),
             ]
         else:
-            cells = ["—"] * 5
+            cells = ["—"] * 7
         first = res.get("first_step_s")
         cells.append("—" if first is None else f"{first:.2f}")
         row = [f"`{c}`", *cells, res.get("semantics", "—"), _status(res)]
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def headline_table(results: dict[str, Any]) -> list[str]:
+    """Contenders by workload: each cell is the ratio of medians to jax.jit, then to the
+    workload's fastest peer (below 1x: faster)."""
+    names = list(results["workloads"])
+    lines = [
+        "| contender | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "|---|" + "--:|" * len(names),
+        "| *fastest peer* | "
+        + " | ".join(f"`{results['workloads'][n].get('fastest_peer') or '—'}`" for n in names)
+        + " |",
+    ]
+    for c in CONTENDERS:
+        cells = []
+        for n in names:
+            res = results["workloads"][n]["contenders"].get(c, {})
+            if "median_us" in res:
+                cells.append(f"{_ratio(res, 'jax_jit')} / {_ratio(res, 'peer')}")
+            else:
+                cells.append(res.get("status", "—").replace("|", "\\|"))
+        lines.append(f"| `{c}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def noise_warning(results: dict[str, Any]) -> str:
+    """A sentence when the run was made under load (so its numbers are noisy), else ''."""
+    load = results.get("load", {})
+    cores = load.get("cores") or 1
+    before, after = load.get("before"), load.get("after")
+    spreads = [
+        (r["q3_us"] - r["q1_us"]) / r["median_us"]
+        for wl in results["workloads"].values()
+        for r in wl["contenders"].values()
+        if r.get("median_us")
+    ]
+    spread = sorted(spreads)[len(spreads) // 2] if spreads else 0.0
+    reasons = []
+    if before is not None and before > 0.5 * cores:
+        reasons.append(f"the load average was {before:.2f} on {cores} cores before the run started")
+    if spread > 0.15:
+        reasons.append(f"the median spread (IQR / median) over all timings is {spread:.0%}")
+    if not reasons:
+        return ""
+    return (
+        "**Noisy run**: "
+        + " and ".join(reasons)
+        + f" (load average {after if after is not None else float('nan'):.2f} at the end). "
+        "Ratios between contenders, measured interleaved, hold better than absolute times; "
+        "rerun on an idle machine before drawing conclusions."
+    )
 
 
 def render(
@@ -93,13 +150,28 @@ def render(
         + (" **Quick run: few steps and rounds, indicative only.**" if cfg["quick"] else ""),
         "",
     ]
+    warning = noise_warning(results)
+    if warning:
+        lines += [warning, ""]
+    lines += [
+        "Headline: each contender's ratio of median step times to `jax.jit`, then to the "
+        "workload's fastest peer (the fastest of `jax.jit` and the flax nnx and equinox "
+        "wrappers; below 1x is faster). Details, the floor and every other figure follow "
+        "per workload.",
+        "",
+        *headline_table(results),
+        "",
+    ]
     lines += [f"- {k}: {v}" for k, v in results["machine"].items()]
     lines += [
         "",
         "µs/step is the median over rounds of (batch time / steps), the batch ending with "
         "`jax.block_until_ready` on the outputs; the spread is the interquartile range over "
-        "rounds (and min–max); *vs jax.jit* is the ratio of medians (below 1x is faster than "
-        "`jax.jit`). *traces* counts how often the step's Python body ran (1 = traced once); "
+        "rounds (and min–max); *vs jax.jit*, *vs fastest peer* and *vs floor* are ratios of "
+        "medians (below 1x is faster). `floor` is the least any wrapper can do: one "
+        "`jax.jit` over the flat list of the state's arrays that returns only the arrays "
+        "the step replaces, so every contender's ratio to it is its own overhead. "
+        "*traces* counts how often the step's Python body ran (1 = traced once); "
         "*1st step s* is the wall time of the first step: tracing and compiling. "
         "Before timing, each contender's losses over the check steps must agree with a "
         f"plain-Python (un-jitted) run of the same semantics (rtol {cfg['rtol']:g}); one that "
@@ -158,17 +230,22 @@ def write_plot(path: Path, results: dict[str, Any]) -> str:
         xs, ys, lo, hi = [], [], [], []
         for j, name in enumerate(workloads):
             res = results["workloads"][name]["contenders"].get(c, {})
-            if "median_us" in res:
+            ratio = res.get("ratio_to_jax_jit")
+            if ratio:
+                scale = ratio / res["median_us"]  # the IQR in the same units
                 xs.append(j - 0.4 + width * (i + 0.5))
-                ys.append(res["median_us"])
-                lo.append(res["median_us"] - res["q1_us"])
-                hi.append(res["q3_us"] - res["median_us"])
+                ys.append(ratio)
+                lo.append((res["median_us"] - res["q1_us"]) * scale)
+                hi.append((res["q3_us"] - res["median_us"]) * scale)
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=c)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels(workloads, rotation=15)
+    ax.set_xticklabels(workloads, rotation=25, fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("µs per training step (median, IQR; log scale)")
-    ax.set_title(f"Training-loop step time on {results['device']} (lower is better)")
+    ax.set_ylabel("step time / jax.jit's (median, IQR; log scale)")
+    ax.set_title(
+        f"Training-loop step time relative to jax.jit on {results['device']} (lower is better)"
+    )
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -9,8 +9,14 @@ form of a step computes the same math; what differs is how state goes in and out
   opt_state, loss)`` over plain pytrees (equinox's ``filter_jit`` over the same functions);
 * ``treeclone.jit[alias]`` runs an in-place step ``step(state, x, y) -> loss`` that assigns
   the new parameters and optimizer state into the ``state`` dict it was given;
-* ``flax.nnx.jit`` runs an ``nnx.Module`` version of the model with ``nnx.Optimizer``,
-  updated in place as nnx does.
+* ``treeclone.jit_partial[alias]`` runs the same in-place step with ``state`` bound
+  (``jit_partial(step, state)(x, y)``);
+* ``flax.nnx.jit`` (graph mode), ``flax.nnx.jit[graph=False]`` (tree mode) and
+  ``flax.nnx.jit_partial`` (tree mode, model and optimizer bound) run an ``nnx.Module`` version
+  of the model with ``nnx.Optimizer``, updated in place as nnx does;
+* ``floor`` is the least any wrapper can do: one ``jax.jit`` over the flat list of the
+  state's arrays that returns only the arrays the step replaces (the state is unflattened and
+  flattened at trace time only), written back into that flat list.
 
 The seed pattern is the exception: there the same ``train_step(model, x, y, optimizer)``,
 whose ``Optimizer`` object is mutated in place and returned, runs under every jit wrapper.
@@ -28,7 +34,19 @@ import jax
 import numpy as np
 
 from . import models as M
-from .contenders import NNX, TC_ALIAS
+from .contenders import (
+    EQX,
+    FLOOR,
+    NNX,
+    NNX_PARTIAL,
+    NNX_TREE,
+    TC_ALIAS,
+    TC_PARTIAL,
+)
+
+# Contenders that run a step which updates its state in place (a dict, or nnx objects).
+INPLACE = (TC_ALIAS, TC_PARTIAL, FLOOR)
+NNX_FORMS = (NNX, NNX_TREE, NNX_PARTIAL)
 
 STANDARD = "standard"
 TIED = "tied"
@@ -137,6 +155,71 @@ def inplace_runner(jit, fn, state: dict[str, Any], x, y, **kw: Any) -> Runner:
     return Runner(run=run, traces=traces, **kw)
 
 
+def partial_runner(jit_partial, fn, state: Any, x, y, **kw: Any) -> Runner:
+    """``jit_partial(step, state)(x, y)``: the state bound once."""
+    traces = TraceCounter()
+    f = jit_partial(traces.wrap(fn), state)
+
+    def run(n: int):
+        loss = None
+        for _ in range(n):
+            loss = f(x, y)
+        return loss, state
+
+    return Runner(run=run, traces=traces, **kw)
+
+
+def floor_runner(jit, run_on_state: Callable[..., Any], state: Any, x, y, **kw: Any) -> Runner:
+    """One ``jax.jit`` over the flat list of ``state``'s arrays, returning only the arrays the
+    step replaces; ``run_on_state(state, x, y) -> (loss, state_after)`` runs at trace time."""
+    flat, treedef = jax.tree.flatten(state)
+    changed: list[int] = []
+
+    def flat_step(leaves, x, y):
+        loss, after = run_on_state(jax.tree.unflatten(treedef, leaves), x, y)
+        new = jax.tree.leaves(after)
+        changed[:] = [i for i, (a, b) in enumerate(zip(new, leaves, strict=True)) if a is not b]
+        return [new[i] for i in changed], loss
+
+    traces = TraceCounter()
+    f = jit(traces.wrap(flat_step))
+
+    def run(n: int):
+        loss = None
+        for _ in range(n):
+            out, loss = f(flat, x, y)
+            for i, v in zip(changed, out, strict=True):
+                flat[i] = v
+        return loss, flat
+
+    return Runner(run=run, traces=traces, **kw)
+
+
+def inplace_form(contender: str, jit, fn, state: dict[str, Any], x, y, **kw: Any) -> Runner:
+    """The runner of an in-place contender (``INPLACE``) for ``fn(state, x, y) -> loss``."""
+    if contender == TC_PARTIAL:
+        return partial_runner(jit, fn, state, x, y, **kw)
+    if contender == FLOOR:
+        return floor_runner(jit, lambda st, x, y: (fn(st, x, y), st), state, x, y, **kw)
+    return inplace_runner(jit, fn, state, x, y, **kw)
+
+
+def nnx_form(contender: str, jit, fn, model, optimizer, x, y, **kw: Any) -> Runner:
+    """The runner of an nnx contender (``NNX_FORMS``) for ``fn(model, optimizer, x, y)``."""
+    if contender != NNX_PARTIAL:
+        return nnx_runner(jit, fn, model, optimizer, x, y, **kw)
+    traces = TraceCounter()
+    f = jit(traces.wrap(fn), model, optimizer)
+
+    def run(n: int):
+        loss = None
+        for _ in range(n):
+            loss = f(x, y)
+        return loss, (model, optimizer)
+
+    return Runner(run=run, traces=traces, **kw)
+
+
 def nnx_runner(jit, fn, model, optimizer, x, y, **kw: Any) -> Runner:
     traces = TraceCounter()
     f = jit(traces.wrap(fn))
@@ -220,7 +303,7 @@ class _ParamsWorkload(Workload):
         return losses
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
-        if contender == NNX:
+        if contender in NNX_FORMS:
             from flax import nnx
 
             model = self.nnx_model(M.nnx_classes(), self.params0())
@@ -229,13 +312,14 @@ class _ParamsWorkload(Workload):
             def nnx_loss(model, x, y):
                 return M.cross_entropy(model(x), y)
 
-            return nnx_runner(jit, nnx_step(nnx_loss), model, optimizer, self.x, self.y)
+            step = nnx_step(nnx_loss)
+            return nnx_form(contender, jit, step, model, optimizer, self.x, self.y)
         params = self.put(self.params0())
         opt_state = self.tx.init(params)
-        if contender == TC_ALIAS:
+        if contender in INPLACE:
             state = {"params": params, "opt_state": opt_state}
             fn = inplace_step(self.loss_fn, self.tx)
-            return inplace_runner(jit, fn, state, self.x, self.y)
+            return inplace_form(contender, jit, fn, state, self.x, self.y)
         fn = functional_step(self.loss_fn, self.tx)
         return functional_runner(jit, fn, params, opt_state, self.x, self.y)
 
@@ -397,7 +481,9 @@ class TiedEmbeddings(Workload):
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
         sem = self.semantics(contender)
-        if contender == NNX:
+        if contender == FLOOR:
+            raise NotApplicable("a flat list of arrays cannot hold the tie (one object twice)")
+        if contender in NNX_FORMS:
             from flax import nnx
 
             model = M.nnx_classes()["Tied"](M.tied_init(0, self.vocab, self.d))
@@ -406,7 +492,8 @@ class TiedEmbeddings(Workload):
             def nnx_loss(model, x, y):
                 return M.cross_entropy(model(x), y)
 
-            r = nnx_runner(jit, nnx_step(nnx_loss), model, optimizer, self.x, self.y)
+            step = nnx_step(nnx_loss)
+            r = nnx_form(contender, jit, step, model, optimizer, self.x, self.y)
             r.semantics = sem
             r.verify = self._tie_check(
                 sem,
@@ -422,7 +509,7 @@ class TiedEmbeddings(Workload):
         params = self.params0(tied=True)
         opt_state = self.tx.init(params)
         fn = tied_step(self.tx)
-        if contender == TC_ALIAS:
+        if contender in INPLACE:
             state = {"params": params, "opt_state": opt_state}
 
             def inplace(state, x, y):
@@ -430,7 +517,7 @@ class TiedEmbeddings(Workload):
                 state["params"] = new
                 return loss
 
-            r = inplace_runner(jit, inplace, state, self.x, self.y, semantics=sem)
+            r = inplace_form(contender, jit, inplace, state, self.x, self.y, semantics=sem)
             get = lambda: state["params"]  # noqa: E731
         else:
             r = functional_runner(jit, fn, params, opt_state, self.x, self.y, semantics=sem)
@@ -517,7 +604,7 @@ class FrozenHalf(Workload):
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
         x, y = self.x, self.y
-        if contender == NNX:
+        if contender in NNX_FORMS:
             from flax import nnx
 
             classes = M.nnx_classes()
@@ -527,11 +614,11 @@ class FrozenHalf(Workload):
             def nnx_loss(model, x, y):
                 return M.cross_entropy(model(x), y)
 
-            return nnx_runner(jit, nnx_step(nnx_loss), model, optimizer, x, y)
+            return nnx_form(contender, jit, nnx_step(nnx_loss), model, optimizer, x, y)
         frozen, trainable = self.halves()
         opt_state = self.tx.init(trainable)
         step = self.functional()
-        if contender == TC_ALIAS:
+        if contender in INPLACE:
             state = {"frozen": frozen, "trainable": trainable, "opt_state": opt_state}
 
             def inplace(state, x, y):
@@ -540,7 +627,7 @@ class FrozenHalf(Workload):
                 )
                 return loss
 
-            return inplace_runner(jit, inplace, state, x, y)
+            return inplace_form(contender, jit, inplace, state, x, y)
         traces = TraceCounter()
         f = jit(traces.wrap(step))
         fz, tr, o = frozen, trainable, opt_state
@@ -625,7 +712,12 @@ class SeedPattern(Workload):
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
         x, y = self.x, self.y
-        if contender == NNX:
+        if contender in (FLOOR, TC_PARTIAL, NNX_PARTIAL):
+            raise NotApplicable(
+                "the seed's step is called as step(model, x, y, optimizer) and returns the "
+                "optimizer: the pattern under test, not a state to bind or flatten"
+            )
+        if contender in (NNX, NNX_TREE):
             from flax import nnx
 
             model = M.nnx_classes()["MLP"](M.mlp_init(0, self.sizes))
@@ -676,6 +768,166 @@ class SeedPattern(Workload):
         return Runner(run=run, traces=traces, notes=notes)
 
 
+# --------------------------------------------------------------------------- nnx overhead
+
+
+@functools.cache
+def overhead_model_class() -> type:
+    """flax's overhead benchmark model (``benchmarks/nnx_graph_overhead.py`` in google/flax),
+    written afresh: ``depth`` Blocks of a Linear (``w``, ``b``) and a BatchNorm, and a
+    ``Count`` Variable incremented at every call."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    class Linear(nnx.Module):
+        def __init__(self, din: int, dout: int, rngs: Any):
+            self.w = nnx.Param(jax.random.uniform(rngs.params(), (din, dout)))
+            self.b = nnx.Param(jnp.zeros((dout,)))
+
+        def __call__(self, x):
+            return x @ self.w[...] + self.b[...]
+
+    class Block(nnx.Module):
+        def __init__(self, din: int, dout: int, rngs: Any):
+            self.linear = Linear(din, dout, rngs)
+            self.bn = nnx.BatchNorm(dout, rngs=rngs)
+
+        def __call__(self, x):
+            return nnx.relu(self.bn(self.linear(x)))
+
+    class Count(nnx.Variable):
+        pass
+
+    class OverheadMLP(nnx.Module):
+        def __init__(self, width: int, depth: int, rngs: Any):
+            self.count = Count(jnp.array(0))
+            self.linear_in = Block(1, width, rngs)
+            self.intermediates = nnx.List([Block(width, width, rngs) for _ in range(depth - 2)])
+            self.linear_out = Block(width, 1, rngs)
+
+        def __call__(self, x):
+            self.count[...] += 1
+            x = nnx.relu(self.linear_in(x))
+            for layer in self.intermediates:
+                x = nnx.relu(layer(x))
+            return self.linear_out(x)
+
+    return OverheadMLP
+
+
+class NnxOverhead(Workload):
+    """flax's own overhead benchmark: what each wrapper costs around an nnx model's step."""
+
+    body = "train"
+    depth = 20
+    width = 32
+    lr = 1e-3
+    compared = (
+        "Each contender's losses over the check steps against eager nnx (no jit) on the "
+        "same model; an empty step's loss is 0. Forms: `jax.jit`, `treeclone.jit[clone]` "
+        "and `treeclone.jit[strict]` run flax's own functional form (`nnx.split` state in, "
+        "`nnx.merge` inside, new state out); `treeclone.jit[alias]` and the nnx wrappers "
+        "call `step(model, optimizer, x, y)`, which updates them in place; the jit_partial "
+        "contenders bind model and optimizer; `floor` is one jax.jit over the flat arrays."
+    )
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        import optax
+
+        super().__init__(device, preserving)
+        self.tx = optax.sgd(self.lr)
+        rng = np.random.default_rng(0)
+        x = np.linspace(0, 1, 100, dtype=np.float32)[:, None]
+        y = (0.8 * x**2 + 0.1 + rng.normal(0, 0.1, x.shape)).astype(np.float32)
+        self.x, self.y = self.put(x), self.put(y)
+
+    def fresh(self) -> tuple[Any, Any]:
+        from flax import nnx
+
+        model = overhead_model_class()(self.width, self.depth, nnx.Rngs(0))
+        return model, nnx.Optimizer(model, self.tx, wrt=nnx.Param)
+
+    def step(self) -> Callable[..., Any]:
+        """``step(model, optimizer, x, y)``: updates both in place; returns the loss (None for
+        the empty body, flax's measure of pure call overhead)."""
+        import jax.numpy as jnp
+        from flax import nnx
+
+        if self.body == "empty":
+            return lambda model, optimizer, x, y: None
+
+        def train_step(model, optimizer, x, y):
+            loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+            optimizer.update(model, grads)
+            return loss
+
+        return train_step
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        step, (model, optimizer) = self.step(), self.fresh()
+        return [_loss(step(model, optimizer, self.x, self.y)) for _ in range(n)]
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        from flax import nnx
+
+        if contender == EQX:
+            raise NotApplicable("equinox.filter_jit is not a way to run flax nnx modules")
+        step, (model, optimizer) = self.step(), self.fresh()
+        x, y = self.x, self.y
+        if contender in (TC_ALIAS, NNX, NNX_TREE):
+            r = nnx_runner(jit, step, model, optimizer, x, y)
+        elif contender in (TC_PARTIAL, NNX_PARTIAL):
+            r = nnx_form(NNX_PARTIAL, jit, step, model, optimizer, x, y)
+        else:
+            graphdef, state = nnx.split((model, optimizer))
+
+            def on_state(state, x, y):
+                m, o = nnx.merge(graphdef, state)
+                loss = step(m, o, x, y)
+                return loss, nnx.split((m, o))[1]
+
+            if contender == FLOOR:
+                r = floor_runner(jit, on_state, state, x, y)
+            else:  # jax.jit, treeclone clone and strict: flax's functional form
+                r = functional_runner(
+                    jit, lambda g, st, x, y: (g, *on_state(st, x, y)[::-1]), graphdef, state, x, y
+                )
+        run = r.run
+        r.run = lambda n: (lambda out: (_loss(out[0]), out[1]))(run(n))
+        return r
+
+
+def _loss(loss: Any) -> Any:
+    return 0.0 if loss is None else loss
+
+
+def _overhead(body: str, depth: int) -> type[NnxOverhead]:
+    what = {
+        "empty": "an empty step: the wrapper's own cost per call (flax's measure)",
+        "train": "a training step: forward, `nnx.value_and_grad`, `optimizer.update` (SGD)",
+    }[body]
+    attrs = {
+        "name": f"nnx_{body}_{depth}",
+        "title": f"flax's overhead model, depth {depth}, {body} step",
+        "description": (
+            f"The model of flax's `benchmarks/nnx_graph_overhead.py`: {depth} Blocks "
+            "(`Linear` + `nnx.BatchNorm`, width 32) and a `Count` Variable incremented at "
+            f"every call, with `nnx.Optimizer(model, optax.sgd(1e-3), wrt=nnx.Param)`; {what}."
+        ),
+        "body": body,
+        "depth": depth,
+    }
+    return type(f"Nnx{body.title()}{depth}", (NnxOverhead,), attrs)
+
+
 WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (MlpAdam, TransformerAdam, TiedEmbeddings, FrozenHalf, SeedPattern)
+    w.name: w
+    for w in (
+        MlpAdam,
+        TransformerAdam,
+        TiedEmbeddings,
+        FrozenHalf,
+        SeedPattern,
+        *(_overhead(body, depth) for depth in (20, 100) for body in ("empty", "train")),
+    )
 }
