@@ -13,6 +13,11 @@ Operations:
                       ``tree_flatten(tree)`` again. jax's own ``treedef.flatten_up_to`` is
                       measured as the extra contender ``jax-flatten_up_to``.
 
+``floor`` is a reference, not a contender: for ``unflatten``, the least work any unflatten
+must do, creating the same Python objects by the shortest path (``_native.unflatten_floor``:
+raw CPython calls, no checks beyond memory safety). treeclone's unflatten is reported as a
+ratio to it.
+
 Every call is made as ``fn(*args, **kwargs)`` with the function and its arguments bound
 beforehand, so no contender pays for a Python wrapper frame that another does not.
 """
@@ -25,7 +30,7 @@ from typing import Any
 from treeclone.bench.timing import Call
 
 OPS = ("flatten", "unflatten", "tree_map", "repeated_flatten")
-CONTENDERS = ("treeclone", "jax", "jax-flatten_up_to", "optree")
+CONTENDERS = ("treeclone", "jax", "jax-flatten_up_to", "optree", "floor")
 
 # optree's defaults, spelled out: JAX treats None as an empty node, not a leaf.
 _OPTREE_KW = {"none_is_leaf": False, "namespace": ""}
@@ -43,11 +48,16 @@ def module_for(contender: str) -> Any:
         return importlib.import_module("jax.tree_util")
     if contender == "optree":
         return importlib.import_module("optree")
+    if contender == "floor":
+        return importlib.import_module("treeclone._native")
     raise ValueError(f"unknown contender {contender!r}")
 
 
 def applies(contender: str, op: str) -> bool:
-    """``jax-flatten_up_to`` only exists for the repeated-structure operation."""
+    """``jax-flatten_up_to`` only exists for the repeated-structure operation, the floor only
+    for unflatten."""
+    if contender == "floor":
+        return op == "unflatten"
     return contender != "jax-flatten_up_to" or op == "repeated_flatten"
 
 
@@ -62,6 +72,9 @@ def make_call(contender: str, op: str, tree: Any, mod: Any = None) -> Call:
 
     if op == "flatten":
         return Call(mod.tree_flatten, (tree,), kw)
+    if contender == "floor":
+        leaves, treedef = module_for("treeclone").tree_flatten(tree)
+        return Call(mod.unflatten_floor, (treedef, leaves))
     if op == "unflatten":
         leaves, treedef = mod.tree_flatten(tree, **kw)
         return Call(mod.tree_unflatten, (treedef, leaves))
@@ -103,6 +116,12 @@ def check_agreement(tree: Any, tc: Any = None) -> None:
         "tree_unflatten builds a different structure from jax's"
     )
     assert _same_objects(jtu.tree_leaves(rebuilt), want_leaves), "tree_unflatten leaves differ"
+    # The floor must create the same objects, or its time would not be a floor.
+    floor = module_for("floor").unflatten_floor(treedef, leaves)
+    assert jtu.tree_structure(floor) == jtu.tree_structure(want_rebuilt), (
+        "the unflatten floor builds a different structure from jax's"
+    )
+    assert _same_objects(jtu.tree_leaves(floor), want_leaves), "the unflatten floor's leaves differ"
 
     mapped = tc.tree_map(identity, tree)
     assert jtu.tree_structure(mapped) == want_def, "tree_map builds a different structure"

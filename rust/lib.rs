@@ -38,5 +38,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<bound::Snapshot>()?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;
+    m.add_function(wrap_pyfunction!(treedef::unflatten_floor, m)?)?;
     api::register(m)
 }

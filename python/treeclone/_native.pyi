@@ -36,6 +36,9 @@ class PyTreeDef:
     def __ne__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+def unflatten_floor(treedef: PyTreeDef, leaves: list[Any], /) -> Any:
+    """treedef.unflatten(leaves) by the shortest path: the tree benchmark's floor."""
+
 def flatten(
     tree: Any, is_leaf: Callable[[Any], bool] | None = None
 ) -> tuple[list[Any], PyTreeDef]: ...

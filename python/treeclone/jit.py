@@ -37,7 +37,7 @@ from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 if TYPE_CHECKING:
-    from treeclone.partial import BoundArguments
+    from treeclone.partial import _BoundArguments
 
 try:
     from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
@@ -453,7 +453,7 @@ class Jitted:
     # --- the policy path ----------------------------------------------------------------------
 
     def _call_policy(
-        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
+        self, policy: Policy, args: tuple, kwargs: dict, bound: _BoundArguments | None = None
     ) -> Any:
         call = self._prepare(policy, args, kwargs, bound)
         local = call.inner.local
@@ -468,7 +468,7 @@ class Jitted:
         return out
 
     def _prepare(
-        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
+        self, policy: Policy, args: tuple, kwargs: dict, bound: _BoundArguments | None = None
     ) -> _Call:
         """Everything about one call up to running the inner jit. With ``bound``, the first
         arguments are ``jit_partial``'s, flattened already: only the others are flattened."""

@@ -34,7 +34,7 @@ _SCALARS = (int, float, bool, complex)
 _JOIN_CACHE_SIZE = 64
 
 
-class BoundArguments:
+class _BoundArguments:
     """The bound arguments of a ``jit_partial``, flattened, with what checks them."""
 
     def __init__(self, args: tuple):
@@ -97,18 +97,34 @@ def _taker(indices: tuple[int, ...]) -> Callable[[list], list]:
 
 
 class JitPartial:
-    """What :func:`jit_partial` returns: call it with the remaining arguments."""
+    """What :func:`jit_partial` returns: call it with the remaining arguments.
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def scale(params, x):
+    ...     "Multiply x by params['w']."
+    ...     return params["w"] * x
+    >>> scaled = treeclone.jit_partial(scale, {"w": jnp.array([3.0, 3.0])})
+    >>> scaled.__name__, scaled.__doc__
+    ('scale', "Multiply x by params['w'].")
+    >>> scaled(2.0)
+    Array([6., 6.], dtype=float32)
+    """
 
     def __init__(self, jitted: Jitted, bound: tuple):
         functools.update_wrapper(self, jitted._fun)
         self._jitted = jitted
         if jitted._static_nums & set(range(len(bound))):
             raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
-        self._bound = BoundArguments(bound)
+        self._bound = _BoundArguments(bound)
 
     @property
     def policy(self) -> Policy:
-        """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it)."""
+        """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it).
+
+        >>> import treeclone
+        >>> treeclone.jit_partial(lambda s: s, {}, policy="strict").policy
+        Policy.strict
+        """
         return self._jitted.policy
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -118,10 +134,26 @@ class JitPartial:
         return self._jitted._call_policy(policy, (*self._bound.args, *args), kwargs, self._bound)
 
     def clear_cache(self) -> None:
-        """Empty the compiled-code caches (see :meth:`treeclone.Jitted.clear_cache`)."""
+        """Empty the compiled-code caches (see :meth:`treeclone.Jitted.clear_cache`).
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> total = treeclone.jit_partial(lambda s, x: s["w"].sum() + x, {"w": jnp.ones(2)})
+        >>> _ = total(1.0)
+        >>> total.clear_cache()
+        >>> total._cache_size()
+        0
+        """
         self._jitted.clear_cache()
 
     def _cache_size(self) -> int:
+        """The compiled entries calls can reuse, one per structure of the call's arguments.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> total = treeclone.jit_partial(lambda s, x: s["w"].sum() + x, {"w": jnp.ones(2)})
+        >>> _ = total(1.0), total(2.0), total(jnp.ones(3))
+        >>> total._cache_size()
+        2
+        """
         return self._jitted._cache_size()
 
     def __repr__(self) -> str:

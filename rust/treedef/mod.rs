@@ -7,9 +7,12 @@
 //! - `repr.rs`: JAX's text form.
 
 mod build;
+mod floor;
 pub mod protocol;
 mod repr;
 pub mod serial;
+
+pub use floor::unflatten_floor;
 
 use crate::node::{child_indices, Node, NodeKind};
 use crate::registry;

@@ -1,6 +1,6 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
-function of treeclone.tree, treeclone.jit and treeclone.policies (and every public method of
-their classes) has one."""
+function of treeclone.tree, treeclone.jit, treeclone.partial and treeclone.policies (and every
+public method of their classes) has one."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ MODULES = {
         "treeclone.call",
         "treeclone.jaxlib_tree_util",
         "treeclone.jit",
+        "treeclone.partial",
         "treeclone.policies",
         "treeclone.tree",
         "treeclone.tree_util",
@@ -28,7 +29,13 @@ MODULES = {
 }
 
 # Modules whose every public function and method must have an example.
-WITH_EXAMPLES = ("treeclone.call", "treeclone.jit", "treeclone.policies", "treeclone.tree")
+WITH_EXAMPLES = (
+    "treeclone.call",
+    "treeclone.jit",
+    "treeclone.partial",
+    "treeclone.policies",
+    "treeclone.tree",
+)
 
 
 def test_rust_doctests_pass() -> None:
