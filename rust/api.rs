@@ -12,6 +12,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_flatten, m)?)?;
     m.add_function(wrap_pyfunction!(py_check, m)?)?;
     m.add_function(wrap_pyfunction!(leaves, m)?)?;
+    m.add_function(wrap_pyfunction!(unflatten, m)?)?;
     m.add_function(wrap_pyfunction!(structure, m)?)?;
     m.add_function(wrap_pyfunction!(flatten_with_path, m)?)?;
     m.add_function(wrap_pyfunction!(tree_map, m)?)?;
@@ -52,6 +53,23 @@ fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
         ..Options::default()
     };
     check(tree, &opts)
+}
+
+/// Rebuild the tree of `treedef` (treeclone's or jaxlib's) from `leaves`; a jaxlib treedef
+/// unflattens itself, as in JAX. A native function, so the call costs no Python frame.
+///
+/// >>> import treeclone.tree_util as tu
+/// >>> tu.tree_unflatten(tu.tree_structure({"a": [0, 0], "b": None}), ["x", "y"])
+/// {'a': ['x', 'y'], 'b': None}
+#[pyfunction(name = "tree_unflatten")]
+fn unflatten<'py>(
+    treedef: &Bound<'py, PyAny>,
+    leaves: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match treedef.cast::<PyTreeDef>() {
+        Ok(def) => def.get().unflatten(treedef.py(), leaves),
+        Err(_) => treedef.call_method1(pyo3::intern!(treedef.py(), "unflatten"), (leaves,)),
+    }
 }
 
 /// The leaves of `tree`, in JAX's order (dict keys sorted).

@@ -13,7 +13,7 @@ extern "C" {
 }
 
 /// An empty dict with room for `size` items.
-fn new_dict(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyDict>> {
+pub fn new_dict(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyDict>> {
     #[cfg(not(Py_3_13))]
     if size > 5 {
         // SAFETY: returns a new reference to an exact dict, or NULL with an exception set.

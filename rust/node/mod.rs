@@ -5,7 +5,7 @@
 mod build;
 mod expand;
 
-pub use build::build_node;
+pub use build::{build_node, new_dict};
 pub use expand::{call_custom_flatten, expand, key_entry_of, DictOrder};
 
 use crate::registry::{CustomType, Kind};

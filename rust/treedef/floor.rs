@@ -4,7 +4,7 @@
 //! is reported as a ratio to it, so that what is left to gain is measured, not guessed.
 
 use super::PyTreeDef;
-use crate::node::{build_node, NodeKind};
+use crate::node::{build_node, new_dict, NodeKind};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -39,16 +39,12 @@ pub fn unflatten_floor<'py>(
                 leaves.get_item(next - 1)?
             }
             NodeKind::None => py.None().into_bound(py),
-            NodeKind::Tuple => {
-                // SAFETY: the stack holds owned references to live objects; the GIL is held.
-                unsafe { steal_into_tuple(py, stack.0.drain(start..).collect())? }
-            }
-            NodeKind::List => {
-                // SAFETY: as for a tuple.
-                unsafe { steal_into_list(py, stack.0.drain(start..).collect())? }
-            }
+            // SAFETY: the stack holds owned references to live objects; the GIL is held.
+            NodeKind::Tuple => unsafe { steal_top(py, &mut stack, start, Sequence::Tuple)? },
+            // SAFETY: as for a tuple.
+            NodeKind::List => unsafe { steal_top(py, &mut stack, start, Sequence::List)? },
             NodeKind::Dict(keys) => {
-                let d = pyo3::types::PyDict::new(py);
+                let d = new_dict(py, node.arity)?;
                 for (key, child) in keys.bind(py).iter_borrowed().zip(&stack.0[start..]) {
                     // SAFETY: `d` is a live dict, `key` is held by the treedef and `child` by
                     // the stack for the whole call.
@@ -76,54 +72,46 @@ pub fn unflatten_floor<'py>(
     Ok(unsafe { Bound::from_owned_ptr(py, root) })
 }
 
-/// A new tuple that takes over `children`.
-///
-/// # Safety
-/// Each pointer must be an owned reference to a live object and the GIL must be held. The
-/// references are stolen: by the tuple, or released if it cannot be made.
-unsafe fn steal_into_tuple<'py>(
-    py: Python<'py>,
-    children: Vec<*mut ffi::PyObject>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let children = Owned(children);
-    let t = unsafe { ffi::PyTuple_New(children.0.len() as ffi::Py_ssize_t) };
-    if t.is_null() {
-        return Err(PyErr::fetch(py));
-    }
-    for (i, child) in children.into_inner().into_iter().enumerate() {
-        unsafe { ffi::PyTuple_SET_ITEM(t, i as ffi::Py_ssize_t, child) };
-    }
-    Ok(unsafe { Bound::from_owned_ptr(py, t) })
+enum Sequence {
+    Tuple,
+    List,
 }
 
-/// A new list that takes over `children`.
+/// A new tuple or list that takes over the references on `stack` from `start` on (they leave
+/// the stack; on failure they stay there, to be released with it).
 ///
 /// # Safety
-/// As for [`steal_into_tuple`].
-unsafe fn steal_into_list<'py>(
+/// Every pointer on `stack` must be an owned reference to a live object and the GIL must be
+/// held.
+unsafe fn steal_top<'py>(
     py: Python<'py>,
-    children: Vec<*mut ffi::PyObject>,
+    stack: &mut Owned,
+    start: usize,
+    kind: Sequence,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let children = Owned(children);
-    let l = unsafe { ffi::PyList_New(children.0.len() as ffi::Py_ssize_t) };
-    if l.is_null() {
+    let n = (stack.0.len() - start) as ffi::Py_ssize_t;
+    let container = match kind {
+        Sequence::Tuple => unsafe { ffi::PyTuple_New(n) },
+        Sequence::List => unsafe { ffi::PyList_New(n) },
+    };
+    if container.is_null() {
         return Err(PyErr::fetch(py));
     }
-    for (i, child) in children.into_inner().into_iter().enumerate() {
-        unsafe { ffi::PyList_SET_ITEM(l, i as ffi::Py_ssize_t, child) };
+    for (i, &child) in stack.0[start..].iter().enumerate() {
+        let i = i as ffi::Py_ssize_t;
+        match kind {
+            Sequence::Tuple => unsafe { ffi::PyTuple_SET_ITEM(container, i, child) },
+            Sequence::List => unsafe { ffi::PyList_SET_ITEM(container, i, child) },
+        }
     }
-    Ok(unsafe { Bound::from_owned_ptr(py, l) })
+    stack.0.truncate(start); // stolen by the container: not released here
+    Ok(unsafe { Bound::from_owned_ptr(py, container) })
 }
 
 /// Owned references, released when dropped (also on an early error return).
 struct Owned(Vec<*mut ffi::PyObject>);
 
 impl Owned {
-    /// The references, no longer released by this.
-    fn into_inner(mut self) -> Vec<*mut ffi::PyObject> {
-        std::mem::take(&mut self.0)
-    }
-
     /// Release the references from `start` on.
     fn release_from(&mut self, start: usize) {
         for p in self.0.drain(start..) {

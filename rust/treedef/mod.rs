@@ -184,7 +184,7 @@ impl PyTreeDef {
     }
 
     /// Rebuild the tree from an iterable of leaves.
-    fn unflatten<'py>(
+    pub fn unflatten<'py>(
         &self,
         py: Python<'py>,
         leaves: &Bound<'py, PyAny>,

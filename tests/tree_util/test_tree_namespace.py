@@ -181,7 +181,7 @@ def test_tree_signatures_are_jax_s(name):
 
 
 # The Rust core's functions carry no annotations at run time (their types are in _native.pyi).
-NATIVE = {"tree_flatten", "tree_leaves", "tree_structure", "tree_map"}
+NATIVE = {"tree_flatten", "tree_leaves", "tree_structure", "tree_map", "tree_unflatten"}
 
 
 @pytest.mark.parametrize(
