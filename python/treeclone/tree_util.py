@@ -45,6 +45,7 @@ if _typing.TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from typing import Any, TypeVar
 
+    from jax._src.tree_util import Leaf as Leaf
     from jax._src.tree_util import Unspecified
     from jax.tree_util import flatten_one_level as flatten_one_level
     from jax.tree_util import flatten_one_level_with_keys as flatten_one_level_with_keys
