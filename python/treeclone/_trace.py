@@ -197,7 +197,7 @@ def run(
     transform_out: Callable[[Any], Any] | None = None,
     caller_objects: Sequence[Any] | None = None,
     track_inputs: bool = False,
-) -> tuple[Any, list, tuple[int, ...] | bool | None]:
+) -> tuple[Any, list, tuple[tuple[int, ...], tuple[int, ...]] | bool | None]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
     Returns ``(plan, output_leaves, next_inputs)``: ``plan.apply(caller_leaves,
@@ -368,15 +368,22 @@ def run(
     plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom)
     if not track_inputs:
         return plan, outputs, None
-    return plan, outputs, _next_inputs(policy, root, pre_def, in_leaves, pool_index)
+    written = sorted(k for k, _ in mutated)
+    return plan, outputs, _next_inputs(policy, root, pre_def, in_leaves, pool_index, written)
 
 
 def _next_inputs(
-    policy: Policy, root: Any, pre_def: Any, in_leaves: list, pool_index: dict[int, int]
-) -> tuple[int, ...] | bool | None:
+    policy: Policy,
+    root: Any,
+    pre_def: Any,
+    in_leaves: list,
+    pool_index: dict[int, int],
+    written: list[int],
+) -> tuple[tuple[int, ...], tuple[int, ...]] | bool | None:
     """What the caller's arguments hold after a call, for ``jit_partial``'s cached leaves:
     None when their leaves are the ones they had; False when their structure changed (they
-    must be flattened again); else, for each leaf slot, its index in ``in_leaves + outputs``."""
+    must be flattened again); else, for each leaf slot, its index in ``in_leaves + outputs``,
+    and the caller's containers the write-back changes (``written``, node indices)."""
     if policy.mutations != "propagate":
         return None  # nothing is written back
     after_leaves, after_def, _ = _native.flatten_shared(root)
@@ -385,7 +392,7 @@ def _next_inputs(
     index = tuple(pool_index[id(leaf)] for leaf in after_leaves)
     if index == tuple(range(len(in_leaves))):
         return None
-    return index
+    return index, tuple(written)
 
 
 def _custom_changes(

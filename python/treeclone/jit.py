@@ -81,7 +81,7 @@ class _TraceInfo:
         paths: Sequence[str],
         out_tree: Any,
         out_sources: Any,
-        next_inputs: tuple[int, ...] | bool | None = None,
+        next_inputs: tuple[tuple[int, ...], tuple[int, ...]] | bool | None = None,
     ):
         self.plan = plan
         self.paths = paths

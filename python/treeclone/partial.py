@@ -74,16 +74,16 @@ class _BoundArguments:
 
     def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
         """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
-        bound leaves are now among ``leaves + outputs``."""
+        bound leaves are now among ``leaves + outputs`` and which containers it wrote."""
         if self.stale or next_inputs is False:
             self._flatten()
         elif next_inputs is not None:
-            n = len(self.leaves)
-            take = self.takers.get(next_inputs)
+            index, written = next_inputs
+            take = self.takers.get(index)
             if take is None:
-                take = self.takers[next_inputs] = _taker(next_inputs[:n])
+                take = self.takers[index] = _taker(index[: len(self.leaves)])
             self.leaves = take([*leaves, *outputs])
-            self.snapshot = self.snapshot.again()
+            self.snapshot.refresh(written)
 
 
 def _taker(indices: tuple[int, ...]) -> Callable[[list], list]:

@@ -198,9 +198,11 @@ unsafe fn same_dict_items(
 }
 
 /// The contents, by identity, of the containers among some objects (see the module comment).
-#[pyclass(frozen, module = "treeclone._native")]
+#[pyclass(module = "treeclone._native")]
 pub struct Snapshot {
     watched: Vec<Watched>,
+    /// The node (index into the objects taken) each watched entry belongs to.
+    owners: Vec<usize>,
     /// False when some container's state is out of reach (see the module comment).
     #[pyo3(get)]
     checkable: bool,
@@ -215,6 +217,7 @@ impl Snapshot {
     fn take(objects: &Bound<'_, PyList>, containers: Vec<usize>) -> PyResult<Self> {
         let py = objects.py();
         let mut watched = Vec::new();
+        let mut owners = Vec::new();
         let mut checkable = true;
         for i in containers {
             let obj = objects.get_item(i)?;
@@ -250,11 +253,16 @@ impl Snapshot {
             if !known {
                 checkable = false;
             }
+            owners.resize(watched.len(), i);
         }
-        Ok(Snapshot { watched, checkable })
+        Ok(Snapshot {
+            watched,
+            owners,
+            checkable,
+        })
     }
 
-    /// The same objects watched again, with what they hold now (after a call wrote them).
+    /// The same objects watched again, with what they hold now.
     fn again(&self, py: Python<'_>) -> PyResult<Snapshot> {
         Ok(Snapshot {
             watched: self
@@ -262,8 +270,23 @@ impl Snapshot {
                 .iter()
                 .map(|w| w.again(py))
                 .collect::<PyResult<_>>()?,
+            owners: self.owners.clone(),
             checkable: self.checkable,
         })
+    }
+
+    /// Record again, in place, what the objects at these node indices hold now (those a
+    /// call's write-back changed); the others keep their record. A node left out that did
+    /// change only makes the next `unchanged` false: a flatten too many, never a change
+    /// missed.
+    fn refresh(&mut self, py: Python<'_>, nodes: Vec<usize>) -> PyResult<()> {
+        let nodes: std::collections::HashSet<usize> = nodes.into_iter().collect();
+        for (w, owner) in self.watched.iter_mut().zip(&self.owners) {
+            if nodes.contains(owner) {
+                *w = w.again(py)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether every watched object still holds exactly what it held.

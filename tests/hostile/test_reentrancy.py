@@ -77,9 +77,21 @@ def traversals(c, twin):
     yield "flatten_shared", lambda: treeclone._native.flatten_shared(c)
     yield "shared_unflatten", lambda: treeclone._native.flatten_shared(c)[1].unflatten(leaves)
     yield "cycle_check", lambda: treeclone._native.check(c)  # what jit's clone call runs
+    yield "unflatten_floor", lambda: treeclone._native.unflatten_floor(td, leaves)
+    yield "snapshot", lambda: _snapshot(c)  # jit_partial's check of its bound arguments
     for policy in ("clone", "alias", "strict"):
         yield f"call-{policy}", lambda p=policy: treeclone.call(lambda x: x, c, policy=p)
         yield f"call-{policy}-mutate", lambda p=policy: treeclone.call(_poke, c, policy=p)
+
+def _snapshot(x):
+    _, sdef, objects = treeclone._native.flatten_shared(x)
+    nodes = [
+        i for i, e in enumerate(sdef.node_info())
+        if isinstance(e, treeclone._native.EntryInfo.Node)
+    ]
+    snapshot = treeclone._native.Snapshot.take(objects, nodes)
+    snapshot.unchanged()
+    snapshot.again().unchanged()
 
 def _poke(x):
     if isinstance(x, dict):

@@ -91,6 +91,41 @@ class Scaled:
         return cls(children[0], scale)
 
 
+class Counted:
+    """A registered node that counts its flattens."""
+
+    flattens = 0
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+
+def _flatten_counted(c):
+    Counted.flattens += 1
+    return (c.w, c.b), None
+
+
+jax.tree_util.register_pytree_node(Counted, _flatten_counted, lambda _, ch: Counted(*ch))
+
+
+def test_bound_arguments_are_not_flattened_again_at_each_call():
+    layer = Counted(jnp.ones(2), jnp.zeros(2))
+
+    def step(c, x):
+        c.w = c.w + x  # written back every call: the kept leaves and the record follow it
+
+    update = tc.jit_partial(step, layer)
+    update(1.0)  # traced: flattened as often as tracing needs
+    before = Counted.flattens
+    for _ in range(3):
+        update(1.0)
+    assert Counted.flattens == before
+    assert values(layer.w) == [5.0, 5.0]
+    layer.b = jnp.ones(2)  # a change between calls: flattened again, once
+    update(1.0)
+    assert Counted.flattens == before + 1 and values(layer.w) == [6.0, 6.0]
+
+
 def test_static_data_changed_between_calls_is_used():
     layer = Scaled(jnp.ones(2), 2.0)
     apply = tc.jit_partial(lambda m, x: m.w * m.scale * x, layer)
