@@ -20,13 +20,12 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable
 from typing import Any
 
 from treeclone import _native
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
-from treeclone.jit import _UNSPECIFIED, Jitted, _given
+from treeclone.jit import _UNSPECIFIED, Jitted, _given, _take
 from treeclone.policies import Policy, _override, as_policy
 
 _SCALARS = (int, float, bool, complex)
@@ -81,19 +80,9 @@ class _BoundArguments:
             index, written = next_inputs
             take = self.takers.get(index)
             if take is None:
-                take = self.takers[index] = _taker(index[: len(self.leaves)])
+                take = self.takers[index] = _take(list(index[: len(self.leaves)]))
             self.leaves = take([*leaves, *outputs])
             self.snapshot.refresh(written)
-
-
-def _taker(indices: tuple[int, ...]) -> Callable[[list], list]:
-    if not indices:
-        return lambda pool: []
-    if len(indices) == 1:
-        i = indices[0]
-        return lambda pool: [pool[i]]
-    getter = operator.itemgetter(*indices)
-    return lambda pool: list(getter(pool))
 
 
 class JitPartial:
