@@ -369,26 +369,38 @@ def run(
     if not track_inputs:
         return plan, outputs, None
     written = sorted(k for k, _ in mutated)
-    return plan, outputs, _next_inputs(policy, root, pre_def, in_leaves, pool_index, written)
+    before = (pre_def, pre_info, objs)
+    return plan, outputs, _next_inputs(policy, root, before, in_leaves, pool_index, written)
 
 
 def _next_inputs(
     policy: Policy,
     root: Any,
-    pre_def: Any,
+    before: tuple[Any, list, list],
     in_leaves: list,
     pool_index: dict[int, int],
     written: list[int],
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | bool | None:
     """What the caller's arguments hold after a call, for ``jit_partial``'s cached leaves:
-    None when their leaves are the ones they had; False when their structure changed (they
-    must be flattened again); else, for each leaf slot, its index in ``in_leaves + outputs``,
-    and the caller's containers the write-back changes (``written``, node indices)."""
+    None when their leaves are the ones they had; False when their structure changed or a
+    container was replaced by another (they must be flattened again: the caller then holds
+    objects the kept ones are not); else, for each leaf slot, its index in
+    ``in_leaves + outputs``, and the caller's containers the write-back changes (``written``,
+    node indices). ``before``: the structure, its node info and the rebuilt objects the
+    function was given."""
     if policy.mutations != "propagate":
         return None  # nothing is written back
-    after_leaves, after_def, _ = _native.flatten_shared(root)
+    pre_def, pre_info, objs = before
+    after_leaves, after_def, after_objs = _native.flatten_shared(root)
     if after_def != pre_def:
         return False
+    after_info = None
+    for i, entry in enumerate(pre_info):
+        if isinstance(entry, NodeInfo) and after_objs[i] is not objs[i]:
+            # Replaced by an equal leafless node (nnx's PytreeState): the caller keeps its own.
+            after_info = after_def.node_info() if after_info is None else after_info
+            if not _equal_empty_nodes(entry, after_info[i]):
+                return False
     index = tuple(pool_index[id(leaf)] for leaf in after_leaves)
     if index == tuple(range(len(in_leaves))):
         return None

@@ -170,6 +170,28 @@ def test_an_argument_reachable_from_the_bound_ones_is_the_same_object_inside():
     assert values(inner["w"]) == [3.0, 3.0]
 
 
+def test_a_container_replaced_by_an_equal_one_is_followed():
+    """One trace puts a new dict of the same structure in place of the old one; another
+    (a different static argument) updates that dict in place: the update must reach the dict
+    the caller holds now, as in plain Python, not the one that was bound first."""
+    state = {"sub": {"w": jnp.zeros(2)}}
+    plain = {"sub": {"w": np.zeros(2)}}
+
+    def step(s, x, replace):
+        if replace:
+            s["sub"] = {"w": s["sub"]["w"] + x}
+        else:
+            s["sub"]["w"] = s["sub"]["w"] + x
+        return s["sub"]
+
+    update = tc.jit_partial(step, state, static_argnums=2)
+    for i, replace in enumerate([True, False, True, False, False]):
+        sub = update(float(i), replace)
+        plain_sub = step(plain, float(i), replace)
+        assert sub is state["sub"] and values(sub) == values(plain_sub)
+    assert values(state) == values(plain)
+
+
 def test_tied_weights_stay_tied():
     shared = {"w": jnp.ones(2)}
     model = {"encoder": shared, "decoder": shared}
