@@ -25,7 +25,7 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
-from treeclone.jit import _UNSPECIFIED, Jitted, _given, _take
+from treeclone.jit import Jitted, _take, jit
 from treeclone.policies import Policy, _override, as_policy
 
 _SCALARS = (int, float, bool, complex)
@@ -163,22 +163,13 @@ def jit_partial(
     /,
     *bound: Any,
     policy: str | Policy = "alias",
-    in_shardings: Any = _UNSPECIFIED,
-    out_shardings: Any = _UNSPECIFIED,
-    static_argnums: Any = None,
-    static_argnames: Any = None,
-    donate_argnums: Any = None,
-    donate_argnames: Any = None,
-    keep_unused: bool = False,
-    device: Any | None = None,
-    backend: str | None = None,
-    inline: bool = False,
-    compiler_options: dict[str, Any] | None = None,
+    **jit_options: Any,
 ) -> JitPartial:
     """``treeclone.jit(fun, policy=..., ...)`` with ``bound`` as its first arguments, flattened
     once: the callable returned takes the remaining ones. Write-back under ``alias`` goes into
-    the bound objects themselves, exactly as ``treeclone.jit(fun)(*bound, *args)`` would; the
-    keywords are :func:`treeclone.jit`'s (argument numbers count the bound arguments).
+    the bound objects themselves, exactly as ``treeclone.jit(fun)(*bound, *args)`` would;
+    ``jit_options`` are :func:`treeclone.jit`'s, checked by it (argument numbers count the
+    bound arguments).
 
     Changes made to the bound objects between calls are seen (docs/semantics.md,
     "jit_partial"); the policy must preserve identity (``alias``, the default, or ``strict``).
@@ -197,24 +188,9 @@ def jit_partial(
     >>> add(5.0)
     Array(5., dtype=float32)
     """
-    options = _given(
-        {
-            "in_shardings": in_shardings,
-            "out_shardings": out_shardings,
-            "static_argnums": static_argnums,
-            "static_argnames": static_argnames,
-            "donate_argnums": donate_argnums,
-            "donate_argnames": donate_argnames,
-            "keep_unused": keep_unused,
-            "device": device,
-            "backend": backend,
-            "inline": inline,
-            "compiler_options": compiler_options,
-        }
-    )
     policy = as_policy(policy)
     _check_policy(policy)
-    return JitPartial(Jitted(fun, policy, options), bound)
+    return JitPartial(jit(fun, policy=policy, **jit_options), bound)
 
 
 __all__ = ["JitPartial", "jit_partial"]

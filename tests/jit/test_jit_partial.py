@@ -14,6 +14,7 @@ import pytest
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
 from mutation_programs import containers, describe, programs, run_program, trees
+from node_kinds import Scaled
 
 
 def values(tree):
@@ -74,21 +75,6 @@ def test_the_function_growing_a_bound_list_is_followed():
     for i in range(3):
         push(float(i))
     assert values(history) == [0.0, 2.0, 4.0]
-
-
-@jax.tree_util.register_pytree_node_class
-class Scaled:
-    """``scale`` is static (aux) data."""
-
-    def __init__(self, w, scale):
-        self.w, self.scale = w, scale
-
-    def tree_flatten(self):
-        return (self.w,), self.scale
-
-    @classmethod
-    def tree_unflatten(cls, scale, children):
-        return cls(children[0], scale)
 
 
 class Counted:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import treeclone as tc
-from node_kinds import Model, MyDict, MyList, Noted
+from node_kinds import Model, MyDict, MyList, Noted, Scaled
 
 MODES = ["jit", "call"]
 
@@ -24,21 +24,6 @@ def runner(mode, fun, policy):
     if mode == "jit":
         return tc.jit(fun, policy=policy)
     return lambda *a, **k: tc.call(fun, *a, policy=policy, **k)
-
-
-@jax.tree_util.register_pytree_node_class
-class Scaled:
-    """``scale`` is static (aux) data."""
-
-    def __init__(self, w, scale):
-        self.w, self.scale = w, scale
-
-    def tree_flatten(self):
-        return (self.w,), self.scale
-
-    @classmethod
-    def tree_unflatten(cls, scale, children):
-        return cls(children[0], scale)
 
 
 def as_lists(tree):

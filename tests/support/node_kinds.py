@@ -58,3 +58,18 @@ class Noted:
 jax.tree_util.register_dataclass(
     Noted, data_fields=["x"], meta_fields=[], drop_fields=drop_fields_arg(["note"])
 )
+
+
+@jax.tree_util.register_pytree_node_class
+class Scaled:
+    """``scale`` is static (aux) data."""
+
+    def __init__(self, w, scale):
+        self.w, self.scale = w, scale
+
+    def tree_flatten(self):
+        return (self.w,), self.scale
+
+    @classmethod
+    def tree_unflatten(cls, scale, children):
+        return cls(children[0], scale)
