@@ -3,7 +3,7 @@
 use super::NodeKind;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 
 #[cfg(not(Py_3_13))]
 extern "C" {
@@ -43,11 +43,49 @@ unsafe fn dict_set_item(
     Ok(())
 }
 
-/// Build one node's Python object from its already built children (as many as its arity).
+/// A new tuple or list holding `children`, each moved straight into its slot. PyO3's
+/// `PyTuple::new`/`PyList::new` take every element through a `dyn` iterator: on a tree of
+/// small lists that cost a quarter of unflatten (docs/benchmarks.md, nested_list_500 against
+/// its floor).
+fn new_sequence<'py>(
+    py: Python<'py>,
+    list: bool,
+    children: std::vec::Drain<'_, Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let n = children.len() as ffi::Py_ssize_t;
+    // SAFETY: both return a new reference to a sequence of `n` empty slots, or NULL with an
+    // exception set.
+    let raw = unsafe {
+        if list {
+            ffi::PyList_New(n)
+        } else {
+            ffi::PyTuple_New(n)
+        }
+    };
+    // SAFETY: `raw` is a new reference (or NULL, reported as the exception set).
+    let seq = unsafe { Bound::from_owned_ptr_or_err(py, raw)? };
+    for (i, child) in children.enumerate() {
+        // SAFETY: `seq` is the fresh sequence of `n` slots made above, `i < n` (a drain yields
+        // exactly its length), and slot `i` is still empty: SET_ITEM takes over the child's
+        // reference. Moving the children off a `Vec` runs no Python code, so nothing can see
+        // the sequence before every slot is filled.
+        unsafe {
+            if list {
+                ffi::PyList_SET_ITEM(seq.as_ptr(), i as ffi::Py_ssize_t, child.into_ptr());
+            } else {
+                ffi::PyTuple_SET_ITEM(seq.as_ptr(), i as ffi::Py_ssize_t, child.into_ptr());
+            }
+        }
+    }
+    Ok(seq)
+}
+
+/// Build one node's Python object from its already built children (as many as its arity),
+/// taken off the end of the builder's stack.
 pub fn build_node<'py>(
     py: Python<'py>,
     kind: &NodeKind,
-    children: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+    children: std::vec::Drain<'_, Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     Ok(match kind {
         NodeKind::Leaf => {
@@ -56,8 +94,8 @@ pub fn build_node<'py>(
             ))
         }
         NodeKind::None => py.None().into_bound(py),
-        NodeKind::Tuple => PyTuple::new(py, children)?.into_any(),
-        NodeKind::List => PyList::new(py, children)?.into_any(),
+        NodeKind::Tuple => new_sequence(py, false, children)?,
+        NodeKind::List => new_sequence(py, true, children)?,
         NodeKind::Dict(keys) => {
             let keys = keys.bind(py);
             let dict = new_dict(py, children.len())?;

@@ -57,12 +57,12 @@ pub fn unflatten_floor<'py>(
             }
             kind => {
                 // SAFETY: the stack's pointers are owned references, handed over to Bounds.
-                let children: Vec<Bound<'py, PyAny>> = stack
+                let mut children: Vec<Bound<'py, PyAny>> = stack
                     .0
                     .drain(start..)
                     .map(|p| unsafe { Bound::from_owned_ptr(py, p) })
                     .collect();
-                build_node(py, kind, children.into_iter())?
+                build_node(py, kind, children.drain(..))?
             }
         };
         stack.0.push(obj.into_ptr());

@@ -442,7 +442,8 @@ fn write_one<'py>(
             done.push(write_attributes(obj, direct, &children)?);
         }
         NodeKind::Custom(..) => {
-            let fresh = build_node(py, &node.kind, children.into_iter())?;
+            let mut children = children;
+            let fresh = build_node(py, &node.kind, children.drain(..))?;
             // A registered dict or list subclass (OrderedDict, defaultdict, ...): its items
             // are written as a dict's or a list's, then its attributes as any object's.
             if obj.is_instance_of::<PyDict>() && fresh.is_instance_of::<PyDict>() {
