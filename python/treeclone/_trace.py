@@ -8,6 +8,7 @@ caller's objects) at every call, plus the leaves the computation must output.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -307,13 +308,19 @@ def run(
                 if name not in own_attributes.get(k, ()) and not hasattr(after, name)
             ]
         key_order = tuple(obj) if isinstance(obj, dict) else None
+        # The function saw a dict's (and a defaultdict's) keys sorted, as under jax.jit, not
+        # in the caller's order: the keys it kept keep their place in the caller's dict
+        # (rule 7). Other dict kinds are seen in their own order, which it may change.
+        sorted_view = ty is dict or ty is defaultdict
         origin_of[n] = Origin(
             node=k,
             old_children=pre_info[k].children,
             same_data=_same_data(pre_info[k].data, entry.data),
             writable=ty in (list, dict) or writable(obj),
             key_order=key_order,
-            reordered=key_order is not None and _reordered(keys and keys[0], key_order),
+            reordered=key_order is not None
+            and not sorted_view
+            and _reordered(keys and keys[0], key_order),
             attrs=attrs,
             direct=direct,
         )

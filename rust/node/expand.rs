@@ -7,15 +7,6 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-/// The order of a dict's children.
-#[derive(Clone, Copy)]
-pub enum DictOrder {
-    /// Sorted keys, as JAX.
-    Sorted,
-    /// Insertion order, as plain Python code sees the dict.
-    Insertion,
-}
-
 /// Call a custom node's flatten function and check its result as JAX does.
 pub fn call_custom_flatten<'py>(
     obj: &Bound<'py, PyAny>,
@@ -64,21 +55,6 @@ fn custom_flatten_with_keys<'py>(
     Ok(aux)
 }
 
-/// The dict's keys in insertion order, its values pushed onto `children` in the same order.
-fn insertion_items<'py>(
-    d: &Bound<'py, PyDict>,
-    children: &mut Vec<Py<PyAny>>,
-) -> Vec<Bound<'py, PyAny>> {
-    // No Python code runs in this loop (increfs and Rust pushes only), so the dict cannot
-    // change size under the iterator.
-    let mut keys = Vec::with_capacity(d.len());
-    for (k, v) in d.iter() {
-        keys.push(k);
-        children.push(v.unbind());
-    }
-    keys
-}
-
 /// Push `obj`'s children (in order) onto `children`, and their key entries onto `keys` when
 /// given, and return the node's kind with its payload. `kind` is `obj`'s classification; the
 /// casts below still check the type, so a wrong `kind` is an error, never undefined behaviour.
@@ -86,7 +62,6 @@ fn insertion_items<'py>(
 pub fn expand<'py>(
     obj: &Bound<'py, PyAny>,
     kind: &Kind,
-    order: DictOrder,
     children: &mut Vec<Py<PyAny>>,
     keys: Option<&mut Vec<Py<PyAny>>>,
 ) -> PyResult<NodeKind> {
@@ -109,31 +84,12 @@ pub fn expand<'py>(
         }
         Kind::Dict => {
             let d = obj.cast_exact::<PyDict>()?;
-            match order {
-                DictOrder::Sorted => NodeKind::Dict(keysort::sorted_children(py, d, children)?),
-                DictOrder::Insertion => {
-                    let dict_keys = insertion_items(d, children);
-                    NodeKind::Dict(PyTuple::new(py, dict_keys)?.unbind())
-                }
-            }
+            NodeKind::Dict(keysort::sorted_children(py, d, children)?)
         }
         Kind::NamedTuple => {
             let t = obj.cast::<PyTuple>()?;
             children.extend(t.iter_borrowed().map(|x| x.to_owned().unbind()));
             NodeKind::NamedTuple(obj.get_type().unbind())
-        }
-        Kind::Custom(custom)
-            if matches!(order, DictOrder::Insertion) && custom.ty.is(&compat(py)?.defaultdict) =>
-        {
-            // JAX's flatten sorts a defaultdict's keys; in insertion order, as plain Python
-            // sees it, the aux data keeps JAX's form: (default_factory, keys).
-            let d = obj.cast::<PyDict>()?;
-            let dict_keys = insertion_items(d, children);
-            let aux = (
-                obj.getattr("default_factory")?,
-                PyTuple::new(py, dict_keys)?,
-            );
-            NodeKind::Custom(custom.clone(), aux.into_pyobject(py)?.into_any().unbind())
         }
         Kind::Custom(custom) => {
             let aux = match keys {

@@ -6,7 +6,7 @@ mod build;
 mod expand;
 
 pub use build::{build_node, new_dict};
-pub use expand::{call_custom_flatten, expand, key_entry_of, DictOrder};
+pub use expand::{call_custom_flatten, expand, key_entry_of};
 
 use crate::registry::{CustomType, Kind};
 use pyo3::exceptions::PyValueError;
@@ -21,8 +21,7 @@ pub enum NodeKind {
     None,
     Tuple,
     List,
-    /// The keys, in child order (sorted as JAX for `PyTreeDef`; insertion order for
-    /// `SharedTreeDef`).
+    /// The keys, in child order (sorted, as JAX orders them).
     Dict(Py<PyTuple>),
     /// The namedtuple's type.
     NamedTuple(Py<PyType>),

@@ -17,8 +17,6 @@ pub struct Compat {
     pub keystr: Py<PyAny>,
     pub to_jax_node: Py<PyAny>,
     pub prefix_error: Py<PyAny>,
-    /// `collections.defaultdict`: JAX's flatten sorts its keys (see `node::expand`).
-    pub defaultdict: Py<PyAny>,
 }
 
 static COMPAT: PyOnceLock<Compat> = PyOnceLock::new();
@@ -38,7 +36,6 @@ pub fn compat(py: Python<'_>) -> PyResult<&Compat> {
             keystr: get("keystr")?,
             to_jax_node: get("to_jax_node")?,
             prefix_error: get("prefix_error")?,
-            defaultdict: py.import("collections")?.getattr("defaultdict")?.unbind(),
         })
     })
 }

@@ -2,15 +2,17 @@
 //!
 //! `Sharing` is a traversal mode: an object met a second time (by identity) is recorded as a
 //! reference to its first occurrence, so a shared leaf gets one slot in the leaves list and a
-//! shared container becomes a `Ref` entry. Dicts keep their insertion order (plain Python's),
-//! which is then part of the structure. `SharedTreeDef.unflatten` restores the sharing, so a
+//! shared container becomes a `Ref` entry. Dicts are ordered as JAX orders them (sorted
+//! keys), so their insertion order is not part of the structure: a function traced on the
+//! rebuilt tree sees them as under `jax.jit`, and the write-back keeps each caller dict's own
+//! order. `SharedTreeDef.unflatten` restores the sharing, so a
 //! function traced on the rebuilt tree sees `a is b` where its caller did.
 
 mod treedef;
 
 pub use treedef::{Entry, EntryInfo, SharedTreeDef};
 
-use crate::node::{DictOrder, Node, NodeKind};
+use crate::node::{Node, NodeKind};
 use crate::registry::{type_ptr, Kind};
 use crate::traverse::address::AddressMap;
 use crate::traverse::{walk, Mode, Options};
@@ -50,8 +52,6 @@ pub struct Sharing<'py> {
 }
 
 impl<'py> Mode<'py> for Sharing<'py> {
-    const DICT_ORDER: DictOrder = DictOrder::Insertion;
-
     fn leaf(&mut self, obj: Bound<'py, PyAny>, _: &[Py<PyAny>]) -> PyResult<()> {
         let address = obj.as_ptr() as usize;
         let tracked = !is_python_scalar(&obj);

@@ -11,7 +11,7 @@ pub mod plain;
 
 pub use guard::MAX_DEPTH;
 
-use crate::node::{expand, key_entry_of, DictOrder, Node, NodeKind};
+use crate::node::{expand, key_entry_of, Node, NodeKind};
 use crate::registry::{compat, Classifier, Kind};
 use guard::{Breach, PathGuard};
 use pyo3::exceptions::{PyRecursionError, PyValueError};
@@ -20,9 +20,6 @@ use pyo3::types::{PyBool, PyTuple};
 
 /// What a traversal records. The engine calls these in post-order.
 pub trait Mode<'py> {
-    /// How dict children are ordered.
-    const DICT_ORDER: DictOrder;
-
     /// A leaf at the current position (`path` is its key path when paths are recorded).
     fn leaf(&mut self, obj: Bound<'py, PyAny>, path: &[Py<PyAny>]) -> PyResult<()>;
 
@@ -109,7 +106,6 @@ pub fn walk<'py, M: Mode<'py>>(
             let node = expand(
                 &current,
                 &kind,
-                M::DICT_ORDER,
                 &mut pending,
                 opts.with_paths.then_some(&mut pending_keys),
             )?;

@@ -1,7 +1,7 @@
 //! JAX's flatten: every leaf in order, every container a node.
 
 use super::{walk, Mode, Options};
-use crate::node::{call_custom_flatten, DictOrder, Node};
+use crate::node::{call_custom_flatten, Node};
 use crate::registry::{Classifier, Kind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -16,8 +16,6 @@ pub struct Flattened<'py> {
 }
 
 impl<'py> Mode<'py> for Flattened<'py> {
-    const DICT_ORDER: DictOrder = DictOrder::Sorted;
-
     #[inline]
     fn leaf(&mut self, obj: Bound<'py, PyAny>, path: &[Py<PyAny>]) -> PyResult<()> {
         if self.with_paths {
@@ -60,7 +58,6 @@ struct Unrecorded;
 
 impl<'py> Mode<'py> for Unrecorded {
     // JAX's order, as flatten's: a cycle's message names keys by their place in it.
-    const DICT_ORDER: DictOrder = DictOrder::Sorted;
 
     #[inline]
     fn leaf(&mut self, _: Bound<'py, PyAny>, _: &[Py<PyAny>]) -> PyResult<()> {

@@ -130,6 +130,38 @@ def run_program(tree, program):
                 node.pop()
 
 
+def _sorted_view(node):
+    """Whether the function sees ``node``'s keys sorted (as under jax.jit): a dict or a
+    defaultdict. Other dict kinds are seen in their own order."""
+    return type(node) in (dict, collections.defaultdict)
+
+
+def _reorder(d, keys):
+    items = [(k, d[k]) for k in keys]
+    d.clear()
+    d.update(items)
+
+
+def run_as_alias(tree, program):
+    """What a call under alias does to ``tree`` (in place) when its function runs ``program``,
+    written as plain Python (docs/semantics.md, rule 7): the function sees every dict and
+    defaultdict with its keys sorted; afterwards each of those dicts keeps the keys the
+    function kept in their own places, followed by its new keys in the order the function
+    left them, and a dict the function created comes back sorted, as jax.jit builds it."""
+    before = [n for n in containers(tree) if _sorted_view(n)]
+    caller_order = [list(d) for d in before]
+    for d in before:
+        _reorder(d, sorted(d))
+    run_program(tree, program)
+    for d, order in zip(before, caller_order, strict=True):
+        kept = [k for k in order if k in d]
+        _reorder(d, kept + [k for k in d if k not in set(order)])
+    known = {id(d) for d in before}
+    for node in containers(tree):
+        if _sorted_view(node) and id(node) not in known:
+            _reorder(node, sorted(node))
+
+
 def describe(node, index):
     """What plain Python and alias must agree on for one container: its type, keys in order,
     attributes outside the pytree, leaf values, and which original container (by position in
