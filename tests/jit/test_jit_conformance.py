@@ -54,12 +54,6 @@ PASSTHROUGH = (
     "alias/strict hand back a returned input leaf that is not a jax.Array (a Python scalar, a "
     "NumPy array) as the caller's own object, where jax.jit returns a jax.Array"
 )
-DICT_ORDER = (
-    "by design (docs/semantics.md rule 7; test_dict_order_is_plain_pythons): under alias and "
-    "strict a dict's key order is part of the structure (code sees dicts in the caller's "
-    "order, as plain Python does), so the same keys in another order trace again"
-)
-
 # --- running and comparing ----------------------------------------------------------------------
 
 
@@ -738,7 +732,7 @@ def sc_retrace_kwargs_only(jit, count):
     return [g(a=vec(), b=vec()), g(b=vec(), a=vec() + 1), g(a=vec(), b=vec(), c=None)]
 
 
-@scenario(designed=both(DICT_ORDER))
+@scenario()
 def sc_retrace_structure(jit, count):
     def f(tree):
         count()

@@ -214,6 +214,47 @@ def test_dict_keys_are_seen_sorted_and_the_callers_order_is_kept(mode):
     leaves_equal(d, plain)
 
 
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_optax_loop_compiles_once(policy):
+    """Issue 12, target 4: params built in any key order, updated by ``optax.apply_updates``
+    (which returns dicts in sorted key order) and handed back in: one trace, as under jax.jit,
+    whether the step returns its state or (alias) updates the caller's dict in place."""
+    optax = pytest.importorskip("optax")
+    opt = optax.adam(1e-2)
+    traces = []
+
+    def loss(params, x):
+        return jnp.sum((x @ params["w2"] + params["b"]) ** 2) + jnp.sum(params["w1"] ** 2)
+
+    def step(params, opt_state, x):
+        traces.append(None)
+        grads = jax.grad(loss)(params, x)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss(params, x)
+
+    params = {"w2": jnp.ones((3, 2)), "w1": jnp.ones(2), "b": jnp.zeros(2)}  # not sorted
+    opt_state = opt.init(params)
+    x = jnp.ones((4, 3))
+    jitted = tc.jit(step, policy=policy)
+    for _ in range(3):
+        params, opt_state, _ = jitted(params, opt_state, x)
+    assert len(traces) == 1 and jitted._cache_size() == 1
+
+    def step_in_place(state, x):
+        traces.append(None)
+        state["params"], state["opt"], value = step(state["params"], state["opt"], x)
+        return value
+
+    if policy == "alias":
+        traces.clear()
+        state = {"params": {"w2": jnp.ones((3, 2)), "w1": jnp.ones(2), "b": jnp.zeros(2)}}
+        state["opt"] = opt.init(state["params"])
+        in_place = tc.jit(step_in_place, policy="alias")
+        for _ in range(3):
+            in_place(state, x)
+        assert len(traces) == 2 and in_place._cache_size() == 1  # step_in_place runs step
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_key_deleted_and_added_back_keeps_its_place(mode):
     """The function never saw the caller's order, so a key it deletes and adds back is a key it

@@ -2,9 +2,10 @@
 
 For each generated (tree, mutation program): plain Python applies the program to a deep copy;
 under ``alias`` (jitted and eager) the caller's tree must end up equal to it, key order
-included (rule 7's order: ``run_as_alias``); under ``strict`` the error must name every container the program changed; under
-``clone`` the caller's tree must be untouched. The identity-tracking flatten must agree with
-``jax.tree_util`` on trees without sharing and restore sharing on unflatten.
+included (rule 7a's order: ``run_as_alias``); under ``strict`` the error must name every
+container the program changed; under ``clone`` the caller's tree must be untouched. The
+identity-tracking flatten must agree with ``jax.tree_util`` on trees without sharing and
+restore sharing on unflatten.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def run_as_alias(tree, program):
     dicts = [(node, list(node)) for node, _ in containers(tree) if isinstance(node, dict)]
     run_program(tree, program)
     for d, order in dicts:
-        now = list(d)
-        items = [(k, d[k]) for k in [k for k in order if k in d] + [k for k in now if k not in order]]
+        keys = [k for k in order if k in d] + [k for k in d if k not in order]
+        items = [(k, d[k]) for k in keys]
         d.clear()
         d.update(items)
 
