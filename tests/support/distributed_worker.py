@@ -250,6 +250,9 @@ def main(argv: list[str]) -> None:
     # than minutes; the test's own timeout is the backstop.
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
+        # Process 0 runs the coordinator; it listens on the loopback interface only (the
+        # default binds every interface).
+        coordinator_bind_address=f"127.0.0.1:{port}",
         num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=30,
