@@ -83,12 +83,17 @@ def train_step(state: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
     XLA all-reduces the gradients across both processes.
     """
     loss, grads = jax.value_and_grad(loss_fn)(state["params"], x, y)
+    apply_update(state, grads)
+    return loss
+
+
+def apply_update(state: dict[str, Any], grads: list[dict[str, jax.Array]]) -> None:
+    """The momentum-SGD update, written into ``state`` in place."""
     state["momentum"] = jax.tree.map(lambda m, g: MOMENTUM * m + g, state["momentum"], grads)
     state["params"] = jax.tree.map(
         lambda p, m: p - LEARNING_RATE * m, state["params"], state["momentum"]
     )
     state["step"] = state["step"] + 1
-    return loss
 
 
 def train_step_returning(state: dict[str, Any], x: jax.Array, y: jax.Array):
@@ -229,12 +234,51 @@ def strict_jit(setup: Setup) -> dict[str, Any]:
     return {**fetch(state), "losses": losses}
 
 
-# name -> scenario; each returns the final state (NumPy leaves) and its losses.
+def alias_jit_of_shard_map(setup: Setup) -> dict[str, Any]:
+    """``alias`` around a step whose loss is a ``jax.shard_map``: each device computes its
+    shard's loss and ``pmean`` averages it over the ``data`` axis (over both processes),
+    explicitly where ``train_step`` leaves the reduction to XLA; the gradient is taken
+    outside the ``shard_map`` and the update written into the caller's dict in place.
+
+    (Taking ``value_and_grad`` inside the ``shard_map`` and ``pmean``-ing the gradients would
+    be wrong by a factor of the axis size: with ``check_vma`` the gradient of a replicated
+    input is already summed over the axis, under plain ``jax.jit`` too.)
+    """
+    import treeclone
+    from jax.sharding import PartitionSpec as P
+
+    def shard_loss(params, x, y):
+        return jax.lax.pmean(loss_fn(params, x, y), AXIS)
+
+    global_loss = jax.shard_map(
+        shard_loss, mesh=setup.mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P()
+    )
+
+    def step_fn(state, x, y):
+        loss, grads = jax.value_and_grad(global_loss)(state["params"], x, y)
+        apply_update(state, grads)
+        return loss
+
+    state = setup.place_state()
+    step = treeclone.jit(step_fn, policy="alias")
+    losses = []
+    for i in range(STEPS):
+        losses.append(float(fetch(step(state, setup.x, setup.y))))
+        assert int(fetch(state["step"])) == i + 1, f"step {i}: the caller's step not advanced"
+    return {**fetch(state), "losses": losses}
+
+
+# name -> scenario; each returns the final state (NumPy leaves) and its losses, which the
+# test compares with reference(). treeclone.shard_map(policy="alias"), once it exists, is one
+# more entry: as alias_jit_of_shard_map, but with the per-shard function itself updating the
+# state it is given in place (params in_specs P(), batch P(AXIS), pmean inside) and the loop
+# checking the caller's dict as alias_jit does.
 SCENARIOS: dict[str, Callable[[Setup], dict[str, Any]]] = {
     "alias_jit": alias_jit,
     "alias_jit_returning": alias_jit_returning,
     "clone_jit": clone_jit,
     "strict_jit": strict_jit,
+    "alias_jit_of_shard_map": alias_jit_of_shard_map,
 }
 
 
