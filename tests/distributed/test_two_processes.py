@@ -65,7 +65,8 @@ class Attempt:
     def __init__(self, out_dir: Path, port: int) -> None:
         self.port = port
         self.out_dir = out_dir
-        self.timed_out = False
+        self.timed_out = False  # the attempt's deadline passed
+        self.cut_short = False  # one worker failed and the others were killed after a grace
         env = dict(os.environ)
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
@@ -96,18 +97,22 @@ class Attempt:
 
     def _wait(self) -> None:
         deadline = time.monotonic() + ATTEMPT_TIMEOUT
+        grace_end = None
         while any(proc.poll() is None for proc in self.procs):
             now = time.monotonic()
             if now > deadline:
                 self.timed_out = True
                 return
-            if any(proc.returncode not in (None, 0) for proc in self.procs):
-                deadline = min(deadline, now + GRACE_AFTER_FAILURE)
+            if grace_end is None and any(p.returncode not in (None, 0) for p in self.procs):
+                grace_end = now + GRACE_AFTER_FAILURE
+            if grace_end is not None and now > grace_end:
+                self.cut_short = True
+                return
             time.sleep(0.05)
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and self.returncodes == [0] * NUM_PROCESSES
+        return not (self.timed_out or self.cut_short) and self.returncodes == [0] * NUM_PROCESSES
 
     def output(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace")
@@ -120,7 +125,12 @@ class Attempt:
     def report(self) -> str:
         lines = [
             f"port {self.port}; exit codes {self.returncodes}"
-            + (f"; killed after {ATTEMPT_TIMEOUT:.0f} s" if self.timed_out else "")
+            + (f"; still running after {ATTEMPT_TIMEOUT:.0f} s, killed" if self.timed_out else "")
+            + (
+                f"; one failed, the others killed {GRACE_AFTER_FAILURE:.0f} s later"
+                if self.cut_short
+                else ""
+            )
         ]
         for i in range(NUM_PROCESSES):
             text = self.output(i)
