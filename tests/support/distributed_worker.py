@@ -14,7 +14,7 @@ test compares the processes with each other and with ``reference()``, the same s
 plain ``jax.jit`` in a single process.
 
 Adding a transform (``treeclone.shard_map``) is one more scenario function registered in
-``SCENARIOS``; the test compares every scenario it finds in the files.
+``SCENARIOS``: the test reads that dict and checks every scenario in it.
 
 Importing this module does nothing distributed: the model, the data and the step function
 are shared with the test, which computes the single-process reference from them.
