@@ -33,6 +33,7 @@ from treeclone.policies import (
     policy,
     register_inplace,
 )
+from treeclone.transforms import checkpoint, grad, remat, value_and_grad
 
 __all__: list[str] = [
     "ALIAS",
@@ -46,10 +47,14 @@ __all__: list[str] = [
     "SharedTreeDef",
     "__version__",
     "call",
+    "checkpoint",
+    "grad",
     "jit",
     "jit_partial",
     "policy",
     "register_inplace",
+    "remat",
     "tree",
     "tree_util",
+    "value_and_grad",
 ]
