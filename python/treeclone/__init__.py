@@ -4,8 +4,9 @@
 registry is the single source of truth), implemented in Rust. ``treeclone.jit`` is a drop-in
 for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations of its inputs
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
-does) or ``"strict"`` (mutating an input without returning it is an error). See
-``docs/semantics.md``.
+does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
+``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
+(:mod:`treeclone.transforms`). See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
