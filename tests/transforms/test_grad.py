@@ -319,3 +319,28 @@ def test_decorator_form_and_names():
     assert energy.__name__ == "energy" and energy.__doc__ == "Energy."
     value, g = energy(jnp.ones(2))
     assert float(value) == 2.0 and g.tolist() == [2.0, 2.0]
+
+
+def test_python_scalars_are_values_each_place_its_own_input():
+    # One float object at two places is two inputs (rule 7: scalars are values), each with
+    # its own gradient, as under jax.grad.
+    one = 1.0
+    d = {"a": one, "b": one}
+
+    def f(d):
+        return d["a"] * 1.0 + d["b"] * 2.0
+
+    got = tc.grad(f, policy="alias")(d)
+    assert got == jax.grad(f)(d) == {"a": 1.0, "b": 2.0}
+
+
+def test_strict_names_a_keyword_argument_by_its_keyword():
+    def f(x, *, state):
+        state["n"] = state["n"] + 1
+        return x * 2
+
+    with pytest.raises(tc.MutationError, match=r"state\['n'\]: replaced"):
+        tc.grad(f, policy="strict")(1.0, state={"n": jnp.zeros(())})
+    state = {"n": jnp.zeros(())}
+    value, g = tc.value_and_grad(f, policy="alias")(1.0, state=state)
+    assert (float(value), float(g), float(state["n"])) == (2.0, 2.0, 1.0)
