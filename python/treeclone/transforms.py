@@ -186,11 +186,11 @@ class _Grad:
             _lift.check_call(self._naming, args, kwargs)  # a cycle: rule 14's ValueError
             return self._jax(*args, **kwargs)
         n = len(args)
-        if max(self._argnums, default=-1) >= n:
+        if max(self._argnums, default=-1) >= n or min(self._argnums, default=0) < -n:
             raise TypeError(
                 f"differentiating with respect to argnums={self._given_argnums()} requires at "
-                f"least {max(self._argnums) + 1} positional arguments to be passed by the "
-                f"caller, but got only {n} positional arguments."
+                f"least {max(max(self._argnums) + 1, -min(self._argnums))} positional arguments "
+                f"to be passed by the caller, but got only {n} positional arguments."
             )
         argnums = tuple(i + n if i < 0 else i for i in self._argnums)
         call = _lift.flatten_call(self._naming, args, kwargs)
@@ -203,14 +203,8 @@ class _Grad:
         chosen = set(diff_slots)
         mask = tuple(s in chosen for s in range(len(call.leaves)))
         diff = [call.leaves[s] for s in diff_slots]
-        box = _ArgsBox(
-            [x for s, x in enumerate(call.leaves) if s not in chosen],
-            (
-                call.sdef,
-                mask,
-                argnums,
-            ),
-        )
+        others = [x for s, x in enumerate(call.leaves) if s not in chosen]
+        box = _ArgsBox(others, (call.sdef, mask, argnums))
         runner, vg = self._runner(policy)
         with runner.calling(call.objects):
             (_, out), grads_flat = vg(diff, box)

@@ -344,3 +344,12 @@ def test_strict_names_a_keyword_argument_by_its_keyword():
     state = {"n": jnp.zeros(())}
     value, g = tc.value_and_grad(f, policy="alias")(1.0, state=state)
     assert (float(value), float(g), float(state["n"])) == (2.0, 2.0, 1.0)
+
+
+def test_negative_argnums_count_from_the_end_as_in_jax_grad():
+    def f(x, y):
+        return x * y
+
+    assert float(tc.grad(f, argnums=-1, policy="alias")(2.0, 3.0)) == 2.0
+    with pytest.raises(TypeError, match="requires at least 3 positional arguments"):
+        tc.grad(f, argnums=-3, policy="alias")(2.0, 3.0)
