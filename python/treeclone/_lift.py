@@ -29,6 +29,7 @@ from typing import Any
 import jax
 
 from treeclone import _native, _trace
+from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo
 from treeclone.jit import _keystr, _Naming, _normalize, check_cycles
 from treeclone.policies import Policy
 
@@ -85,6 +86,24 @@ class Call:
     def arg_slots(self) -> list[list[int]]:
         """The distinct leaves (slots) reachable from each dynamic positional argument."""
         return self.sdef.child_slots(self.sdef.num_nodes - 1)[: len(self.args)]
+
+    def slot_names(self, naming: _Naming) -> list[str]:
+        """For each distinct leaf, where it is in the call (the first place), as jax's
+        messages name an argument: ``params['w']``."""
+        found: dict[int, list[str]] = {}
+        named = [(naming.name(i), a) for i, a in enumerate(self.args)]
+        named += [(str(k), v) for k, v in self.kwargs.items()]
+        for name, value in named:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                found.setdefault(id(leaf), []).append(name + _keystr(path))
+        # A Python scalar is a value: one object may be several leaves; name them in turn.
+        seen: dict[int, int] = {}
+        names = []
+        for leaf in self.leaves:
+            places = found.get(id(leaf), [""])
+            k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
+            names.append(places[min(k, len(places) - 1)])
+        return names
 
     def slot_path(self, naming: _Naming, slot: int) -> str:
         """Where leaf ``slot`` is in the call, as messages name it (``params['w']``)."""
@@ -181,17 +200,40 @@ _native.invalidate_registry_cache()
 class Runner:
     """``fun`` under a policy, run on a call's rebuilt arguments at trace time.
 
-    ``objects`` (per thread) is the caller's object at each node of the call being traced,
-    watched while the function runs (``_trace.run``'s ``caller_objects``); set it with
-    :meth:`calling`."""
+    Per thread, for the call being traced (set with :meth:`calling`): ``objects``, the
+    caller's object at each node, watched while the function runs (``_trace.run``'s
+    ``caller_objects``), and ``names``, where each input of the traced function is in the
+    call, which jax's messages (a traced value used as a bool, ...) print through
+    ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.
+    ``traced_for``: what jax's messages say the function is traced for."""
+
+    traced_for = "transformation"
 
     def __init__(self, fun: Callable[..., Any], policy: Policy, naming: _Naming):
         self.fun, self.policy, self.naming = fun, policy, naming
         self.local = threading.local()
+        self.__name__ = getattr(fun, "__name__", type(self).__name__)
+        self.sourceinfo: Any = None
+        if DebugInfo is not None:
+            try:
+                self.sourceinfo = fun_sourceinfo(fun)
+            except Exception:  # noqa: BLE001 - naming is best effort
+                pass
 
-    def calling(self, objects: list | None) -> _Calling:
-        """A context in which this thread's traces watch ``objects``."""
-        return _Calling(self.local, objects)
+    def calling(self, objects: list | None, names: Sequence[str] | None = None) -> _Calling:
+        """A context in which this thread's traces watch ``objects`` and name the traced
+        function's inputs ``names``."""
+        return _Calling(self.local, objects, names)
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        names = getattr(self.local, "names", None)
+        if names is None or DebugInfo is None:
+            return None
+        try:
+            return DebugInfo(self.traced_for, self.sourceinfo, tuple(names), INITIAL_RESULT_PATHS)
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
 
     def trace(
         self,
@@ -216,17 +258,18 @@ class Runner:
 
 
 class _Calling:
-    __slots__ = ("local", "objects", "saved")
+    __slots__ = ("local", "names", "objects", "saved")
 
-    def __init__(self, local: threading.local, objects: list | None):
-        self.local, self.objects, self.saved = local, objects, None
+    def __init__(self, local: threading.local, objects: list | None, names: Any):
+        self.local, self.objects, self.names = local, objects, names
+        self.saved: tuple = (None, None)
 
     def __enter__(self) -> None:
-        self.saved = getattr(self.local, "objects", None)
-        self.local.objects = self.objects
+        self.saved = (getattr(self.local, "objects", None), getattr(self.local, "names", None))
+        self.local.objects, self.local.names = self.objects, self.names
 
     def __exit__(self, *exc: object) -> None:
-        self.local.objects = self.saved
+        self.local.objects, self.local.names = self.saved
 
 
 def trace(

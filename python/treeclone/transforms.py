@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from treeclone import _lift
+from treeclone._jax_compat import DebugInfo
 from treeclone.jit import _ArgsBox, _Naming
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
@@ -83,6 +84,8 @@ class _GradRunner(_lift.Runner):
     comes back concrete), the lifted function's :class:`~treeclone._lift.Out`, whose record's
     ``extra`` says where the gradients go: per differentiated argument, JAX's structure of it
     and, per leaf of that structure, the differentiated input it is."""
+
+    traced_for = "vjp"
 
     def __init__(self, fun: Callable[..., Any], policy: Policy, naming: _Naming, has_aux: bool):
         super().__init__(fun, policy, naming)
@@ -206,7 +209,9 @@ class _Grad:
         others = [x for s, x in enumerate(call.leaves) if s not in chosen]
         box = _ArgsBox(others, (call.sdef, mask, argnums))
         runner, vg = self._runner(policy)
-        with runner.calling(call.objects):
+        slot_names = call.slot_names(self._naming) if DebugInfo is not None else None
+        names = None if slot_names is None else [slot_names[s] for s in diff_slots]
+        with runner.calling(call.objects, names):
             (_, out), grads_flat = vg(diff, box)
         result = out.record.plan.apply(call.leaves, call.objects, out.leaves)
         grads = tuple(
@@ -360,6 +365,8 @@ class _CheckpointRunner(_lift.Runner):
     function's :class:`~treeclone._lift.Out`. ``jax.checkpoint`` caches its trace by that
     structure; the plan comes back in its output structure either way."""
 
+    traced_for = "checkpoint / remat"
+
     def __call__(self, box: _ArgsBox) -> _lift.Out:
         sdef, statics = box.key
         plan, outputs = self.trace(sdef, list(box.leaves), statics)
@@ -427,7 +434,8 @@ class _Checkpoint:
         prevent_cse = self._options.get("prevent_cse", True)
         if not isinstance(prevent_cse, bool):
             checkpointed = self._per_leaf_cse(runner, call, prevent_cse)
-        with runner.calling(call.objects):
+        names = call.slot_names(self._naming) if DebugInfo is not None else None
+        with runner.calling(call.objects, names):
             out = checkpointed(box)
         return out.record.plan.apply(call.leaves, call.objects, out.leaves)
 

@@ -166,3 +166,21 @@ def test_decorator_form():
     state = {"n": jnp.zeros(())}
     bump(state)
     assert float(state["n"]) == 1.0 and bump.__name__ == "bump"
+
+
+def test_jax_messages_name_the_function_and_argument_as_under_jax_checkpoint():
+    from treeclone._jax_compat import DebugInfo
+
+    def f(params):
+        if params["w"] > 0:
+            return params["w"]
+        return -params["w"]
+
+    messages = {}
+    for policy in ("clone", "alias", "strict"):
+        with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+            tc.checkpoint(f, policy=policy)({"w": jnp.array(1.0)})
+        messages[policy] = str(info.value)
+    if DebugInfo is not None:  # jax >= 0.7 (jax 0.6 names them by itself)
+        assert "the argument params['w']" in messages["clone"]
+        assert messages["alias"] == messages["strict"] == messages["clone"]
