@@ -4,8 +4,9 @@
 registry is the single source of truth), implemented in Rust. ``treeclone.jit`` is a drop-in
 for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations of its inputs
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
-does) or ``"strict"`` (mutating an input without returning it is an error). See
-``docs/semantics.md``.
+does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
+``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
+(:mod:`treeclone.transforms`). See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -33,6 +34,7 @@ from treeclone.policies import (
     policy,
     register_inplace,
 )
+from treeclone.transforms import checkpoint, grad, remat, value_and_grad
 
 __all__: list[str] = [
     "ALIAS",
@@ -46,10 +48,14 @@ __all__: list[str] = [
     "SharedTreeDef",
     "__version__",
     "call",
+    "checkpoint",
+    "grad",
     "jit",
     "jit_partial",
     "policy",
     "register_inplace",
+    "remat",
     "tree",
     "tree_util",
+    "value_and_grad",
 ]

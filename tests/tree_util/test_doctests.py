@@ -1,6 +1,6 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
-function of treeclone.tree, treeclone.jit, treeclone.partial and treeclone.policies (and every
-public method of their classes) has one."""
+function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and
+treeclone.transforms (and every public method of their classes) has one."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ MODULES = {
         "treeclone.policies",
         "treeclone.tree",
         "treeclone.tree_util",
+        "treeclone.transforms",
     )
 }
 
@@ -35,6 +36,7 @@ WITH_EXAMPLES = (
     "treeclone.partial",
     "treeclone.policies",
     "treeclone.tree",
+    "treeclone.transforms",
 )
 
 
@@ -120,6 +122,9 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.policies", "Policy.name"),
         ("treeclone.tree", "map"),
         ("treeclone.call", "call"),
+        ("treeclone.transforms", "grad"),
+        ("treeclone.transforms", "value_and_grad"),
+        ("treeclone.transforms", "checkpoint"),
     ]:
         assert expected in names
 

@@ -1,0 +1,323 @@
+"""The lift every policy-aware transformation other than ``jit`` shares.
+
+A transformation under a policy other than ``clone`` does three things, each done here once:
+
+1. **flatten the call** (:func:`flatten_call`): the arguments, with identity (the same array
+   passed twice is one input, a shared container one object), static arguments taken out and
+   kept, hashed, as part of the call's structure; a cycle is the ``ValueError`` of every
+   policy, naming the argument;
+2. **run the function at trace time** (:func:`trace`): rebuild the arguments from the leaves
+   the JAX transformation hands in (tracers), run the user's function on them and record what
+   it did as a native ``CallPlan`` (``_trace.run``). The plan leaves the transformed function
+   as the static data of an :class:`Out` node, so it is found in JAX's output structure even
+   when JAX reuses a cached trace, and the computation's outputs are its leaves;
+3. **apply the plan** to the concrete outputs (``out.record.plan.apply(leaves, objects,
+   out.leaves)``): it rebuilds the result and, under ``alias``, writes the mutations into the
+   caller's objects, all or nothing.
+
+The leaves may be tracers of an outer transformation: the lift works the same inside ``jit``,
+``grad`` or another lift, and its write-back then lands in the outer trace's rebuilt objects,
+where the outer lift sees it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+
+from treeclone import _native, _trace
+from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo
+from treeclone.jit import _keystr, _Naming, _normalize, check_cycles
+from treeclone.policies import Policy
+
+__all__ = ["Call", "Out", "Record", "Runner", "Static", "check_call", "flatten_call", "trace"]
+
+
+class Static:
+    """A static argument's value in a call's key: equal by value when hashable, else by
+    identity (as ``jax.checkpoint`` keys its static arguments)."""
+
+    __slots__ = ("hash", "hashable", "value")
+
+    def __init__(self, value: Any):
+        self.value = value
+        try:
+            self.hash, self.hashable = hash((type(value), value)), True
+        except TypeError:
+            self.hash, self.hashable = id(value), False
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Static):
+            return False
+        if self.hashable and other.hashable:
+            return type(self.value) is type(other.value) and bool(self.value == other.value)
+        return self.value is other.value
+
+
+# (number of positional arguments, ((position, Static), ...), ((keyword, Static), ...)).
+Statics = tuple[int, tuple[tuple[int, Static], ...], tuple[tuple[str, Static], ...]]
+
+
+class Call:
+    """One call, flattened with identity: its distinct ``leaves``, their structure ``sdef``
+    (with sharing), the caller's object at each node (``objects``), the dynamic ``args`` and
+    ``kwargs`` that were flattened, and the static arguments (``statics``, None without)."""
+
+    __slots__ = ("args", "kwargs", "leaves", "objects", "sdef", "statics")
+
+    def __init__(
+        self,
+        leaves: list,
+        sdef: Any,
+        objects: list,
+        args: tuple,
+        kwargs: dict,
+        statics: Statics | None,
+    ):
+        self.leaves, self.sdef, self.objects = leaves, sdef, objects
+        self.args, self.kwargs, self.statics = args, kwargs, statics
+
+    def arg_slots(self) -> list[list[int]]:
+        """The distinct leaves (slots) reachable from each dynamic positional argument."""
+        return self.sdef.child_slots(self.sdef.num_nodes - 1)[: len(self.args)]
+
+    def slot_names(self, naming: _Naming) -> list[str]:
+        """For each distinct leaf, where it is in the call (the first place), as jax's
+        messages name an argument: ``params['w']``."""
+        found: dict[int, list[str]] = {}
+        named = [(naming.name(i), a) for i, a in enumerate(self.args)]
+        named += [(str(k), v) for k, v in self.kwargs.items()]
+        for name, value in named:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                found.setdefault(id(leaf), []).append(name + _keystr(path))
+        # A Python scalar is a value: one object may be several leaves; name them in turn.
+        seen: dict[int, int] = {}
+        names = []
+        for leaf in self.leaves:
+            places = found.get(id(leaf), [""])
+            k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
+            names.append(places[min(k, len(places) - 1)])
+        return names
+
+    def slot_path(self, naming: _Naming, slot: int) -> str:
+        """Where leaf ``slot`` is in the call, as messages name it (``params['w']``)."""
+        target = self.leaves[slot]
+        named = [(naming.name(i), a) for i, a in enumerate(self.args)]
+        named += [(str(k), v) for k, v in self.kwargs.items()]
+        for name, value in named:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                if leaf is target:
+                    return name + _keystr(path)
+        return f"<leaf {slot}>"
+
+
+def check_call(
+    naming: _Naming,
+    args: tuple,
+    kwargs: dict,
+    static_nums: Iterable[int] = (),
+    static_names: Iterable[str] = (),
+) -> None:
+    """Raise the ``ValueError`` every policy raises for a cyclic argument, naming it, before a
+    JAX transformation's own flatten meets the cycle (which exhausts the interpreter's
+    recursion counter: docs/semantics.md, rule 14). Under ``clone`` this is all a call adds."""
+    nums, names = frozenset(static_nums), frozenset(static_names)
+    if nums or names:
+        check_cycles(naming, args, kwargs, _normalize(nums, len(args)), names)
+        return
+    try:
+        _native.check((args, kwargs))
+    except ValueError:
+        check_cycles(naming, args, kwargs)
+        raise
+
+
+def flatten_call(
+    naming: _Naming,
+    args: tuple,
+    kwargs: dict,
+    static_nums: Iterable[int] = (),
+    static_names: Iterable[str] = (),
+) -> Call:
+    """Flatten a call's dynamic arguments with identity (see the module docstring).
+
+    ``static_nums`` (negative ones count from the end) and ``static_names`` are taken out and
+    put in ``Call.statics``, to be part of the traced structure's key."""
+    nums = frozenset(i + len(args) if i < 0 else i for i in static_nums)
+    names = frozenset(static_names)
+    statics: Statics | None = None
+    given = args, kwargs
+    if nums or names:
+        statics = (
+            len(args),
+            tuple((i, Static(args[i])) for i in sorted(nums) if 0 <= i < len(args)),
+            tuple(sorted((k, Static(v)) for k, v in kwargs.items() if k in names)),
+        )
+        args = tuple(a for i, a in enumerate(args) if i not in nums)
+        kwargs = {k: v for k, v in kwargs.items() if k not in names}
+    if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
+        kwargs = dict(sorted(kwargs.items()))
+    try:
+        leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+    except ValueError:
+        check_cycles(naming, *given, nums, names)  # the text of every policy, naming the argument
+        raise
+    return Call(leaves, sdef, objects, args, kwargs, statics)
+
+
+class Record:
+    """What one trace recorded: the ``CallPlan`` and what the transformation adds (``extra``,
+    such as where the gradients go). The static data of an :class:`Out`, compared by identity,
+    so that each of JAX's cached traces keeps its own."""
+
+    __slots__ = ("extra", "plan")
+
+    def __init__(self, plan: Any, extra: Any = None):
+        self.plan, self.extra = plan, extra
+
+
+class Out:
+    """The outputs of a lifted function, with its :class:`Record` as static data."""
+
+    __slots__ = ("leaves", "record")
+
+    def __init__(self, record: Record, leaves: Sequence[Any]):
+        self.record, self.leaves = record, list(leaves)
+
+
+jax.tree_util.register_pytree_node(
+    Out, lambda out: (out.leaves, out.record), lambda record, leaves: Out(record, leaves)
+)
+_native.invalidate_registry_cache()
+
+
+class Runner:
+    """``fun`` under a policy, run on a call's rebuilt arguments at trace time.
+
+    Per thread, for the call being traced (set with :meth:`calling`): ``objects``, the
+    caller's object at each node, watched while the function runs (``_trace.run``'s
+    ``caller_objects``), and ``names``, where each input of the traced function is in the
+    call, which jax's messages (a traced value used as a bool, ...) print through
+    ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.
+    ``traced_for``: what jax's messages say the function is traced for."""
+
+    traced_for = "transformation"
+
+    def __init__(self, fun: Callable[..., Any], policy: Policy, naming: _Naming):
+        self.fun, self.policy, self.naming = fun, policy, naming
+        self.local = threading.local()
+        self.__name__ = getattr(fun, "__name__", type(self).__name__)
+        self.sourceinfo: Any = None
+        if DebugInfo is not None:
+            try:
+                self.sourceinfo = fun_sourceinfo(fun)
+            except Exception:  # noqa: BLE001 - naming is best effort
+                pass
+
+    def calling(self, objects: list | None, names: Sequence[str] | None = None) -> _Calling:
+        """A context in which this thread's traces watch ``objects`` and name the traced
+        function's inputs ``names``."""
+        return _Calling(self.local, objects, names)
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        names = getattr(self.local, "names", None)
+        if names is None or DebugInfo is None:
+            return None
+        try:
+            return DebugInfo(self.traced_for, self.sourceinfo, tuple(names), INITIAL_RESULT_PATHS)
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
+
+    def trace(
+        self,
+        sdef: Any,
+        leaves: list,
+        statics: Statics | None,
+        on_args: Callable[[tuple, dict], None] | None = None,
+        transform_out: Callable[[Any], Any] | None = None,
+    ) -> tuple[Any, list]:
+        """Run ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`trace`)."""
+        return trace(
+            self.fun,
+            self.policy,
+            self.naming,
+            sdef,
+            leaves,
+            statics,
+            caller_objects=getattr(self.local, "objects", None),
+            on_args=on_args,
+            transform_out=transform_out,
+        )
+
+
+class _Calling:
+    __slots__ = ("local", "names", "objects", "saved")
+
+    def __init__(self, local: threading.local, objects: list | None, names: Any):
+        self.local, self.objects, self.names = local, objects, names
+        self.saved: tuple = (None, None)
+
+    def __enter__(self) -> None:
+        self.saved = (getattr(self.local, "objects", None), getattr(self.local, "names", None))
+        self.local.objects, self.local.names = self.objects, self.names
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.objects, self.local.names = self.saved
+
+
+def trace(
+    fun: Callable[..., Any],
+    policy: Policy,
+    naming: _Naming,
+    sdef: Any,
+    leaves: list,
+    statics: Statics | None,
+    *,
+    caller_objects: Sequence[Any] | None = None,
+    on_args: Callable[[tuple, dict], None] | None = None,
+    transform_out: Callable[[Any], Any] | None = None,
+) -> tuple[Any, list]:
+    """Rebuild a call from ``leaves`` (structure ``sdef``, static arguments ``statics``), run
+    ``fun`` on it under ``policy`` and return ``(plan, outputs)``: the outputs are the result
+    leaves the computation must produce (the rest are the caller's own inputs), and
+    ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the result.
+
+    ``on_args(args, kwargs)`` sees the dynamic arguments as rebuilt, before ``fun`` runs;
+    ``transform_out`` is applied to ``fun``'s result (it may check it, or raise)."""
+    num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
+    if statics is None:
+        positions = list(range(num_args))
+    else:
+        fixed = {i for i, _ in statics[1]}
+        positions = [i for i in range(statics[0]) if i not in fixed]
+    names = [naming.name(i) for i in positions]
+
+    def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
+        if on_args is not None:
+            on_args(dyn_args, dyn_kwargs)
+        if statics is None:
+            return dyn_args, dyn_kwargs
+        total, static_pos, static_kw = statics
+        values = {i: s.value for i, s in static_pos}
+        it = iter(dyn_args)
+        full = tuple(values[i] if i in values else next(it) for i in range(total))
+        return full, {**dyn_kwargs, **{k: s.value for k, s in static_kw}}
+
+    plan, outputs, _ = _trace.run(
+        fun,
+        sdef,
+        leaves,
+        _trace.Layout(num_args, names),
+        policy,
+        rebuild,
+        transform_out=transform_out,
+        caller_objects=caller_objects,
+    )
+    return plan, outputs
