@@ -6,6 +6,7 @@ property tests (``tests/policies/test_alias_container_kinds.py``) and jit_partia
 from __future__ import annotations
 
 import collections
+import copy
 
 import jax
 import numpy as np
@@ -140,6 +141,16 @@ def _reorder(d, keys):
     items = [(k, d[k]) for k in keys]
     d.clear()
     d.update(items)
+
+
+def sorted_view(tree):
+    """A deep copy of ``tree`` as a function sees it under alias: dicts and defaultdicts with
+    their keys sorted (rule 7a)."""
+    view = copy.deepcopy(tree)
+    for node in containers(view):
+        if _sorted_view(node):
+            _reorder(node, sorted(node))
+    return view
 
 
 def run_as_alias(tree, program):

@@ -3,11 +3,12 @@ random mutation program run inside the differentiated function (set, add, delete
 pop, detach, re-attach; ``tests/support/mutation_programs.py``):
 
 * every one of the caller's containers ends as plain Python leaves its twin (the program run
-  un-transformed on a deep copy, NumPy leaves);
-* the value is plain Python's;
+  un-transformed on a deep copy, NumPy leaves, seeing dicts sorted as the function does:
+  ``run_as_alias``, rule 7a);
+* the value is plain Python's on that sorted view;
 * the gradient equals ``jax.grad`` of the functional version: the same program on a copy of
-  the tree rebuilt around the traced leaves, in the caller's key order (the order the
-  function sees under alias), compared leaf by leaf at the same key paths.
+  the sorted view rebuilt around the traced leaves, compared leaf by leaf at the same key
+  paths.
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
-from mutation_programs import Model, Noted, containers, describe, programs, run_program, trees
+from mutation_programs import (
+    Model,
+    Noted,
+    containers,
+    describe,
+    programs,
+    run_as_alias,
+    run_program,
+    sorted_view,
+    trees,
+)
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -42,7 +53,8 @@ def _children_with_keys(node):
 
 
 def caller_order(tree, prefix=()):
-    """``(key path, leaf)`` for every leaf, in the order the function sees them under alias."""
+    """``(key path, leaf)`` for every leaf of ``tree``, each dict in its own order (a sorted
+    view's: the order the function sees under alias)."""
     if isinstance(tree, np.ndarray):
         return [(prefix, tree)]
     found = []
@@ -77,10 +89,12 @@ def test_alias_grad_equals_plain_python_and_jax_grad(tree, program):
     expected = copy.deepcopy(tree)
     expected_nodes = containers(expected)
     expected_index = {id(n): i for i, n in enumerate(expected_nodes)}
-    expected_value = f(expected)
+    run_as_alias(expected, program)
+    view = sorted_view(tree)
+    expected_value = f(copy.deepcopy(view))
 
-    paths, leaves = zip(*caller_order(tree), strict=True) if caller_order(tree) else ((), ())
-    reference = jax.grad(lambda vals: f(fill(copy.deepcopy(tree), iter(vals))))(list(leaves))
+    paths, leaves = zip(*caller_order(view), strict=True) if caller_order(view) else ((), ())
+    reference = jax.grad(lambda vals: f(fill(copy.deepcopy(view), iter(vals))))(list(leaves))
     want = {jax.tree_util.keystr(p): g for p, g in zip(paths, reference, strict=True)}
 
     mine = copy.deepcopy(tree)
