@@ -41,16 +41,20 @@ class _BoundArguments:
         self._flatten()
 
     def _flatten(self) -> None:
+        previous = getattr(self, "sdef", None)
         self.leaves, self.sdef, self.objects = _native.flatten_shared(self.args)
-        info = self.sdef.node_info()
-        self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
-        self.snapshot = Snapshot.take(self.objects, self.containers)
-        # Objects a call's arguments must not share with the bound ones (Python scalars are
-        # values, not tracked).
-        self.ids = {id(o) for o in self.objects if type(o) not in _SCALARS}
-        self.joined: dict[Any, SharedTreeDef] = {}
-        self.takers: dict[tuple[int, ...], Callable[[list], list]] = {}
         self.stale = False
+        # The same structure again (new containers in place of old ones, as after
+        # ``state["params"] = optax.apply_updates(...)``) keeps the joined structures and leaf
+        # takers: only the objects watched change.
+        if previous is None or previous != self.sdef:
+            info = self.sdef.node_info()
+            self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
+            self.joined: dict[Any, SharedTreeDef] = {}
+            self.takers: dict[tuple[int, ...], Callable[[list], list]] = {}
+        self.snapshot = Snapshot.take(self.objects, self.containers)
+        # Objects a call's arguments must not share with the bound ones.
+        self.ids = set(map(id, self.objects))
 
     def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
         """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
@@ -59,7 +63,8 @@ class _BoundArguments:
             self._flatten()
         n = len(self.args)
         leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
-        if not self.ids.isdisjoint(map(id, objects)):
+        # Python scalars are values, not tracked (a small int is one object everywhere).
+        if not self.ids.isdisjoint(id(o) for o in objects if type(o) not in _SCALARS):
             # An argument reachable from the bound ones: one flatten keeps them one object.
             self.stale = True
             return _native.flatten_shared((*args, kwargs))

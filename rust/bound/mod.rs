@@ -11,6 +11,7 @@
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use std::collections::HashMap;
 
 /// A slot's member descriptor and the value it held (None: unset).
 type SlotValue = (Py<PyAny>, Option<Py<PyAny>>);
@@ -219,9 +220,24 @@ impl Snapshot {
         let mut watched = Vec::new();
         let mut owners = Vec::new();
         let mut checkable = true;
+        // Slot descriptors by type: many objects share a few types (an nnx model's Variables).
+        // Each entry holds its type, so no address in the map can be reused meanwhile.
+        let mut slots_of: HashMap<usize, (Py<PyType>, Vec<Py<PyAny>>)> = HashMap::new();
         for i in containers {
             let obj = objects.get_item(i)?;
             if obj.is_instance_of::<PyTuple>() || obj.is_none() {
+                continue;
+            }
+            // An exact list or dict has neither a `__dict__` nor slots: no lookups (each would
+            // raise and clear an AttributeError).
+            if let Ok(list) = obj.cast_exact::<PyList>() {
+                watched.push(Watched::List(obj.clone().unbind(), list_items(list)));
+                owners.resize(watched.len(), i);
+                continue;
+            }
+            if let Ok(dict) = obj.cast_exact::<PyDict>() {
+                watched.push(Watched::Dict(obj.clone().unbind(), dict_items(dict)));
+                owners.resize(watched.len(), i);
                 continue;
             }
             let mut known = false;
@@ -242,7 +258,16 @@ impl Snapshot {
                     Err(_) => checkable = false, // a mappingproxy or the like
                 }
             }
-            let descrs = slot_descriptors(&obj.get_type())?;
+            let ty = obj.get_type();
+            let descrs = match slots_of.get(&(ty.as_ptr() as usize)) {
+                Some((_, descrs)) => descrs.iter().map(|d| d.bind(py).clone()).collect(),
+                None => {
+                    let descrs = slot_descriptors(&ty)?;
+                    let kept = descrs.iter().map(|d| d.clone().unbind()).collect();
+                    slots_of.insert(ty.as_ptr() as usize, (ty.clone().unbind(), kept));
+                    descrs
+                }
+            };
             if !descrs.is_empty() {
                 watched.push(Watched::Slots(
                     obj.clone().unbind(),
