@@ -1,0 +1,198 @@
+"""Measure the eager overhead of treeclone's lifted transformations and write their table.
+
+    python benches/transforms_table.py                  # full run, rewrites the table in the docs
+    python benches/transforms_table.py --quick --out /tmp/transforms.md
+
+Each case calls a transformation eagerly (no jit around it, so every call traces the function
+again, as ``jax.grad`` called eagerly does): the bare JAX transformation on the functional
+form of the step (state in, new state out, written back by the caller), treeclone's under
+``alias`` on the stateful form (the function updates its arguments in place), and flax nnx's
+own lifted transformation on the nnx version of the same model. Every contender's results are
+checked against the bare JAX one before anything is timed. Contenders are interleaved in
+rounds, the garbage collector off; the figure is the median time per call, and each ratio is
+a contender's median over the bare JAX transformation's. The Markdown goes between
+``<!-- transforms-table:begin -->`` and ``<!-- transforms-table:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import treeclone as tc
+from tree_table import DEFAULT_OUT, INTRO
+from treeclone.bench import models as M
+from treeclone.bench.timing import Call, machine_info, measure_cell, script_command, write_section
+from treeclone.bench.workloads import mlp_data, overhead_model_class
+
+BEGIN = "<!-- transforms-table:begin -->"
+END = "<!-- transforms-table:end -->"
+JAX, ALIAS, NNX = "jax", "treeclone[alias]", "flax.nnx"
+SIZES = (32, 64, 64, 10)
+
+
+def _close(a: Any, b: Any) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+        for x, y in zip(la, lb, strict=True)
+    )
+
+
+class Case:
+    """One row: what it computes, and per contender a call (``run``) and what to check
+    (``result``: the numbers every contender must agree on, after one call on a fresh state)."""
+
+    name = ""
+    what = ""
+
+    def contenders(self) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+        raise NotImplementedError
+
+
+class GradMlp(Case):
+    name = "grad_mlp"
+    what = "gradient of the mlp_adam MLP's loss (6 parameter leaves, batch 32)"
+
+    def contenders(self):
+        from flax import nnx
+
+        params = jax.tree.map(jnp.asarray, M.mlp_init(0, SIZES))
+        x, y = (jnp.asarray(a) for a in mlp_data(SIZES, 32))
+        model = M.nnx_classes()["MLP"](M.mlp_init(0, SIZES))
+        bare = jax.grad(M.mlp_loss)
+        ours = tc.grad(M.mlp_loss, policy="alias")
+        theirs = nnx.grad(lambda m, x, y: M.cross_entropy(m(x), y))
+
+        # The leaves of each gradient come in the same order (layer by layer, b before w).
+        return {
+            JAX: (lambda: bare(params, x, y), lambda: bare(params, x, y)),
+            ALIAS: (lambda: ours(params, x, y), lambda: ours(params, x, y)),
+            NNX: (lambda: theirs(model, x, y), lambda: theirs(model, x, y)),
+        }
+
+
+class ValueAndGradBatchNorm(Case):
+    name = "value_and_grad_bn_20"
+    what = (
+        "loss and gradient of flax's overhead model (20 Blocks of Linear + BatchNorm in "
+        "training mode, a Count): the running statistics and the count are updated in place"
+    )
+
+    def contenders(self):
+        from flax import nnx
+
+        cls = overhead_model_class()
+        x = jnp.ones((8, 1))
+
+        def loss(model):
+            return jnp.mean(model(x) ** 2)
+
+        bare_model, our_model, their_model = (cls(32, 20, nnx.Rngs(0)) for _ in range(3))
+        graphdef, params, rest = nnx.split(bare_model, nnx.Param, ...)
+
+        def functional(params, rest):
+            model = nnx.merge(graphdef, params, rest, copy=True)
+            return loss(model), nnx.state(model, nnx.Not(nnx.Param))
+
+        bare = jax.value_and_grad(functional, has_aux=True)
+
+        def bare_step():  # the functional form's own write-back: the new statistics
+            (value, new_rest), grads = bare(params, rest)
+            nnx.update(bare_model, new_rest)
+            return value, grads
+
+        ours = tc.value_and_grad(loss, policy="alias", allow_int=True)
+        theirs = nnx.value_and_grad(loss)
+
+        def check(value_grads, model):
+            value, grads = value_grads
+            return [
+                value,
+                *jax.tree.leaves(grads),
+                *jax.tree.leaves(nnx.state(model, nnx.BatchStat)),
+            ]
+
+        def our_check():
+            value, grads = ours(our_model)
+            return check((value, nnx.state(grads, nnx.Param)), our_model)
+
+        return {
+            JAX: (bare_step, lambda: check(bare_step(), bare_model)),
+            ALIAS: (lambda: ours(our_model), our_check),
+            NNX: (lambda: theirs(their_model), lambda: check(theirs(their_model), their_model)),
+        }
+
+
+CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm]
+
+
+def _check(case: Case) -> None:
+    results = {name: result() for name, (_, result) in case.contenders().items()}
+    for name, got in results.items():
+        if not _close(got, results[JAX]):
+            raise SystemExit(f"{name} disagrees with {JAX} on {case.name}: nothing timed")
+
+
+def render(results: dict, whats: dict[str, str], info: dict, command: str, rounds: int) -> str:
+    names = [JAX, ALIAS, NNX]
+    lines = [
+        "## Lifted transformations: eager overhead",
+        "",
+        f"Produced by `{command}` (from the repository root), {rounds} interleaved rounds, "
+        "median per call in microseconds, each transformation called eagerly (it traces the "
+        "function at every call); ratio = the contender's median / the bare JAX "
+        "transformation's on the functional form (lower is better).",
+        "",
+        *(f"- {k}: {v}" for k, v in info.items()),
+        "",
+        "| case | what | " + " | ".join(f"{n} µs (ratio)" for n in names) + " |",
+        "|---|---|" + "--:|" * len(names),
+    ]
+    for case, cells in results.items():
+        base = cells[JAX]["median_us"]
+        parts = [
+            f"{cells[n]['median_us']:,.0f} ({cells[n]['median_us'] / base:.2f})"
+            if n in cells
+            else "not applicable"
+            for n in names
+        ]
+        lines.append(f"| {case} | {whats[case]} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds: a smoke run")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown file to update")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; quick 3)")
+    parser.add_argument("--batch-ms", type=float, help="time per batch (default 50; quick 5)")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 15)
+    batch_ns = int((args.batch_ms or (5 if args.quick else 50)) * 1e6)
+    results, whats = {}, {}
+    for cls in CASES:
+        case = cls()
+        _check(case)
+        calls = {
+            name: Call(lambda run=run: jax.block_until_ready(run()))
+            for name, (run, _) in case.contenders().items()
+        }
+        results[case.name] = measure_cell(calls, rounds, batch_ns)
+        whats[case.name] = case.what
+        print(case.name, {c: round(r["median_us"], 1) for c, r in results[case.name].items()})
+    section = render(
+        results, whats, machine_info(), script_command("transforms_table.py", argv), rounds
+    )
+    write_section(args.out, section, BEGIN, END, intro=INTRO)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
