@@ -28,7 +28,9 @@ impl PyTreeDef {
         py: Python<'py>,
         mut leaf: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
+        // A deep tree keeps most of its nodes on the stack at once (a nested list: every
+        // leaf before the innermost list closes): sized once, never grown.
+        let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.nodes.len());
         let mut next_leaf = 0;
         for node in &self.nodes {
             let obj = match &node.kind {
