@@ -167,6 +167,7 @@ class CallPlan:
         origins: list[Origin | None],
         result_child: int | None,
         write_custom: Callable[[Any, Any], Callable[[], None]],
+        input_def: SharedTreeDef | None = None,
     ) -> None: ...
     def apply(
         self, input_leaves: list[Any], input_objects: list[Any], outputs: list[Any]

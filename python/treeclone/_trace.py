@@ -372,7 +372,7 @@ def run(
             sources.append(Source.Output(index=len(outputs)))
             pool_index.setdefault(id(leaf), len(in_leaves) + len(outputs))
             outputs.append(leaf)
-    plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom)
+    plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom, pre_def)
     if not track_inputs:
         return plan, outputs, None
     written = sorted(k for k, _ in mutated)

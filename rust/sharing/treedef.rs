@@ -32,7 +32,7 @@ impl Entry {
     }
 
     /// Entries in the subtree rooted here.
-    fn size(&self) -> usize {
+    pub fn size(&self) -> usize {
         match self {
             Entry::Node(n) => n.num_nodes,
             _ => 1,

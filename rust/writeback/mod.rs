@@ -94,20 +94,25 @@ pub struct CallPlan {
     result_child: Option<usize>,
     /// `write_custom(obj, new_obj, attrs) -> undo` for custom nodes, from Python.
     write_custom: Py<PyAny>,
+    /// By entry: where a subtree the trace proved unchanged starts, `(its root entry, the
+    /// caller's node it is)`; `apply` hands the caller's object over without visiting it.
+    skips: Vec<Option<(usize, usize)>>,
 }
 
 #[pymethods]
 impl CallPlan {
     /// `sources`: a `Source` per leaf slot of `def`; `origins`: per node of `def`, its
-    /// `Origin` in the caller's tree, or None.
+    /// `Origin` in the caller's tree, or None; `input_def`: the structure of the caller's
+    /// tree the origins point into (given, subtrees the function left alone are skipped).
     #[new]
-    #[pyo3(signature = (def, sources, origins, result_child, write_custom))]
+    #[pyo3(signature = (def, sources, origins, result_child, write_custom, input_def=None))]
     fn new(
         def: Py<SharedTreeDef>,
         sources: Vec<Py<Source>>,
         origins: Vec<Option<Py<Origin>>>,
         result_child: Option<usize>,
         write_custom: Py<PyAny>,
+        input_def: Option<Py<SharedTreeDef>>,
     ) -> PyResult<Self> {
         let d = def.get();
         if sources.len() != d.num_slots || origins.len() != d.entries.len() {
@@ -115,12 +120,17 @@ impl CallPlan {
                 "CallPlan: one source per leaf slot and one origin per node are needed",
             ));
         }
+        let skips = match &input_def {
+            Some(input) => unchanged_subtrees(d, input.get(), &sources, &origins)?,
+            None => vec![None; d.entries.len()],
+        };
         Ok(CallPlan {
             def,
             sources,
             origins,
             result_child,
             write_custom,
+            skips,
         })
     }
 
@@ -156,8 +166,23 @@ impl CallPlan {
             built.reserve(def.entries.len());
         }
         let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
-        for (entry, origin) in def.entries.iter().zip(&self.origins) {
-            let origin = origin.as_ref().map(Py::get);
+        let mut i = 0;
+        while i < def.entries.len() {
+            if let Some((root, node)) = self.skips[i] {
+                // The caller's own subtree, entry for entry (the same layout: see
+                // `unchanged_subtrees`); `built` gets its objects for a later `Ref`.
+                if def.has_refs {
+                    let first = node + 1 - (root + 1 - i);
+                    for k in first..=node {
+                        built.push(input_objects.get_item(k)?);
+                    }
+                }
+                stack.push(input_objects.get_item(node)?);
+                i = root + 1;
+                continue;
+            }
+            let (entry, origin) = (&def.entries[i], self.origins[i].as_ref().map(Py::get));
+            i += 1;
             let obj = match entry {
                 Entry::Leaf(slot) => leaves[*slot].clone(),
                 Entry::Ref(target) => built[*target].clone(),
@@ -206,6 +231,57 @@ impl CallPlan {
             Some(i) => root.get_item(i),
         }
     }
+}
+
+/// The subtrees of `def` the trace proved to be the caller's own, unchanged: a node whose
+/// origin keeps its data and whose every child is the caller's child at that place (a leaf
+/// handed back from the same slot, a node that is itself unchanged), as `apply` would find
+/// at every call, since a plan only ever meets calls of the structure it was traced with.
+/// A `Ref` child is left to `apply`. Marked at the first entry of each largest such subtree,
+/// whose layout is then the caller's, entry for entry.
+fn unchanged_subtrees(
+    def: &SharedTreeDef,
+    input: &SharedTreeDef,
+    sources: &[Py<Source>],
+    origins: &[Option<Py<Origin>>],
+) -> PyResult<Vec<Option<(usize, usize)>>> {
+    let n = def.entries.len();
+    let mut same = vec![false; n];
+    let mut covered = vec![false; n];
+    for (i, entry) in def.entries.iter().enumerate() {
+        let (Entry::Node(node), Some(origin)) = (entry, origins[i].as_ref().map(Py::get)) else {
+            continue;
+        };
+        if !origin.same_data || origin.old_children.len() != node.arity {
+            continue;
+        }
+        let children = def.child_indices(i)?;
+        let kept = children.iter().zip(&origin.old_children).all(|(&c, &old)| {
+            match (&def.entries[c], input.entries.get(old)) {
+                (Entry::Leaf(slot), Some(Entry::Leaf(theirs))) => matches!(
+                    sources[*slot].get(),
+                    Source::Input { slot: s } if s == theirs
+                ),
+                (Entry::Node(_), _) => {
+                    same[c] && origins[c].as_ref().is_some_and(|o| o.get().node == old)
+                }
+                _ => false,
+            }
+        });
+        if kept {
+            same[i] = true;
+            for c in children {
+                covered[c] = true;
+            }
+        }
+    }
+    let mut skips = vec![None; n];
+    for i in (0..n).filter(|&i| same[i] && !covered[i]) {
+        let first = i + 1 - def.entries[i].size();
+        let node = origins[i].as_ref().map_or(0, |o| o.get().node);
+        skips[first] = Some((i, node));
+    }
+    Ok(skips)
 }
 
 /// How to put a container back as it was.

@@ -415,3 +415,36 @@ def test_alias_undoes_attributes_set_directly_when_a_later_write_fails(mode):
     with pytest.raises(RuntimeError, match="hook failed"):
         runner(mode, f, "alias")(holder, broken)
     assert as_lists(holder.w) == [0.0] and as_lists(broken.a) == [0.0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_hands_back_untouched_subtrees_with_their_sharing(mode):
+    """The write-back skips a subtree the trace proved unchanged (rule 17a) and hands the
+    caller's own objects over, also where a later place refers back into it (a shared
+    container), at every call of the same structure, with other objects each time."""
+
+    def step(t):
+        t["live"].append(t["frozen"]["inner"]["w"] * 2)
+        return t["again"], t["frozen"]
+
+    def state():
+        shared = {"w": jnp.ones(2), "v": [jnp.zeros(1)]}
+        return {"frozen": {"inner": shared, "other": (jnp.ones(3),)}, "again": shared, "live": []}
+
+    f = runner(mode, step, "alias")
+    for _ in range(3):  # the plan traced by the first call serves the others
+        t, plain = state(), state()
+        frozen, inner, other = t["frozen"], t["frozen"]["inner"], t["frozen"]["other"]
+        again, frozen_out = f(t)
+        step(plain)
+        assert again is inner and t["again"] is inner and frozen_out is frozen
+        assert t["frozen"] is frozen and t["frozen"]["other"] is other
+        assert as_lists(t) == as_lists(plain)
+
+    def write_through_the_reference(t):
+        t["again"]["w"] = t["again"]["w"] + 1
+
+    t = state()
+    runner(mode, write_through_the_reference, "alias")(t)
+    assert t["frozen"]["inner"] is t["again"]
+    assert as_lists(t["frozen"]["inner"]["w"]) == [2.0, 2.0]
