@@ -35,11 +35,13 @@ from treeclone._trace import Layout, _child_keys, _Paths
 from treeclone.jit import _keystr, _Naming
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
+_BatchTracer: Any = None
+_trace_ctx: Any = None
 try:  # where a value is batched: JAX has no public way to ask (see _batched)
     from jax._src.core import trace_ctx as _trace_ctx
     from jax._src.interpreters.batching import BatchTracer as _BatchTracer
 except ImportError:  # pragma: no cover - a JAX without them: its own error is translated
-    _BatchTracer = _trace_ctx = None
+    pass
 
 try:
     from jax.api_util import flatten_axes as _flatten_axes
@@ -63,6 +65,11 @@ class _Mixed:
 
 MIXED: Any = _Mixed()
 _UNSET: Any = object()
+
+
+class _PlaceError(ValueError):
+    """A problem with where a value ends up, found while ``jax.vmap`` traces: re-raised as a
+    plain ``ValueError`` from the call, outside JAX's frames."""
 
 
 class _Slot:
@@ -251,8 +258,8 @@ class _Places:
             place = self.place[r]
             if place is _UNSET:  # cannot happen: every leaf is under the root
                 place = 0
-            s = slot_of.get(id(leaf))
-            is_input = s is not None and self.in_leaves[s] is leaf
+            s = slot_of.get(id(leaf), -1)
+            is_input = s >= 0 and self.in_leaves[s] is leaf
             force = is_input and place != self.axes.slot_axes[s]
             forced.append(force)
             if is_input and not force:
@@ -260,7 +267,7 @@ class _Places:
             if place is None and _batched(leaf, self.traces):
                 self._raise_batched_into_unmapped(r)
             if place is not None and not 0 <= place <= np.ndim(leaf):
-                raise ValueError(
+                raise _PlaceError(
                     f"{self.where[r]}: the batch axis of this place is {place}, but the value "
                     f"{self._name()} left there has rank {np.ndim(leaf)} for each example, so "
                     f"it has no axis {place} once batched (rank {np.ndim(leaf) + 1})"
@@ -279,7 +286,7 @@ class _Places:
 
     def _assign(self, r: int, axis: Any, where: str, into_input: bool) -> None:
         if axis is MIXED:
-            raise ValueError(
+            raise _PlaceError(
                 f"{where}: {self._name()} put a new value where in_axes gives no single batch "
                 "axis (the container's entries are mapped along different axes, and this "
                 "place had none of its own), so it cannot be written back. Give the "
@@ -287,7 +294,7 @@ class _Places:
             )
         axis = _norm(axis, np.ndim(self.rleaves[r]) + 1)
         if self.place[r] is not _UNSET and self.place[r] != axis:
-            raise ValueError(
+            raise _PlaceError(
                 f"{self._name()} left one value at {self.where[r]} (batch axis "
                 f"{self.place[r]}) and at {where} (batch axis {axis}). A value is one output "
                 "of the computation, with one batch axis: put a copy at one of the places "
@@ -417,7 +424,7 @@ class _Places:
             want = _norm(spec, np.ndim(self.rleaves[entry.slot]) + 1)
             have = self.place[entry.slot]
             if have is not _UNSET and have != want:
-                raise ValueError(
+                raise _PlaceError(
                     f"{where}: out_axes gives this place the axis {spec}, but it holds "
                     f"{self.where[entry.slot] or 'a value'}, batched along {have} where it is "
                     "written back. A returned input container is the caller's own object, "
@@ -432,7 +439,7 @@ class _Places:
     # -- errors ------------------------------------------------------------------------------
 
     def _raise_prefix(self, where: str, spec: Any) -> None:
-        raise ValueError(
+        raise _PlaceError(
             "vmap out_axes specification must be a tree prefix of the corresponding value, "
             f"got specification {spec!r} for the value at {where}"
         )
@@ -440,13 +447,13 @@ class _Places:
     def _raise_batched_into_unmapped(self, r: int) -> None:
         where = self.where[r]
         if self.into_input[r]:
-            raise ValueError(
+            raise _PlaceError(
                 f"{where}: {self._name()} wrote a batched value (one per example) into an "
                 "input mapped with in_axes None, which holds one value for the whole batch; "
                 "nothing was written back. Map that input (give it an axis in in_axes), or "
                 "write a value that is the same for every example."
             )
-        raise ValueError(f"{where}: vmap has mapped output but out_axes is None")
+        raise _PlaceError(f"{where}: vmap has mapped output but out_axes is None")
 
 
 def _copy_returned_inputs(
@@ -469,7 +476,7 @@ def _copy_returned_inputs(
     def stop(x: Any) -> bool:
         return id(x) in inputs
 
-    found = []
+    found: list[Any] = []
 
     def find(axis: Any, subtree: Any) -> Any:
         leaves_here = jax.tree_util.tree_leaves(subtree, is_leaf=stop)
@@ -618,8 +625,10 @@ class _Vmap:
         ):
             try:
                 out = mapped(list(call.leaves))
+            except _PlaceError as e:
+                raise ValueError(str(e)) from None
             except ValueError as e:
-                if "out_axes is None" not in str(e):
+                if not str(e).startswith("vmap has mapped output"):  # JAX's own, unnamed
                     raise
                 raise ValueError(
                     f"{e} (a value that varies along the batch was returned, or written "
@@ -693,7 +702,7 @@ def vmap(
     >>> treeclone.vmap(step, in_axes=(None, 0), policy="alias")(shared, jnp.arange(3.0))
     Traceback (most recent call last):
     ...
-    ValueError: shared['total']: step wrote a batched value (one per example) into an input ...
+    ValueError: state['total']: step wrote a batched value (one per example) into an input ...
     >>> shared
     {'total': Array(0., dtype=float32)}
     """
