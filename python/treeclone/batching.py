@@ -459,43 +459,48 @@ class _Places:
 def _copy_returned_inputs(
     out: Any, out_axes: Any, leaves: list, axes: _InAxes, inputs: set[int]
 ) -> Any:
-    """``out`` with each input leaf that it returns along another axis than it came in with
-    (an unmapped input returned with ``out_axes`` 0, say) replaced by a copy: a leaf is one
-    input and one output of the computation, and the copy is a value of its own, with its own
-    axis, while the input keeps its place. Input containers are left as they are (they are the
-    caller's objects, whose contents keep their ``in_axes``); ``out`` is rebuilt only where a
-    copy is put."""
-    slot_of = {id(x): s for s, x in enumerate(leaves)}
-
-    def moved(axis: Any, x: Any) -> bool:
-        s = slot_of.get(id(x))
-        if s is None or leaves[s] is not x or not _is_axis(axis):
-            return False
-        return _norm(axis, np.ndim(x) + 1) != axes.slot_axes[s]
+    """``out`` with a copy in each place where ``out_axes`` wants a value along another axis
+    than the value already has: an input leaf returned along another axis than it came in with
+    (an unmapped input returned with ``out_axes`` 0, say), or one value returned at two places
+    of different axes (``return y, y`` with ``out_axes=(0, 1)``). A leaf is one output of the
+    computation, with one axis; the copy is a value of its own. Input containers are left as
+    they are (they are the caller's objects, whose contents keep their ``in_axes``); ``out`` is
+    rebuilt only where a copy is put."""
+    seen: dict[int, Any] = {id(x): a for x, a in zip(leaves, axes.slot_axes, strict=True)}
 
     def stop(x: Any) -> bool:
         return id(x) in inputs
 
-    found: list[Any] = []
+    decisions: list[bool] = []  # for each leaf met, in order: copy it
 
-    def find(axis: Any, subtree: Any) -> Any:
-        leaves_here = jax.tree_util.tree_leaves(subtree, is_leaf=stop)
-        found.extend(x for x in leaves_here if moved(axis, x))
-
-    def fix(axis: Any, subtree: Any) -> Any:
-        if not any(moved(axis, x) for x in jax.tree_util.tree_leaves(subtree, is_leaf=stop)):
-            return subtree
-        return jax.tree_util.tree_map(
-            lambda x: jnp.array(x, copy=True) if moved(axis, x) else x, subtree, is_leaf=stop
-        )
+    def find(axis: Any, subtree: Any) -> None:
+        for x in jax.tree_util.tree_leaves(subtree, is_leaf=stop):
+            if id(x) in inputs or not _is_axis(axis):
+                decisions.append(False)
+                continue
+            want = _norm(axis, np.ndim(x) + 1)
+            have = seen.setdefault(id(x), want)
+            decisions.append(have != want)
 
     try:
         jax.tree_util.tree_map(find, out_axes, out, is_leaf=lambda x: x is None)
-        if not found:
-            return out  # as the function built it
-        return jax.tree_util.tree_map(fix, out_axes, out, is_leaf=lambda x: x is None)
     except ValueError:  # out_axes is not a prefix of out: said, with the place, by _Places
         return out
+    if not any(decisions):
+        return out  # as the function built it
+    it = iter(decisions)
+
+    def fix(axis: Any, subtree: Any) -> Any:
+        here = jax.tree_util.tree_leaves(subtree, is_leaf=stop)
+        copy = [next(it) for _ in here]
+        if not any(copy):
+            return subtree
+        marks = iter(copy)
+        return jax.tree_util.tree_map(
+            lambda x: jnp.array(x, copy=True) if next(marks) else x, subtree, is_leaf=stop
+        )
+
+    return jax.tree_util.tree_map(fix, out_axes, out, is_leaf=lambda x: x is None)
 
 
 class _VmapRunner(_lift.Runner):

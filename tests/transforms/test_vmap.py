@@ -248,6 +248,27 @@ def test_out_axes_are_applied_to_new_values_and_returned_input_arrays():
     same = tc.vmap(lambda x: {"x": x}, policy="alias")(XS)
     assert same["x"] is XS  # an input returned along its own axis is the caller's array
 
+    def twice(x):
+        y = x * 2
+        return y, y, x  # one value at two places of different axes: each gets its own
+
+    options = {"out_axes": (0, 1, 1)}
+    assert_same_values(
+        tc.vmap(twice, **options, policy="alias")(XS), jax.vmap(twice, **options)(XS)
+    )
+
+
+def test_unmapped_values_that_are_not_arrays_pass_through_as_under_jax_vmap():
+    def f(cfg, x):
+        cfg["calls"] = cfg["calls"] + 1  # a Python int, unbatched: written once
+        return x * cfg["scale"] if cfg["name"] == "double" else x
+
+    cfg = {"name": "double", "scale": 2.0, "calls": 0, "nothing": None}
+    got = tc.vmap(f, in_axes=(None, 0), policy="alias")(cfg, XS)
+    want = jax.vmap(f, in_axes=(None, 0))(dict(cfg), XS)
+    assert_same_values(got, want)
+    assert cfg == {"name": "double", "scale": 2.0, "calls": 1, "nothing": None}
+
 
 def test_in_axes_prefix_tree_and_keyword_arguments():
     def f(params, x, *, extra):
