@@ -541,6 +541,11 @@ class _VmapRunner(_lift.Runner):
             transform_out=copy_moved,
             result_hook=places,
         )
+        if len(places.out_list) != len(outputs):  # _Places mirrors _trace.run's choice
+            raise RuntimeError(
+                f"treeclone.vmap: {len(outputs)} outputs but {len(places.out_list)} axes for "
+                "them (an internal error: please report it)"
+            )
         record = _lift.Record(plan)
         late.record, late.leaves = record, places.out_list  # the out_axes, now known
         return _lift.Out(record, outputs)
