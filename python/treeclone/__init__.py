@@ -6,7 +6,8 @@ for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations o
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
-(:mod:`treeclone.transforms`). See ``docs/semantics.md``.
+(:mod:`treeclone.transforms`), and so does ``treeclone.vmap`` (:mod:`treeclone.batching`).
+See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -22,6 +23,7 @@ does) or ``"strict"`` (mutating an input without returning it is an error). ``tr
 
 from treeclone import tree, tree_util
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
+from treeclone.batching import vmap
 from treeclone.call import call
 from treeclone.jit import Jitted, jit
 from treeclone.partial import JitPartial, jit_partial
@@ -58,4 +60,5 @@ __all__: list[str] = [
     "tree",
     "tree_util",
     "value_and_grad",
+    "vmap",
 ]

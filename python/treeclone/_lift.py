@@ -242,6 +242,7 @@ class Runner:
         statics: Statics | None,
         on_args: Callable[[tuple, dict], None] | None = None,
         transform_out: Callable[[Any], Any] | None = None,
+        result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
     ) -> tuple[Any, list]:
         """Run ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`trace`)."""
         return trace(
@@ -254,6 +255,7 @@ class Runner:
             caller_objects=getattr(self.local, "objects", None),
             on_args=on_args,
             transform_out=transform_out,
+            result_hook=result_hook,
         )
 
 
@@ -283,6 +285,7 @@ def trace(
     caller_objects: Sequence[Any] | None = None,
     on_args: Callable[[tuple, dict], None] | None = None,
     transform_out: Callable[[Any], Any] | None = None,
+    result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
 ) -> tuple[Any, list]:
     """Rebuild a call from ``leaves`` (structure ``sdef``, static arguments ``statics``), run
     ``fun`` on it under ``policy`` and return ``(plan, outputs)``: the outputs are the result
@@ -290,7 +293,8 @@ def trace(
     ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the result.
 
     ``on_args(args, kwargs)`` sees the dynamic arguments as rebuilt, before ``fun`` runs;
-    ``transform_out`` is applied to ``fun``'s result (it may check it, or raise)."""
+    ``transform_out`` is applied to ``fun``'s result (it may check it, or raise);
+    ``result_hook`` is ``_trace.run``'s."""
     num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
     if statics is None:
         positions = list(range(num_args))
@@ -319,5 +323,6 @@ def trace(
         rebuild,
         transform_out=transform_out,
         caller_objects=caller_objects,
+        result_hook=result_hook,
     )
     return plan, outputs

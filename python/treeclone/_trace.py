@@ -198,6 +198,7 @@ def run(
     transform_out: Callable[[Any], Any] | None = None,
     caller_objects: Sequence[Any] | None = None,
     track_inputs: bool = False,
+    result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
 ) -> tuple[Any, list, tuple[tuple[int, ...], tuple[int, ...]] | bool | None]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
@@ -212,6 +213,10 @@ def run(
     ``caller_objects``, the caller's object at each node of ``pre_def``, are watched while the
     function runs: one it changes through another name (a global that is also an argument)
     is put back and reported, since write-back would silently replace that change.
+    ``result_hook(result_def, result_objects, origins, result_leaves)``, when given, sees the
+    result's structure before the plan is made (``treeclone.vmap`` works out each result leaf's
+    batch axis from it); it may return, per result leaf, whether an input leaf there must
+    still be output by the computation (True), as a donated one is.
     """
     root, objs = pre_def.unflatten_nodes(in_leaves)
     pre_info = pre_def.node_info()
@@ -353,19 +358,27 @@ def run(
     # The results: under "propagate" the whole (inputs, outputs) pair, written back into the
     # caller's containers; else only the outputs, as fresh containers.
     if policy.mutations == "propagate":
-        result_leaves, result_def = post_leaves, post_def
+        result_leaves, result_def, result_objs = post_leaves, post_def, post_objs
         origins = [origin_of.get(n) for n in range(len(post_info))]
         result_child = 1
     else:
-        result_leaves, result_def, _ = _native.flatten_shared(out)
+        result_leaves, result_def, result_objs = _native.flatten_shared(out)
         origins = [None] * result_def.num_nodes
         result_child = None
+    forced = None
+    if result_hook is not None:
+        forced = result_hook(result_def, result_objs, origins, result_leaves)
     sources, outputs = [], []
     # For each result leaf, its index in ``in_leaves + outputs`` (for next_inputs below).
     pool_index: dict[int, int] = {}
-    for leaf in result_leaves:
+    for r, leaf in enumerate(result_leaves):
         s = slot_of.get(id(leaf))
-        if s is not None and in_leaves[s] is leaf and (keep_inputs is None or keep_inputs[s]):
+        if (
+            s is not None
+            and in_leaves[s] is leaf
+            and (keep_inputs is None or keep_inputs[s])
+            and (forced is None or not forced[r])
+        ):
             sources.append(Source.Input(slot=s))
             pool_index.setdefault(id(leaf), s)
         else:

@@ -1,6 +1,6 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
-function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and
-treeclone.transforms (and every public method of their classes) has one."""
+function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies,
+treeclone.transforms and treeclone.batching (and every public method of their classes) has one."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ MODULES = {
         "treeclone.tree",
         "treeclone.tree_util",
         "treeclone.transforms",
+        "treeclone.batching",
     )
 }
 
@@ -37,6 +38,7 @@ WITH_EXAMPLES = (
     "treeclone.policies",
     "treeclone.tree",
     "treeclone.transforms",
+    "treeclone.batching",
 )
 
 
@@ -125,6 +127,7 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.transforms", "grad"),
         ("treeclone.transforms", "value_and_grad"),
         ("treeclone.transforms", "checkpoint"),
+        ("treeclone.batching", "vmap"),
     ]:
         assert expected in names
 
