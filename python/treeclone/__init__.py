@@ -6,7 +6,8 @@ for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations o
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
-(:mod:`treeclone.transforms`), and so does ``shard_map`` (:mod:`treeclone.sharding`). See ``docs/semantics.md``.
+(:mod:`treeclone.transforms`), and so does ``shard_map`` (:mod:`treeclone.sharding`). See
+``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
