@@ -184,7 +184,8 @@ class _Body:
         writes = self.runner.policy.mutations == "propagate"
         places = _leaf_places(seen["containers"]) if writes else {}
         sources: list[tuple[str, int]] = []
-        written, specs = [], []
+        written: list[Any] = []
+        specs: list[PartitionSpec] = []
         for leaf in outputs:
             at = places.get(id(leaf), [])
             if not at:

@@ -1,6 +1,7 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
 function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and
-treeclone.transforms (and every public method of their classes) has one."""
+treeclone.transforms and treeclone.sharding (and every public method of their classes) has
+one."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ MODULES = {
         "treeclone.tree",
         "treeclone.tree_util",
         "treeclone.transforms",
+        "treeclone.sharding",
     )
 }
 
@@ -37,6 +39,7 @@ WITH_EXAMPLES = (
     "treeclone.policies",
     "treeclone.tree",
     "treeclone.transforms",
+    "treeclone.sharding",
 )
 
 
@@ -125,6 +128,7 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.transforms", "grad"),
         ("treeclone.transforms", "value_and_grad"),
         ("treeclone.transforms", "checkpoint"),
+        ("treeclone.sharding", "shard_map"),
     ]:
         assert expected in names
 
