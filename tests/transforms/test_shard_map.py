@@ -454,12 +454,64 @@ def sc_alias_random_mutation_programs_equal_plain_python():
     check()
 
 
+@scenario
+def sc_alias_nnx_batch_norm_equals_nnx_shard_map():
+    """An nnx model whose BatchNorm averages its batch statistics over the axis
+    (``axis_name``): ``treeclone.shard_map(alias)``, inside ``treeclone.jit(alias)`` and
+    eagerly, gives ``nnx.shard_map``'s outputs and running statistics on a copy of the model,
+    on the caller's own Variables, replicated as they were passed; ``strict`` names them."""
+    try:
+        from flax import nnx
+    except ImportError:
+        raise Skip("flax is not installed") from None
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.linear = nnx.Linear(3, 4, rngs=rngs)
+            self.bn = nnx.BatchNorm(4, axis_name=AXIS, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.bn(self.linear(x))
+
+    def forward(model: Any, x: jax.Array) -> jax.Array:
+        return model(x)
+
+    options = {"mesh": mesh(), "in_specs": (P(), P(AXIS)), "out_specs": P(AXIS)}
+    mine, reference = Model(nnx.Rngs(0)), Model(nnx.Rngs(0))
+    variables = list(jax.tree.leaves(mine, is_leaf=lambda v: isinstance(v, nnx.Variable)))
+    ours = tc.shard_map(forward, policy="alias", **options)
+    for i, call in enumerate((tc.jit(ours, policy="alias"), ours, tc.jit(ours, policy="alias"))):
+        x = put(batch(i), P(AXIS))
+        want = nnx.shard_map(forward, **options)(reference, x)
+        np.testing.assert_allclose(np.asarray(call(mine, x)), np.asarray(want), rtol=1e-5)
+    after = list(jax.tree.leaves(mine, is_leaf=lambda v: isinstance(v, nnx.Variable)))
+    assert all(a is b for a, b in zip(after, variables, strict=True))
+    assert not np.allclose(np.asarray(mine.bn.mean[...]), 0.0), "statistics not updated"
+    for a, b in zip(
+        jax.tree.leaves(nnx.state(mine)), jax.tree.leaves(nnx.state(reference)), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    assert mine.bn.mean[...].sharding.is_equivalent_to(NamedSharding(mesh(), P()), 1)
+    try:
+        tc.shard_map(forward, policy="strict", **options)(mine, put(batch(), P(AXIS)))
+    except tc.MutationError as err:
+        assert "model.bn.mean" in str(err) and "model.bn.var" in str(err), err
+    else:
+        raise AssertionError("strict: no MutationError")
+
+
+class Skip(Exception):
+    """A scenario that cannot run here (its library is not installed)."""
+
+
 def run_all() -> dict[str, str | None]:
-    """``{scenario: None or the failure}``."""
+    """``{scenario: None, "SKIP: why" or the failure}``."""
     results: dict[str, str | None] = {}
     for name, sc in SCENARIOS.items():
         try:
             sc()
+        except Skip as why:
+            results[name] = f"SKIP: {why}"
         except Exception:  # noqa: BLE001 - reported by the test of that scenario
             results[name] = traceback.format_exc()
         else:
@@ -490,6 +542,8 @@ def results() -> dict[str, str | None]:
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario(results: dict[str, str | None], name: str) -> None:
     problem = results[name]
+    if problem is not None and problem.startswith("SKIP: "):
+        pytest.skip(problem[len("SKIP: ") :])
     assert problem is None, problem
 
 
@@ -539,3 +593,13 @@ def test_keyword_arguments_and_bad_function_are_jax_errors() -> None:
             f(x=jnp.zeros(2))
     with pytest.raises(TypeError, match="callable"):
         tc.shard_map(3, mesh=m, in_specs=P(), out_specs=P(), policy="alias")  # type: ignore
+
+
+def test_cycle_in_arguments_is_the_value_error_of_every_policy() -> None:
+    m = Mesh(np.array(jax.devices()[:1]), (AXIS,))
+    cyclic: list[Any] = [jnp.zeros(2)]
+    cyclic.append(cyclic)
+    for policy in ("clone", "alias", "strict"):
+        f = tc.shard_map(lambda x: x, mesh=m, in_specs=P(), out_specs=P(), policy=policy)
+        with pytest.raises(ValueError, match="cycle"):
+            f(cyclic)
