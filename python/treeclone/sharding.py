@@ -169,16 +169,15 @@ class _Body:
         out_index: dict[int, int] = {}
         for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
             out_index.setdefault(id(leaf), i)
-        out_spec_of: dict[int, Any] = {}
+        # id(leaf) -> [(place in the result, out_spec), ...]
+        out_specs_of: dict[int, list[tuple[str, Any]]] = {}
+
+        def visit(path: tuple, spec: Any, sub: Any) -> None:
+            for rel, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
+                out_specs_of.setdefault(id(x), []).append(("result" + _keystr((*path, *rel)), spec))
+
         try:
-            jax.tree_util.tree_map(
-                lambda spec, sub: out_spec_of.update(
-                    (id(x), spec) for x in jax.tree_util.tree_leaves(sub)
-                ),
-                self.out_specs,
-                out,
-                is_leaf=lambda x: x is None,
-            )
+            jax.tree_util.tree_map_with_path(visit, self.out_specs, out, is_leaf=_is_spec)
         except ValueError:
             pass  # not a prefix of the result: jax.shard_map's own error follows
         writes = self.runner.policy.mutations == "propagate"
@@ -187,12 +186,26 @@ class _Body:
         written: list[Any] = []
         specs: list[PartitionSpec] = []
         for leaf in outputs:
+            returned = out_specs_of.get(id(leaf), [])
+            for (first, spec), (other, other_spec) in zip(returned, returned[1:], strict=False):
+                if other_spec != spec:
+                    raise ValueError(
+                        f"{first} and {other}: one array is returned at two places with "
+                        f"different out_specs ({spec} and {other_spec}); under this policy "
+                        "it stays one array, which cannot have both shardings: return a copy "
+                        "(jnp.copy) at one of them, or give them the same out_spec"
+                    )
             at = places.get(id(leaf), [])
             if not at:
+                if id(leaf) not in out_index:
+                    raise RuntimeError(
+                        f"treeclone.shard_map: an output of {self.__name__} is neither in its "
+                        "result nor written into an input (a treeclone bug: please report it)"
+                    )
                 sources.append(("result", out_index[id(leaf)]))
                 continue
             spec = self._written_spec(leaf, at)
-            returned_spec = out_spec_of.get(id(leaf), spec) if id(leaf) in out_index else spec
+            returned_spec = returned[0][1] if returned else spec
             if id(leaf) in out_index and returned_spec == spec:
                 sources.append(("result", out_index[id(leaf)]))
                 continue

@@ -302,6 +302,23 @@ def sc_a_value_written_and_returned_with_another_spec_is_an_error():
     out = sharded(g, "alias", out_specs=P())(state, put(batch(), P(AXIS)))
     assert out is state["mean"], "the returned value is the written one"
 
+    def twice(x):
+        y = x * 2
+        return y, y
+
+    x = put(batch(), P())
+    twice_specs = {"mesh": mesh(), "in_specs": P(), "out_specs": (P(), P(AXIS))}
+    first, second = jax.shard_map(twice, **twice_specs)(x)  # two arrays: (16, 3), (128, 3)
+    assert first.shape != second.shape
+    try:
+        tc.shard_map(twice, policy="alias", **twice_specs)(x)
+    except ValueError as err:
+        assert str(err).startswith("result[0] and result[1]: one array is returned"), err
+    else:
+        raise AssertionError("no ValueError")
+    a, b = tc.shard_map(twice, policy="alias", **{**twice_specs, "out_specs": P()})(x)
+    assert a is b
+
 
 @scenario
 def sc_new_entry_under_per_entry_in_specs_is_an_error_and_under_one_spec_is_written():
