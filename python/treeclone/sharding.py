@@ -14,7 +14,7 @@ twice is one input, given one in_spec), the function runs on the arguments rebui
 ``treeclone.jit`` uses (``treeclone._lift``). The function's result is ``jax.shard_map``'s
 output under ``out_specs``; each value written into an input is one more output of the
 ``jax.shard_map``, whose out_spec is that input's in_spec, so the global array written back has
-the shape and sharding of the input it replaces. ``docs/semantics.md`` (rules S1-S9) states
+the shape and sharding of the input it replaces. ``docs/semantics.md`` (rules S1-S10) states
 the rules and names their tests.
 """
 
@@ -329,6 +329,11 @@ class _ShardMap:
         )
         options = dict(self._options)
         options["in_specs"] = (slot_specs,)
+        # The written values' out_specs are known once the function has run: ``body`` fills
+        # ``written_specs`` in place before returning, and jax.shard_map matches out_specs
+        # to the function's output after calling it (JAX 0.6 to 0.10; the tests would fail
+        # on a JAX that read them before). The user's own out_specs are checked by
+        # jax.shard_map before the call, as for clone.
         options["out_specs"] = (self._options["out_specs"], written_specs)
         mapped = jax.shard_map(body, **options)
         try:
