@@ -6,8 +6,8 @@ for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations o
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
-(:mod:`treeclone.transforms`), and so does ``treeclone.vmap`` (:mod:`treeclone.batching`).
-See ``docs/semantics.md``.
+(:mod:`treeclone.transforms`), and so do ``vmap`` (:mod:`treeclone.batching`) and
+``shard_map`` (:mod:`treeclone.sharding`). See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -36,6 +36,7 @@ from treeclone.policies import (
     policy,
     register_inplace,
 )
+from treeclone.sharding import shard_map
 from treeclone.transforms import checkpoint, grad, remat, value_and_grad
 
 __all__: list[str] = [
@@ -57,6 +58,7 @@ __all__: list[str] = [
     "policy",
     "register_inplace",
     "remat",
+    "shard_map",
     "tree",
     "tree_util",
     "value_and_grad",

@@ -13,8 +13,8 @@ parameters, momentum, step and losses to ``OUT_DIR/process{ID}.npz`` as NumPy ar
 test compares the processes with each other and with ``reference()``, the same steps under
 plain ``jax.jit`` in a single process.
 
-Adding a transform (``treeclone.shard_map``) is one more scenario function registered in
-``SCENARIOS``: the test reads that dict and checks every scenario in it.
+Adding a scenario is one more function registered in ``SCENARIOS``: the test reads that dict
+and checks every scenario in it (``alias_shard_map`` is ``treeclone.shard_map``'s).
 
 Importing this module does nothing distributed: the model, the data and the step function
 are shared with the test, which computes the single-process reference from them.
@@ -268,17 +268,60 @@ def alias_jit_of_shard_map(setup: Setup) -> dict[str, Any]:
     return {**fetch(state), "losses": losses}
 
 
+def alias_shard_map(setup: Setup) -> dict[str, Any]:
+    """``treeclone.jit(alias)`` over ``treeclone.shard_map(alias)``: the per-device function
+    itself updates the state it is given in place (the whole state with in_spec ``P()``, the
+    batch split with ``P(AXIS)``), and the update reaches the caller's dict as global arrays
+    replicated over all 4 devices, as the state was passed in.
+
+    The gradient is that of the global loss, ``pmean`` of the shard's loss, taken inside the
+    ``shard_map`` with respect to the replicated parameters: ``pmean`` scales each shard's
+    cotangent by 1/4 and the gradient of a replicated input is summed over the axis, so the
+    result is the global mean's gradient, replicated (no explicit reduction of the gradients:
+    that would count them again), and so is every value written back into the state, as its
+    in_spec ``P()`` requires.
+    """
+    import treeclone
+    from jax.sharding import PartitionSpec as P
+
+    def shard_step(state, x, y):
+        def global_loss(params):
+            return jax.lax.pmean(loss_fn(params, x, y), AXIS)
+
+        loss, grads = jax.value_and_grad(global_loss)(state["params"])
+        apply_update(state, grads)
+        return loss
+
+    sharded = treeclone.shard_map(
+        shard_step,
+        mesh=setup.mesh,
+        in_specs=(P(), P(AXIS), P(AXIS)),
+        out_specs=P(),
+        policy="alias",
+    )
+    step = treeclone.jit(sharded, policy="alias")
+    state = setup.place_state()
+    initial = fetch(state["params"])
+    losses = []
+    for i in range(STEPS):
+        losses.append(float(fetch(step(state, setup.x, setup.y))))
+        assert int(fetch(state["step"])) == i + 1, f"step {i}: the caller's step not advanced"
+    for leaf in jax.tree.leaves(state):
+        assert leaf.sharding.is_equivalent_to(setup.replicated, leaf.ndim), leaf.sharding
+    moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), fetch(state["params"]), initial)
+    assert all(jax.tree.leaves(moved)), "alias: the caller's params were not updated"
+    return {**fetch(state), "losses": losses}
+
+
 # name -> scenario; each returns the final state (NumPy leaves) and its losses, which the
-# test compares with reference(). treeclone.shard_map(policy="alias"), once it exists, is one
-# more entry: as alias_jit_of_shard_map, but with the per-shard function itself updating the
-# state it is given in place (params in_specs P(), batch P(AXIS), pmean inside) and the loop
-# checking the caller's dict as alias_jit does.
+# test compares with reference(). Adding one is one more entry here.
 SCENARIOS: dict[str, Callable[[Setup], dict[str, Any]]] = {
     "alias_jit": alias_jit,
     "alias_jit_returning": alias_jit_returning,
     "clone_jit": clone_jit,
     "strict_jit": strict_jit,
     "alias_jit_of_shard_map": alias_jit_of_shard_map,
+    "alias_shard_map": alias_shard_map,
 }
 
 

@@ -1,6 +1,7 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
-function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies,
-treeclone.transforms and treeclone.batching (and every public method of their classes) has one."""
+function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and of the
+lifted transformations (treeclone.transforms, treeclone.batching, treeclone.sharding), and
+every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ MODULES = {
         "treeclone.tree_util",
         "treeclone.transforms",
         "treeclone.batching",
+        "treeclone.sharding",
     )
 }
 
@@ -39,6 +41,7 @@ WITH_EXAMPLES = (
     "treeclone.tree",
     "treeclone.transforms",
     "treeclone.batching",
+    "treeclone.sharding",
 )
 
 
@@ -128,6 +131,7 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.transforms", "value_and_grad"),
         ("treeclone.transforms", "checkpoint"),
         ("treeclone.batching", "vmap"),
+        ("treeclone.sharding", "shard_map"),
     ]:
         assert expected in names
 
