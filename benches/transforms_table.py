@@ -129,7 +129,33 @@ class ValueAndGradBatchNorm(Case):
         }
 
 
-CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm]
+class VmapMlp(Case):
+    name = "vmap_mlp"
+    what = "per-example losses of the mlp_adam MLP: parameters broadcast, batch of 32 mapped"
+
+    def contenders(self):
+        from flax import nnx
+
+        params = jax.tree.map(jnp.asarray, M.mlp_init(0, SIZES))
+        x, y = (jnp.asarray(a) for a in mlp_data(SIZES, 32))
+        model = M.nnx_classes()["MLP"](M.mlp_init(0, SIZES))
+
+        def per_example(params, x, y):
+            return M.mlp_loss(params, x[None], y[None])
+
+        bare = jax.vmap(per_example, in_axes=(None, 0, 0))
+        ours = tc.vmap(per_example, in_axes=(None, 0, 0), policy="alias")
+        theirs = nnx.vmap(
+            lambda m, x, y: M.cross_entropy(m(x[None]), y[None]), in_axes=(None, 0, 0)
+        )
+        return {
+            JAX: (lambda: bare(params, x, y), lambda: bare(params, x, y)),
+            ALIAS: (lambda: ours(params, x, y), lambda: ours(params, x, y)),
+            NNX: (lambda: theirs(model, x, y), lambda: theirs(model, x, y)),
+        }
+
+
+CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm, VmapMlp]
 
 
 def _check(case: Case) -> None:
