@@ -50,7 +50,7 @@ Y = TypeVar("Y")
 NodeInfo = EntryInfo.Node
 LeafInfo = EntryInfo.Leaf
 RefInfo = EntryInfo.Ref
-NoneType = type(None)
+_NoneType: type = type(None)
 
 
 def _policy_of(policy: str | Policy) -> Policy:
@@ -114,7 +114,7 @@ def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
         for k, e in enumerate(info)
         if k not in skip
         and isinstance(e, NodeInfo)
-        and e.node_type is not NoneType
+        and e.node_type is not _NoneType
         and _mutable(objs[k])
     }
 
@@ -137,9 +137,9 @@ class _Carry:
         _check_cycle(init, name)
         self.fun, self.name, self.policy = fun, name, policy
         self.leaves, self.sdef, self.objs = _native.flatten_shared((init, {}))
-        self.info = self.sdef.node_info()
+        self.info: list[Any] = self.sdef.node_info()
         self.root = self.sdef.num_nodes - 1
-        self.kwargs_node = self.info[self.root].children[1]
+        self.kwargs_node: int = self.sdef.children_of(self.root)[-1]
         self.skip = {self.root, self.kwargs_node}
         self.layout = _trace.Layout(1, [name])
         self._paths: dict[int, str] | None = None
@@ -195,17 +195,17 @@ class _Carry:
         if extra_watch is not None:
             extra_watch.check(self.fun, (new_carry, others))
         new_leaves, new_sdef, new_objs = _native.flatten_shared((new_carry, {}))
-        new_info = new_sdef.node_info()
+        new_info: list[Any] = new_sdef.node_info()
         self._check_structure(carry, new_carry, new_info)
 
         index = {
             id(objs[k]): k
             for k, e in enumerate(self.info)
-            if k not in self.skip and isinstance(e, NodeInfo) and e.node_type is not NoneType
+            if k not in self.skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType
         }
         kept = set()
         for n, e in enumerate(new_info):
-            if n in self.skip or not isinstance(e, NodeInfo) or e.node_type is NoneType:
+            if n in self.skip or not isinstance(e, NodeInfo) or e.node_type is _NoneType:
                 continue
             k = index.get(id(new_objs[n]))
             if k is None:
@@ -310,7 +310,7 @@ class _Carry:
                 built[n] = leaves[e.slot]
             elif isinstance(e, RefInfo):
                 built[n] = built[e.target]
-            elif e.node_type is NoneType:
+            elif e.node_type is _NoneType:
                 built[n] = None
             elif propagate and n in kept:
                 built[n] = self.objs[n]
@@ -388,7 +388,7 @@ class _ExtraWatch:
     def __init__(self, name: str, tree: Any):
         self.name = name
         _, self.sdef, self.objs = _native.flatten_shared((tree, {}))
-        info = self.sdef.node_info()
+        info: list[Any] = self.sdef.node_info()
         root = len(info) - 1
         self.snapshot = _snapshot(self.objs, info, {root, info[root].children[1]})
 
@@ -449,7 +449,7 @@ def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) ->
         parts.append("removed " + ", ".join(name + p for p in removed[:5]))
     if parts:
         return "; ".join(parts)
-    old_def = jax.tree_util.tree_structure(old)
+    old_def: Any = jax.tree_util.tree_structure(old)
     new_def = jax.tree_util.tree_structure(new_carry)
     if old_def != new_def:
         return f"{old_def} became {new_def}"

@@ -1,6 +1,6 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
-function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and
-treeclone.transforms (and every public method of their classes) has one."""
+function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies,
+treeclone.transforms and treeclone.loops (and every public method of their classes) has one."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ MODULES = {
         "treeclone.call",
         "treeclone.jaxlib_tree_util",
         "treeclone.jit",
+        "treeclone.loops",
         "treeclone.partial",
         "treeclone.policies",
         "treeclone.tree",
@@ -33,6 +34,7 @@ MODULES = {
 WITH_EXAMPLES = (
     "treeclone.call",
     "treeclone.jit",
+    "treeclone.loops",
     "treeclone.partial",
     "treeclone.policies",
     "treeclone.tree",
@@ -125,6 +127,9 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.transforms", "grad"),
         ("treeclone.transforms", "value_and_grad"),
         ("treeclone.transforms", "checkpoint"),
+        ("treeclone.loops", "scan"),
+        ("treeclone.loops", "fori_loop"),
+        ("treeclone.loops", "while_loop"),
     ]:
         assert expected in names
 
