@@ -289,11 +289,12 @@ class _Carry:
 
     # -- after the loop ---------------------------------------------------------------------------
 
-    def finish(self, final_slots: list) -> Any:
+    def finish(self, final_slots: list, iterations: int | None = None) -> Any:
         """The carry the loop returns, built from its final leaves; under ``alias`` the
         containers the body updated in place are the caller's, written with the final state
-        (all or nothing)."""
-        if self.pattern is None:  # the body was never traced
+        (all or nothing). ``iterations``: how many times the loop ran, when known before it
+        runs; none is the Python loop that never runs its body, which hands back ``init``."""
+        if self.pattern is None or iterations == 0:
             return self.objs[self.info[self.root].children[0]]
         kept, unchanged = self.pattern
         propagate = self.policy.mutations == "propagate"
@@ -456,6 +457,14 @@ def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) ->
     return "a container shared at two places of the carry became two, or the other way round"
 
 
+def _count(lower: Any, upper: Any) -> int | None:
+    """How many times ``for i in range(lower, upper)`` runs, when the bounds are concrete."""
+    try:
+        return max(int(upper) - int(lower), 0)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
+
+
 # --- the loops -----------------------------------------------------------------------------------
 
 
@@ -511,7 +520,9 @@ def scan(
         return state.step(slots, run, ("xs", x))
 
     final, ys = jax.lax.scan(body, state.leaves, xs, length, reverse, unroll, **extra)
-    return state.finish(list(final)), ys
+    if length is None:
+        length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
+    return state.finish(list(final), length), ys
 
 
 def fori_loop(
@@ -546,7 +557,7 @@ def fori_loop(
         return state.step(slots, lambda carry: (body_fun(i, carry), None))[0]
 
     final = jax.lax.fori_loop(lower, upper, body, state.leaves, unroll=unroll)
-    return state.finish(list(final))
+    return state.finish(list(final), _count(lower, upper))
 
 
 def while_loop(

@@ -433,3 +433,24 @@ def test_closed_over_containers_are_outside_the_policy_and_leak_tracers():
 
     tc.scan(body, {"t": jnp.zeros(())}, XS, policy="alias")
     assert len(log) == 1 and isinstance(log[0], jax.core.Tracer)
+
+
+def test_zero_iterations_leave_the_carry_as_it_was():
+    def in_place(c, x):
+        c["t"] = c["t"] + x
+        return c, None
+
+    state = {"t": jnp.ones(())}
+    t = state["t"]
+    out, _ = tc.scan(in_place, state, jnp.zeros((0,)), policy="alias")
+    assert out is state and state["t"] is t
+    # as the Python loop, also for a body that builds a new carry: init itself
+    assert tc.fori_loop(3, 1, lambda i, c: {"t": c["t"] + i}, state, policy="alias") is state
+    assert tc.scan(lambda c, x: (c, x), state, None, length=0, policy="strict")[0] is state
+    # with a count known only when it runs (a traced bound, while_loop), the new carry is
+    # built from the final leaves, which equal init's
+    out = tc.jit(
+        lambda s, n: tc.fori_loop(0, n, lambda i, c: {"t": c["t"] + i}, s, policy="alias"),
+        policy="alias",
+    )(state, 0)
+    assert out is not state and float(out["t"]) == 1.0 and state["t"] is t
