@@ -36,9 +36,10 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _native, _trace
-from treeclone._jax_compat import unflatten_node
+from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, unflatten_node
 from treeclone._native import EntryInfo
 from treeclone._writeback import changed_attributes, write_custom
+from treeclone.jit import _Naming
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["fori_loop", "scan", "while_loop"]
@@ -171,6 +172,15 @@ class _Carry:
         return f"{self.name}<leaf {s}>"
 
     # -- at trace time, in the JAX loop's body ----------------------------------------------------
+
+    def slot_names(self, root: str) -> list[str]:
+        """Each carried leaf's key path, the carry named ``root`` (for jax's messages)."""
+        paths = _trace._Paths(self.sdef, self.objs, _trace.Layout(1, [root])).paths
+        names: dict[int, str] = {}
+        for n, e in enumerate(self.info):
+            if isinstance(e, LeafInfo):
+                names.setdefault(e.slot, paths.get(n, root) or root)
+        return [names.get(s, root) for s in range(len(self.leaves))]
 
     def rebuild(self, slots: Any) -> tuple[Any, list]:
         root, objs = self.sdef.unflatten_nodes(list(slots))
@@ -457,6 +467,46 @@ def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) ->
     return "a container shared at two places of the carry became two, or the other way round"
 
 
+class _Body:
+    """The function a JAX loop traces, naming its inputs in jax's messages (a traced value
+    used as a bool, ...) as the user's function sees them, ``c['t']`` rather than the carried
+    leaves' list (``__fun_debug_info__``, read by jax >= 0.7)."""
+
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        fun: Any,
+        traced_for: str,
+        names: Callable[[list[str]], list[str]],
+    ):
+        self.run, self.fun, self.traced_for, self.names = run, fun, traced_for, names
+        self.__name__ = getattr(fun, "__name__", "body")
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        if DebugInfo is None:
+            return None
+        try:
+            params = [_Naming(self.fun).name(i) for i in range(2)]
+            return DebugInfo(
+                self.traced_for,
+                fun_sourceinfo(self.fun),
+                tuple(self.names(params)),
+                INITIAL_RESULT_PATHS,
+            )
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
+
+
+def _tree_names(root: str, tree: Any) -> list[str]:
+    return [
+        root + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+
+
 def _count(lower: Any, upper: Any) -> int | None:
     """How many times ``for i in range(lower, upper)`` runs, when the bounds are concrete."""
     try:
@@ -519,7 +569,13 @@ def scan(
 
         return state.step(slots, run, ("xs", x))
 
-    final, ys = jax.lax.scan(body, state.leaves, xs, length, reverse, unroll, **extra)
+    traced = _Body(
+        body,
+        f,
+        "scan",
+        lambda p: state.slot_names(p[0]) + _tree_names(p[1], xs),  # a slice's paths are xs's
+    )
+    final, ys = jax.lax.scan(traced, state.leaves, xs, length, reverse, unroll, **extra)
     if length is None:
         length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
     return state.finish(list(final), length), ys
@@ -556,7 +612,8 @@ def fori_loop(
     def body(i: Any, slots: list) -> list:
         return state.step(slots, lambda carry: (body_fun(i, carry), None))[0]
 
-    final = jax.lax.fori_loop(lower, upper, body, state.leaves, unroll=unroll)
+    traced = _Body(body, body_fun, "fori_loop", lambda p: [p[0], *state.slot_names(p[1])])
+    final = jax.lax.fori_loop(lower, upper, traced, state.leaves, unroll=unroll)
     return state.finish(list(final), _count(lower, upper))
 
 
@@ -594,5 +651,9 @@ def while_loop(
     def body(slots: list) -> list:
         return state.step(slots, lambda carry: (body_fun(carry), None))[0]
 
-    final = jax.lax.while_loop(cond, body, state.leaves)
+    final = jax.lax.while_loop(
+        _Body(cond, cond_fun, "while_cond", lambda p: state.slot_names(p[0])),
+        _Body(body, body_fun, "while_body", lambda p: state.slot_names(p[0])),
+        state.leaves,
+    )
     return state.finish(list(final))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import treeclone as tc
+from treeclone._jax_compat import DebugInfo
 
 XS = jnp.arange(5.0)
 
@@ -454,3 +455,24 @@ def test_zero_iterations_leave_the_carry_as_it_was():
         policy="alias",
     )(state, 0)
     assert out is not state and float(out["t"]) == 1.0 and state["t"] is t
+
+
+@pytest.mark.skipif(
+    DebugInfo is None,
+    reason="jax < 0.7 names a traced function's arguments itself",
+)
+def test_jax_messages_name_the_users_arguments_not_the_carried_leaves():
+    def body(c, x):
+        if c["t"] > x["a"]:  # a traced value as a bool
+            pass
+        return c, None
+
+    for policy in ("clone", "alias", "strict"):
+        with pytest.raises(jax.errors.TracerBoolConversionError, match=r"c\['t'\] and x\['a'\]"):
+            tc.scan(body, {"t": jnp.zeros(())}, {"a": XS}, policy=policy)
+
+    def fb(i, acc):
+        return acc if acc[0] > 0 else acc
+
+    with pytest.raises(jax.errors.TracerBoolConversionError, match=r"argument acc\[0\]"):
+        tc.fori_loop(0, 3, fb, [jnp.zeros(())], policy="alias")
