@@ -227,7 +227,10 @@ class _Carry:
                     "build a new object there instead, or keep the container where it is."
                 )
             kept.add(n)
-        bad = [k for k in _changed(objs, watched) if k not in kept]
+        changed = _changed(objs, watched)
+        bad = [k for k in changed if k not in kept]
+        if not bad:
+            self._check_outside_attributes(objs, watched, changed, new_info, new_objs)
         if bad:
             self._raise_unreturned(objs, watched, bad)
 
@@ -255,6 +258,26 @@ class _Carry:
         unchanged = tuple(new is old for old, new in zip(slots, new_slots, strict=True))
         self.pattern = (frozenset(kept), unchanged)
         return new_slots, others
+
+    def _check_outside_attributes(
+        self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
+    ) -> None:
+        """An attribute the body set on a custom node of the carry that the node's flatten
+        does not carry cannot reach the caller's object: the ValueError ``jit`` raises."""
+        for k in changed:
+            e = new_info[k]
+            if e.node_type in (list, dict) or not hasattr(objs[k], "__dict__"):
+                continue
+            new_names = [n for n in vars(objs[k]) if n not in watched[k][0]]
+            if not new_names:
+                continue
+            try:
+                after = unflatten_node(e.node_type, e.data, [new_objs[c] for c in e.children])
+            except Exception:  # noqa: BLE001 - cannot tell: leave it to the write-back
+                continue
+            for name in new_names:
+                if not hasattr(after, name):
+                    _trace._raise_outside_attribute(self.fun, k, name, self.sdef, objs, self.layout)
 
     def check_untouched(self, fun: Any, slots: Any, run: Callable[[Any], Any]) -> Any:
         """Run ``run`` (while_loop's condition) on the rebuilt carry, which it may not change."""

@@ -476,3 +476,34 @@ def test_jax_messages_name_the_users_arguments_not_the_carried_leaves():
 
     with pytest.raises(jax.errors.TracerBoolConversionError, match=r"argument acc\[0\]"):
         tc.fori_loop(0, 3, fb, [jnp.zeros(())], policy="alias")
+
+
+@jax.tree_util.register_pytree_node_class
+class Box:
+    def __init__(self, v):
+        self.v = v
+
+    def tree_flatten(self):
+        return (self.v,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_an_attribute_the_pytree_does_not_carry_is_an_error_naming_it(policy):
+    def body(c, x):
+        c["box"].v = c["box"].v + x
+        c["box"].note = x  # outside Box's flatten: it could not reach the caller's Box
+        return c, None
+
+    state = {"box": Box(jnp.zeros(()))}
+    with pytest.raises(ValueError, match=r"attribute 'note' on init\['box'\]"):
+        tc.scan(body, state, XS, policy=policy)
+    assert float(state["box"].v) == 0.0 and not hasattr(state["box"], "note")
+    # through the pytree, the caller's Box is updated in place
+    out, _ = tc.scan(
+        lambda c, x: (c, c["box"].__setattr__("v", c["box"].v + x)), state, XS, policy="alias"
+    )
+    assert out["box"] is state["box"] and float(state["box"].v) == 10.0
