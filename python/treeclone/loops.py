@@ -24,12 +24,15 @@ from them, runs the user's body, and checks what it returns: the same structure 
 a list grown, a container shared differently is an error naming the key path), and, for each
 container, either the input container at the same place (updated in place) or a new one (the
 input container then left unchanged). That pattern, the same for every iteration, says how the
-final leaves are written into the caller's objects once the loop is done, all or nothing.
+final leaves are written into the caller's objects once the loop is done, all or nothing. The traced functions are kept
+per kind of call, so that an eager loop called again finds JAX's cached trace.
 ``docs/semantics.md`` ("scan, fori_loop and while_loop") states the rules and names their tests.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -148,14 +151,16 @@ class _Carry:
         # Set by the body's (last) trace: the containers the body hands back at their own place
         # (updated in place), and the leaves it hands back unchanged.
         self.pattern: tuple[frozenset[int], tuple[bool, ...]] | None = None
+        avals = []
         for s, leaf in enumerate(self.leaves):
             try:
-                _aval(leaf)
+                avals.append(_aval(leaf))
             except TypeError:
                 raise TypeError(
                     f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
                     "a valid JAX type, cannot be carried by a loop"
                 ) from None
+        self.avals = tuple(avals)
 
     def paths(self) -> dict[int, str]:
         if self._paths is None:
@@ -530,6 +535,75 @@ def _tree_names(root: str, tree: Any) -> list[str]:
     ]
 
 
+class _Entry:
+    """The functions a JAX loop traces for one kind of call (the user's functions, the
+    carry's structure and types, the loop's options), kept so that JAX finds its cached trace
+    again on the next such call instead of tracing and compiling anew. The functions work on
+    this thread's current call (``local.state``); ``pattern`` is what their last trace found,
+    for the calls that reuse it."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.pattern: Any = None
+        self.bodies: tuple = ()
+
+    def state(self) -> _Carry:
+        return self.local.state
+
+
+_CACHE: OrderedDict[Any, _Entry] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 256
+
+
+def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
+    """The cached :class:`_Entry` for ``key`` (made with ``make`` the first time); a fresh one
+    when the key cannot be hashed."""
+    try:
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None:
+        with _CACHE_LOCK:
+            entry = _CACHE.get(key)
+            if entry is not None:
+                _CACHE.move_to_end(key)
+                return entry
+    entry = _Entry()
+    entry.bodies = make(entry)
+    if key is not None:
+        with _CACHE_LOCK:
+            entry = _CACHE.setdefault(key, entry)
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return entry
+
+
+def _run(entry: _Entry, state: _Carry, loop: Callable[..., Any]) -> Any:
+    """Run ``loop(*entry.bodies)`` for ``state``'s call; afterwards ``state.pattern`` is what
+    the body's trace found, this call's or (JAX reused a trace) the last one's."""
+    saved = getattr(entry.local, "state", None)
+    entry.local.state = state
+    try:
+        out = loop(*entry.bodies)
+    finally:
+        entry.local.state = saved
+    if state.pattern is not None:
+        entry.pattern = state.pattern
+    else:
+        state.pattern = entry.pattern
+    return out
+
+
+def _key_of(tree: Any) -> Any:
+    """A tree's structure and leaf types, as part of a cache key (None: not one)."""
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        return treedef, tuple(_aval(x) for x in leaves)
+    except Exception:  # noqa: BLE001 - not a key: JAX will say what is wrong with it
+        return None
+
+
 def _count(lower: Any, upper: Any) -> int | None:
     """How many times ``for i in range(lower, upper)`` runs, when the bounds are concrete."""
     try:
@@ -579,26 +653,38 @@ def scan(
         return jax.lax.scan(f, init, xs, length, reverse, unroll, **extra)
     state = _Carry(f, init, "init", chosen)
     _check_cycle(xs, "xs")
+    xs_key = _key_of(xs)
 
-    def body(slots: list, x: Any) -> tuple[list, Any]:
-        def run(carry: Any) -> tuple[Any, Any]:
-            out = f(carry, x)
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError(
-                    f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
-                    f"{type(out).__name__}"
-                )
-            return out[0], out[1]
+    def make(entry: _Entry) -> tuple:
+        xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
 
-        return state.step(slots, run, ("xs", x))
+        def body(slots: list, x: Any) -> tuple[list, Any]:
+            def run(carry: Any) -> tuple[Any, Any]:
+                out = f(carry, x)
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise TypeError(
+                        f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
+                        f"{type(out).__name__}"
+                    )
+                return out[0], out[1]
 
-    traced = _Body(
-        body,
-        f,
-        "scan",
-        lambda p: state.slot_names(p[0]) + _tree_names(p[1], xs),  # a slice's paths are xs's
+            return entry.state().step(slots, run, ("xs", x))
+
+        def names(p: list[str]) -> list[str]:  # a slice's key paths are xs's
+            return entry.state().slot_names(p[0]) + _tree_names(p[1], xs_paths)
+
+        return (_Body(body, f, "scan", names),)
+
+    key: Any = None
+    if xs_key is not None:
+        options = (length, reverse, unroll, _split_transpose)
+        key = ("scan", f, state.sdef, chosen, state.avals, xs_key, options)
+    entry = _entry(key, make)
+    final, ys = _run(
+        entry,
+        state,
+        lambda body: jax.lax.scan(body, state.leaves, xs, length, reverse, unroll, **extra),
     )
-    final, ys = jax.lax.scan(traced, state.leaves, xs, length, reverse, unroll, **extra)
     if length is None:
         length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
     return state.finish(list(final), length), ys
@@ -632,11 +718,23 @@ def fori_loop(
         return jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
     state = _Carry(body_fun, init_val, "init_val", chosen)
 
-    def body(i: Any, slots: list) -> list:
-        return state.step(slots, lambda carry: (body_fun(i, carry), None))[0]
+    def make(entry: _Entry) -> tuple:
+        def body(i: Any, slots: list) -> list:
+            return entry.state().step(slots, lambda carry: (body_fun(i, carry), None))[0]
 
-    traced = _Body(body, body_fun, "fori_loop", lambda p: [p[0], *state.slot_names(p[1])])
-    final = jax.lax.fori_loop(lower, upper, traced, state.leaves, unroll=unroll)
+        def names(p: list[str]) -> list[str]:
+            return [p[0], *entry.state().slot_names(p[1])]
+
+        return (_Body(body, body_fun, "fori_loop", names),)
+
+    bounds = _key_of((lower, upper))
+    kinds = (type(lower), type(upper), unroll)
+    key = ("fori_loop", body_fun, state.sdef, chosen, state.avals, bounds, kinds)
+    final = _run(
+        _entry(None if bounds is None else key, make),
+        state,
+        lambda body: jax.lax.fori_loop(lower, upper, body, state.leaves, unroll=unroll),
+    )
     return state.finish(list(final), _count(lower, upper))
 
 
@@ -668,15 +766,25 @@ def while_loop(
         return jax.lax.while_loop(cond_fun, body_fun, init_val)
     state = _Carry(body_fun, init_val, "init_val", chosen)
 
-    def cond(slots: list) -> Any:
-        return state.check_untouched(cond_fun, slots, cond_fun)
+    def make(entry: _Entry) -> tuple:
+        def cond(slots: list) -> Any:
+            return entry.state().check_untouched(cond_fun, slots, cond_fun)
 
-    def body(slots: list) -> list:
-        return state.step(slots, lambda carry: (body_fun(carry), None))[0]
+        def body(slots: list) -> list:
+            return entry.state().step(slots, lambda carry: (body_fun(carry), None))[0]
 
-    final = jax.lax.while_loop(
-        _Body(cond, cond_fun, "while_cond", lambda p: state.slot_names(p[0])),
-        _Body(body, body_fun, "while_body", lambda p: state.slot_names(p[0])),
-        state.leaves,
+        def names(p: list[str]) -> list[str]:
+            return entry.state().slot_names(p[0])
+
+        return (
+            _Body(cond, cond_fun, "while_cond", names),
+            _Body(body, body_fun, "while_body", names),
+        )
+
+    key = ("while_loop", cond_fun, body_fun, state.sdef, chosen, state.avals)
+    final = _run(
+        _entry(key, make),
+        state,
+        lambda cond, body: jax.lax.while_loop(cond, body, state.leaves),
     )
     return state.finish(list(final))

@@ -507,3 +507,49 @@ def test_an_attribute_the_pytree_does_not_carry_is_an_error_naming_it(policy):
         lambda c, x: (c, c["box"].__setattr__("v", c["box"].v + x)), state, XS, policy="alias"
     )
     assert out["box"] is state["box"] and float(state["box"].v) == 10.0
+
+
+def test_eager_calls_reuse_the_trace_and_each_writes_its_own_callers_objects():
+    traced = []
+
+    def body(c, x):
+        traced.append(1)
+        c["t"] = c["t"] + x
+        return c, None
+
+    states = [{"t": jnp.full((), float(i))} for i in range(3)]
+    for s in states:
+        assert tc.scan(body, s, XS, policy="alias")[0] is s
+    assert len(traced) == 1  # JAX's cached trace: the body ran once
+    assert [float(s["t"]) for s in states] == [10.0, 11.0, 12.0]
+    tc.scan(body, {"t": jnp.zeros(()), "u": jnp.ones(())}, XS, policy="alias")
+    assert len(traced) == 2  # another structure: traced anew
+
+    def functional(c, x):
+        traced.append(1)
+        return {"t": c["t"] + x}, None
+
+    for _ in range(2):  # the same structure with another body: its own pattern
+        s = {"t": jnp.zeros(())}
+        assert tc.scan(functional, s, XS, policy="alias")[0] is not s
+        assert float(s["t"]) == 0.0
+    assert len(traced) == 3
+
+
+def test_the_callers_arrays_are_not_kept_after_a_call():
+    import gc
+    import weakref
+
+    leaf = np.ones(3, np.float32)
+    ref = weakref.ref(leaf)
+
+    def body(c, x):
+        c["w"] = c["w"] + x
+        return c, None
+
+    state = {"w": leaf}
+    tc.scan(body, state, XS, policy="alias")
+    tc.fori_loop(0, 2, lambda i, c: body(c, i)[0], state, policy="alias")
+    del leaf, state
+    gc.collect()
+    assert ref() is None
