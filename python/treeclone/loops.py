@@ -24,8 +24,9 @@ from them, runs the user's body, and checks what it returns: the same structure 
 a list grown, a container shared differently is an error naming the key path), and, for each
 container, either the input container at the same place (updated in place) or a new one (the
 input container then left unchanged). That pattern, the same for every iteration, says how the
-final leaves are written into the caller's objects once the loop is done, all or nothing. The traced functions are kept
-per kind of call, so that an eager loop called again finds JAX's cached trace.
+final leaves are written into the caller's objects once the loop is done, all or nothing. The
+traced functions are kept per kind of call, so that an eager loop called again finds JAX's
+cached trace.
 ``docs/semantics.md`` ("scan, fori_loop and while_loop") states the rules and names their tests.
 """
 
