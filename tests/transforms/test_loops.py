@@ -553,3 +553,35 @@ def test_the_callers_arrays_are_not_kept_after_a_call():
     del leaf, state
     gc.collect()
     assert ref() is None
+
+
+def test_a_raising_body_or_write_back_leaves_the_caller_as_it_was():
+    def raising(c, x):
+        c["t"] = c["t"] + x
+        raise RuntimeError("boom")
+
+    state = {"t": jnp.zeros(())}
+    with pytest.raises(RuntimeError, match="boom"):
+        tc.scan(raising, state, XS, policy="alias")
+    assert float(state["t"]) == 0.0
+
+    class Refuses:
+        def __init__(self, v):
+            self.v = v
+
+    jax.tree_util.register_pytree_node(Refuses, lambda r: ((r.v,), None), lambda _, c: Refuses(*c))
+
+    def refuse(target, source):
+        raise RuntimeError("cannot write")
+
+    tc.register_inplace(Refuses, refuse)
+
+    def body(c, x):
+        c["a"]["v"] = c["a"]["v"] + x  # written first (post-order), then undone
+        c["b"].v = c["b"].v + x
+        return c, None
+
+    state = {"a": {"v": jnp.zeros(())}, "b": Refuses(jnp.zeros(()))}
+    with pytest.raises(RuntimeError, match="cannot write"):
+        tc.scan(body, state, XS, policy="alias")
+    assert float(state["a"]["v"]) == 0.0 and float(state["b"].v) == 0.0
