@@ -585,3 +585,31 @@ def test_a_raising_body_or_write_back_leaves_the_caller_as_it_was():
     with pytest.raises(RuntimeError, match="cannot write"):
         tc.scan(body, state, XS, policy="alias")
     assert float(state["a"]["v"]) == 0.0 and float(state["b"].v) == 0.0
+
+
+def test_gradient_with_respect_to_the_carry_through_an_in_place_loop():
+    xs = jnp.arange(1.0, 4.0)
+
+    def body(c, x):
+        c["w"] = c["w"] * jnp.cos(x) + 0.1 * x
+        return c, jnp.sum(c["w"] ** 2)
+
+    def loss(params):
+        return jnp.sum(tc.scan(body, params, xs, policy="alias")[1])
+
+    def functional(w):
+        step = lambda c, x: (lambda n: (n, jnp.sum(n**2)))(c * jnp.cos(x) + 0.1 * x)  # noqa: E731
+        return jnp.sum(jax.lax.scan(step, w, xs)[1])
+
+    w0 = jnp.array([0.5, -1.0])
+    params = {"w": w0}
+    grads = tc.grad(loss, policy="alias")(params)
+    np.testing.assert_allclose(grads["w"], jax.grad(functional)(w0), rtol=1e-6)
+    # the caller's params hold the loop's final state (concrete), as the Python loop leaves it
+    final = jax.lax.scan(lambda c, x: (c * jnp.cos(x) + 0.1 * x, None), w0, xs)[0]
+    np.testing.assert_allclose(params["w"], final, rtol=1e-6)
+    assert not isinstance(params["w"], jax.core.Tracer)
+    # under plain jax transformations too (the loop is then on the traced copies)
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(lambda w: loss({"w": w})))(w0), jax.grad(functional)(w0), rtol=1e-6
+    )
