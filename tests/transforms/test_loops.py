@@ -613,3 +613,31 @@ def test_gradient_with_respect_to_the_carry_through_an_in_place_loop():
     np.testing.assert_allclose(
         jax.jit(jax.grad(lambda w: loss({"w": w})))(w0), jax.grad(functional)(w0), rtol=1e-6
     )
+
+
+def test_threads_share_the_trace_and_each_writes_its_own_objects():
+    import threading
+
+    def body(c, x):
+        c["t"] = c["t"] + x
+        return c, None
+
+    states = [[{"t": jnp.full((), float(10 * k + i))} for i in range(5)] for k in range(3)]
+    errors = []
+
+    def work(mine):
+        try:
+            for s in mine:
+                assert tc.scan(body, s, XS, policy="alias")[0] is s
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(mine,)) for mine in states]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [[float(s["t"]) for s in mine] for mine in states] == [
+        [10.0 * k + i + 10.0 for i in range(5)] for k in range(3)
+    ]
