@@ -80,12 +80,24 @@ def _aval(x: Any) -> Any:
 
 
 def _mutable(obj: Any) -> bool:
-    return isinstance(obj, (dict, list)) or hasattr(obj, "__dict__")
+    return not isinstance(obj, tuple)
+
+
+def _state(obj: Any) -> tuple:
+    """What a container holds one level down, by identity: its attributes and items, and the
+    children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
+    attrs, items = _trace._shallow_state(obj)
+    try:
+        children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
+        flat: Any = [_trace._Same(c) for c in children]
+    except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
+        flat = None
+    return attrs, items, flat
 
 
 def _describe(path: str, obj: Any, before: tuple) -> list[str]:
     """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
-    attrs, items = before
+    attrs, items = before[:2]
     now_attrs, now_items = _trace._shallow_state(obj)
     lines = []
     if isinstance(obj, dict):
@@ -115,7 +127,7 @@ def _describe(path: str, obj: Any, before: tuple) -> list[str]:
 def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
     """The shallow state (children by identity) of each mutable container among ``objs``."""
     return {
-        k: _trace._shallow_state(objs[k])
+        k: _state(objs[k])
         for k, e in enumerate(info)
         if k not in skip
         and isinstance(e, NodeInfo)
@@ -125,7 +137,7 @@ def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
 
 
 def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
-    return [k for k, state in snapshot.items() if _trace._shallow_state(objs[k]) != state]
+    return [k for k, state in snapshot.items() if _state(objs[k]) != state]
 
 
 # --- the carry -----------------------------------------------------------------------------------
@@ -551,6 +563,14 @@ class _Entry:
     def state(self) -> _Carry:
         return self.local.state
 
+    def step(self, *args: Any) -> tuple[list, Any]:
+        """The current call's :meth:`_Carry.step`, its pattern kept here as the trace ends:
+        another thread may find JAX's cached trace before this call is done."""
+        state = self.state()
+        out = state.step(*args)
+        self.pattern = state.pattern
+        return out
+
 
 _CACHE: OrderedDict[Any, _Entry] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
@@ -589,9 +609,7 @@ def _run(entry: _Entry, state: _Carry, loop: Callable[..., Any]) -> Any:
         out = loop(*entry.bodies)
     finally:
         entry.local.state = saved
-    if state.pattern is not None:
-        entry.pattern = state.pattern
-    else:
+    if state.pattern is None:  # JAX reused a trace: what it found
         state.pattern = entry.pattern
     return out
 
@@ -669,7 +687,7 @@ def scan(
                     )
                 return out[0], out[1]
 
-            return entry.state().step(slots, run, ("xs", x))
+            return entry.step(slots, run, ("xs", x))
 
         def names(p: list[str]) -> list[str]:  # a slice's key paths are xs's
             return entry.state().slot_names(p[0]) + _tree_names(p[1], xs_paths)
@@ -721,7 +739,7 @@ def fori_loop(
 
     def make(entry: _Entry) -> tuple:
         def body(i: Any, slots: list) -> list:
-            return entry.state().step(slots, lambda carry: (body_fun(i, carry), None))[0]
+            return entry.step(slots, lambda carry: (body_fun(i, carry), None))[0]
 
         def names(p: list[str]) -> list[str]:
             return [p[0], *entry.state().slot_names(p[1])]
@@ -772,7 +790,7 @@ def while_loop(
             return entry.state().check_untouched(cond_fun, slots, cond_fun)
 
         def body(slots: list) -> list:
-            return entry.state().step(slots, lambda carry: (body_fun(carry), None))[0]
+            return entry.step(slots, lambda carry: (body_fun(carry), None))[0]
 
         def names(p: list[str]) -> list[str]:
             return entry.state().slot_names(p[0])

@@ -92,3 +92,17 @@ def test_module_through_fori_loop_under_strict_is_not_written():
 
     out = tc.fori_loop(0, 4, body, model, policy="strict")
     assert out is not model and int(out.count[...]) == 6 and int(model.count[...]) == 0
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_a_variable_changed_in_place_then_replaced_is_an_error(policy):
+    # The Variable's value is in no __dict__: the change is seen through its pytree children.
+    model = Counted(nnx.Rngs(3))
+
+    def body(m, x):
+        m.count[...] = m.count[...] + 1  # in place on the caller's Variable ...
+        return Counted(nnx.Rngs(4)), None  # ... which the carry then replaces
+
+    with pytest.raises(ValueError, match=r"init\.count: changed in place"):
+        tc.scan(body, model, jnp.arange(3.0), policy=policy)
+    assert int(model.count[...]) == 0
