@@ -6,8 +6,9 @@ for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations o
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
-(:mod:`treeclone.transforms`), and so do ``vmap`` (:mod:`treeclone.batching`) and
-``shard_map`` (:mod:`treeclone.sharding`). See ``docs/semantics.md``.
+(:mod:`treeclone.transforms`), and so do ``vmap`` (:mod:`treeclone.batching`),
+``shard_map`` (:mod:`treeclone.sharding`) and the loops ``scan``, ``fori_loop`` and
+``while_loop`` (:mod:`treeclone.loops`). See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -26,6 +27,7 @@ from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone.batching import vmap
 from treeclone.call import call
 from treeclone.jit import Jitted, jit
+from treeclone.loops import fori_loop, scan, while_loop
 from treeclone.partial import JitPartial, jit_partial
 from treeclone.policies import (
     ALIAS,
@@ -52,15 +54,18 @@ __all__: list[str] = [
     "__version__",
     "call",
     "checkpoint",
+    "fori_loop",
     "grad",
     "jit",
     "jit_partial",
     "policy",
     "register_inplace",
     "remat",
+    "scan",
     "shard_map",
     "tree",
     "tree_util",
     "value_and_grad",
     "vmap",
+    "while_loop",
 ]

@@ -1,7 +1,7 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
 function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and of the
-lifted transformations (treeclone.transforms, treeclone.batching, treeclone.sharding), and
-every public method of their classes, has one."""
+lifted transformations (treeclone.transforms, treeclone.batching, treeclone.sharding,
+treeclone.loops), and every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ MODULES = {
         "treeclone.call",
         "treeclone.jaxlib_tree_util",
         "treeclone.jit",
+        "treeclone.loops",
         "treeclone.partial",
         "treeclone.policies",
         "treeclone.tree",
@@ -36,6 +37,7 @@ MODULES = {
 WITH_EXAMPLES = (
     "treeclone.call",
     "treeclone.jit",
+    "treeclone.loops",
     "treeclone.partial",
     "treeclone.policies",
     "treeclone.tree",
@@ -132,6 +134,9 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.transforms", "checkpoint"),
         ("treeclone.batching", "vmap"),
         ("treeclone.sharding", "shard_map"),
+        ("treeclone.loops", "scan"),
+        ("treeclone.loops", "fori_loop"),
+        ("treeclone.loops", "while_loop"),
     ]:
         assert expected in names
 

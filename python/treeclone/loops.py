@@ -1,0 +1,809 @@
+"""``treeclone.scan``, ``fori_loop`` and ``while_loop`` with a policy.
+
+Each takes the arguments of the JAX loop (``jax.lax.scan``, ``jax.lax.fori_loop``,
+``jax.lax.while_loop``) plus ``policy=``. Under ``clone`` (the default) a call is the JAX
+loop's own. Under ``alias`` a call behaves as the Python loop it stands for, run on the
+caller's objects::
+
+    carry = init                        # scan
+    for x in slices(xs):                # x: a fresh slice of each leaf of xs
+        carry, y = f(carry, x)
+        ys.append(y)
+    return carry, stack(ys)
+
+The body may update the carry in place and return it (an optimizer's ``update`` method, a
+counter), or build and return a new one. What it updates in place and returns at the same place
+of the carry is the caller's own object at the end, holding the final state (so ``carry is
+init`` when the body returns its argument); what it builds anew is a new object. Under
+``strict`` a carry container changed in place and not returned at its place is a
+:class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
+
+How: the JAX loop carries the distinct leaves of the carry (flattened with identity: an array
+at two places is one leaf). At each iteration (traced once) the lifted body rebuilds the carry
+from them, runs the user's body, and checks what it returns: the same structure (a key added,
+a list grown, a container shared differently is an error naming the key path), and, for each
+container, either the input container at the same place (updated in place) or a new one (the
+input container then left unchanged). That pattern, the same for every iteration, says how the
+final leaves are written into the caller's objects once the loop is done, all or nothing. The
+traced functions are kept per kind of call, so that an eager loop called again finds JAX's
+cached trace.
+``docs/semantics.md`` ("scan, fori_loop and while_loop") states the rules and names their tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+
+from treeclone import _native, _trace
+from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, unflatten_node
+from treeclone._native import EntryInfo
+from treeclone._writeback import changed_attributes, write_custom
+from treeclone.jit import _Naming
+from treeclone.policies import CLONE, Policy, _override, as_policy
+
+__all__ = ["fori_loop", "scan", "while_loop"]
+
+Carry = TypeVar("Carry")
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+NodeInfo = EntryInfo.Node
+LeafInfo = EntryInfo.Leaf
+RefInfo = EntryInfo.Ref
+_NoneType: type = type(None)
+
+
+def _policy_of(policy: str | Policy) -> Policy:
+    return _override.get() or as_policy(policy)
+
+
+def _qualname(fun: Any) -> str:
+    return getattr(fun, "__qualname__", None) or repr(fun)
+
+
+def _check_cycle(tree: Any, name: str) -> None:
+    """A cyclic argument is the ``ValueError`` of every policy, naming the argument, before a
+    flatten meets the cycle (docs/semantics.md, rule 14)."""
+    _native.check(tree, name)
+
+
+def _aval(x: Any) -> Any:
+    return jax.api_util.shaped_abstractify(x)
+
+
+# --- what a body did to a container, for messages ------------------------------------------------
+
+
+def _mutable(obj: Any) -> bool:
+    return not isinstance(obj, tuple)
+
+
+def _state(obj: Any) -> tuple:
+    """What a container holds one level down, by identity: its attributes and items, and the
+    children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
+    attrs, items = _trace._shallow_state(obj)
+    try:
+        children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
+        flat: Any = [_trace._Same(c) for c in children]
+    except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
+        flat = None
+    return attrs, items, flat
+
+
+def _describe(path: str, obj: Any, before: tuple) -> list[str]:
+    """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
+    attrs, items = before[:2]
+    now_attrs, now_items = _trace._shallow_state(obj)
+    lines = []
+    if isinstance(obj, dict):
+        old, new = dict(items), dict(now_items)
+        added = [k for k in new if k not in old]
+        removed = [k for k in old if k not in new]
+        if added:
+            lines.append(f"{path}: key added: {', '.join(map(repr, added))}")
+        if removed:
+            lines.append(f"{path}: key removed: {', '.join(map(repr, removed))}")
+        lines += [f"{path}[{k!r}]: replaced" for k in old if k in new and old[k] != new[k]]
+    elif isinstance(obj, list):
+        if len(items) != len(now_items):
+            lines.append(f"{path}: list resized from {len(items)} to {len(now_items)}")
+        else:
+            lines += [
+                f"{path}[{i}]: replaced"
+                for i, (a, b) in enumerate(zip(items, now_items, strict=True))
+                if a != b
+            ]
+    for name in dict.fromkeys([*attrs, *now_attrs]):
+        if attrs.get(name) != now_attrs.get(name):
+            lines.append(f"{path}.{name}: {'replaced' if name in attrs else 'attribute set'}")
+    return lines or [f"{path}: changed in place"]
+
+
+def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
+    """The shallow state (children by identity) of each mutable container among ``objs``."""
+    return {
+        k: _state(objs[k])
+        for k, e in enumerate(info)
+        if k not in skip
+        and isinstance(e, NodeInfo)
+        and e.node_type is not _NoneType
+        and _mutable(objs[k])
+    }
+
+
+def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
+    return [k for k, state in snapshot.items() if _state(objs[k]) != state]
+
+
+# --- the carry -----------------------------------------------------------------------------------
+
+
+class _Carry:
+    """One loop call's carry, flattened with identity, and what the body's trace found.
+
+    ``fun``: the user's body (for messages); ``name``: what messages call the carry
+    (``init``, ``init_val``). The carry is flattened as ``(carry, {})``, the tree a one-argument
+    call flattens, so that ``_trace``'s key paths name it."""
+
+    def __init__(self, fun: Any, init: Any, name: str, policy: Policy):
+        _check_cycle(init, name)
+        self.fun, self.name, self.policy = fun, name, policy
+        self.leaves, self.sdef, self.objs = _native.flatten_shared((init, {}))
+        self.info: list[Any] = self.sdef.node_info()
+        self.root = self.sdef.num_nodes - 1
+        self.kwargs_node: int = self.sdef.children_of(self.root)[-1]
+        self.skip = {self.root, self.kwargs_node}
+        self.layout = _trace.Layout(1, [name])
+        self._paths: dict[int, str] | None = None
+        self.unstable = _trace._unstable_static_data((init, {}), self.info)
+        # Set by the body's (last) trace: the containers the body hands back at their own place
+        # (updated in place), and the leaves it hands back unchanged.
+        self.pattern: tuple[frozenset[int], tuple[bool, ...]] | None = None
+        avals = []
+        for s, leaf in enumerate(self.leaves):
+            try:
+                avals.append(_aval(leaf))
+            except TypeError:
+                raise TypeError(
+                    f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
+                    "a valid JAX type, cannot be carried by a loop"
+                ) from None
+        self.avals = tuple(avals)
+
+    def paths(self) -> dict[int, str]:
+        if self._paths is None:
+            self._paths = _trace._Paths(self.sdef, self.objs, self.layout).paths
+        return self._paths
+
+    def path(self, n: int) -> str:
+        return self.paths().get(n, "?") or self.name
+
+    def slot_path(self, s: int) -> str:
+        for n, e in enumerate(self.info):
+            if isinstance(e, LeafInfo) and e.slot == s:
+                return self.path(n)
+        return f"{self.name}<leaf {s}>"
+
+    # -- at trace time, in the JAX loop's body ----------------------------------------------------
+
+    def slot_names(self, root: str) -> list[str]:
+        """Each carried leaf's key path, the carry named ``root`` (for jax's messages)."""
+        paths = _trace._Paths(self.sdef, self.objs, _trace.Layout(1, [root])).paths
+        names: dict[int, str] = {}
+        for n, e in enumerate(self.info):
+            if isinstance(e, LeafInfo):
+                names.setdefault(e.slot, paths.get(n, root) or root)
+        return [names.get(s, root) for s in range(len(self.leaves))]
+
+    def rebuild(self, slots: Any) -> tuple[Any, list]:
+        root, objs = self.sdef.unflatten_nodes(list(slots))
+        return root[0], objs
+
+    def step(
+        self,
+        slots: Any,
+        body: Callable[[Any], tuple[Any, Any]],
+        extra: tuple[str, Any] | None = None,
+    ) -> tuple[list, Any]:
+        """Run ``body`` (carry -> (new carry, other results)) on the carry rebuilt from
+        ``slots``; return the new carry's leaves (in ``slots``' order) and the other results.
+        ``extra``: another input of the body (scan's ``xs`` slice), named, whose in-place
+        changes are an error under ``strict`` unless returned."""
+        carry, objs = self.rebuild(slots)
+        watched = _snapshot(objs, self.info, self.skip)
+        extra_watch = None
+        if extra is not None and self.policy.mutations == "error":
+            extra_watch = _ExtraWatch(*extra)
+        new_carry, others = body(carry)
+        if extra_watch is not None:
+            extra_watch.check(self.fun, (new_carry, others))
+        new_leaves, new_sdef, new_objs = _native.flatten_shared((new_carry, {}))
+        new_info: list[Any] = new_sdef.node_info()
+        self._check_structure(carry, new_carry, new_info)
+
+        index = {
+            id(objs[k]): k
+            for k, e in enumerate(self.info)
+            if k not in self.skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType
+        }
+        kept = set()
+        for n, e in enumerate(new_info):
+            if n in self.skip or not isinstance(e, NodeInfo) or e.node_type is _NoneType:
+                continue
+            k = index.get(id(new_objs[n]))
+            if k is None:
+                continue
+            if k != n:
+                raise ValueError(
+                    f"{_qualname(self.fun)} returned the carry's container {self.path(k)} at "
+                    f"the place of {self.path(n)}. A loop carries each container at its place; "
+                    "build a new object there instead, or keep the container where it is."
+                )
+            kept.add(n)
+        changed = _changed(objs, watched)
+        bad = [k for k in changed if k not in kept]
+        if not bad:
+            self._check_outside_attributes(objs, watched, changed, new_info, new_objs)
+        if bad:
+            self._raise_unreturned(objs, watched, bad)
+
+        values: dict[int, Any] = {}
+        for n, (e_in, e_out) in enumerate(zip(self.info, new_info, strict=True)):
+            if isinstance(e_in, LeafInfo):
+                s, value = e_in.slot, new_leaves[e_out.slot]
+                if s in values and values[s] is not value:
+                    raise ValueError(
+                        f"{_qualname(self.fun)} gave different values to {self.slot_path(s)} and "
+                        f"{self.path(n)}, which are one array in {self.name} (the same object "
+                        "at both places). A loop carries that array once; pass two arrays "
+                        "(a copy at one of the places) to let them differ."
+                    )
+                values[s] = value
+        new_slots = [values[s] for s in range(len(slots))]
+        for s, (old, new) in enumerate(zip(slots, new_slots, strict=True)):
+            a, b = _aval(old), _aval(new)
+            if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
+                raise TypeError(
+                    f"{_qualname(self.fun)} returned {self.slot_path(s)} with type "
+                    f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
+                    "carry's types must be the same at every iteration"
+                )
+        unchanged = tuple(new is old for old, new in zip(slots, new_slots, strict=True))
+        self.pattern = (frozenset(kept), unchanged)
+        return new_slots, others
+
+    def _check_outside_attributes(
+        self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
+    ) -> None:
+        """An attribute the body set on a custom node of the carry that the node's flatten
+        does not carry cannot reach the caller's object: the ValueError ``jit`` raises."""
+        for k in changed:
+            e = new_info[k]
+            if e.node_type in (list, dict) or not hasattr(objs[k], "__dict__"):
+                continue
+            new_names = [n for n in vars(objs[k]) if n not in watched[k][0]]
+            if not new_names:
+                continue
+            try:
+                after = unflatten_node(e.node_type, e.data, [new_objs[c] for c in e.children])
+            except Exception:  # noqa: BLE001 - cannot tell: leave it to the write-back
+                continue
+            for name in new_names:
+                if not hasattr(after, name):
+                    _trace._raise_outside_attribute(self.fun, k, name, self.sdef, objs, self.layout)
+
+    def check_untouched(self, fun: Any, slots: Any, run: Callable[[Any], Any]) -> Any:
+        """Run ``run`` (while_loop's condition) on the rebuilt carry, which it may not change."""
+        carry, objs = self.rebuild(slots)
+        watched = _snapshot(objs, self.info, self.skip)
+        out = run(carry)
+        bad = _changed(objs, watched)
+        if bad:
+            lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
+            if self.policy.mutations == "error":
+                raise _trace.mutation_error(fun, lines)
+            raise ValueError(
+                f"{_qualname(fun)}, the loop's condition, changed the carry in place:\n"
+                + "\n".join(f"  {line}" for line in lines)
+                + "\nA JAX while_loop carries only what the body returns; change the carry in "
+                "the body."
+            )
+        return out
+
+    def _check_structure(self, carry: Any, new_carry: Any, new_info: list) -> None:
+        if _same_structure(self.info, new_info, self.unstable):
+            return
+        raise ValueError(
+            f"{_qualname(self.fun)} returned a carry whose structure differs from "
+            f"{self.name}'s: {_structure_difference(self.name, self.sdef, self.leaves, new_carry)}"
+            ". A loop's carry must keep its structure (keys, list lengths, node types and "
+            "static data, shared containers) at every iteration."
+        )
+
+    def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
+        lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
+        if self.policy.mutations == "error":
+            raise _trace.mutation_error(self.fun, lines)
+        raise ValueError(
+            f"{_qualname(self.fun)} changed the carry in place without returning the changed "
+            "container at its place in the carry (it returned a new object there, or none):\n"
+            + "\n".join(f"  {line}" for line in lines)
+            + "\nIn a Python loop the caller's object would keep the first iteration's change "
+            "only, which a JAX loop does not reproduce. Return the same container (update in "
+            "place) or leave it unchanged (build a new one). Nothing was written back."
+        )
+
+    # -- after the loop ---------------------------------------------------------------------------
+
+    def finish(self, final_slots: list, iterations: int | None = None) -> Any:
+        """The carry the loop returns, built from its final leaves; under ``alias`` the
+        containers the body updated in place are the caller's, written with the final state
+        (all or nothing). ``iterations``: how many times the loop ran, when known before it
+        runs; none is the Python loop that never runs its body, which hands back ``init``."""
+        if self.pattern is None or iterations == 0:
+            return self.objs[self.info[self.root].children[0]]
+        kept, unchanged = self.pattern
+        propagate = self.policy.mutations == "propagate"
+        leaves = [
+            old if same else new
+            for old, new, same in zip(self.leaves, final_slots, unchanged, strict=True)
+        ]
+        built: list[Any] = [None] * self.sdef.num_nodes
+        writes = []
+        for n, e in enumerate(self.info):
+            if n in self.skip:
+                continue
+            if isinstance(e, LeafInfo):
+                built[n] = leaves[e.slot]
+            elif isinstance(e, RefInfo):
+                built[n] = built[e.target]
+            elif e.node_type is _NoneType:
+                built[n] = None
+            elif propagate and n in kept:
+                built[n] = self.objs[n]
+                writes.append(n)
+            else:
+                built[n] = unflatten_node(e.node_type, e.data, [built[c] for c in e.children])
+        undo: list[Callable[[], None]] = []
+        try:
+            for n in writes:
+                step = self._write(n, [built[c] for c in self.info[n].children])
+                if step is not None:
+                    undo.append(step)
+        except BaseException:
+            for u in reversed(undo):
+                u()
+            raise
+        return built[self.info[self.root].children[0]]
+
+    def _caller_children(self, n: int) -> list:
+        out = []
+        for c in self.info[n].children:
+            e = self.info[c]
+            if isinstance(e, LeafInfo):
+                out.append(self.leaves[e.slot])
+            elif isinstance(e, RefInfo):
+                out.append(self.objs[e.target])
+            else:
+                out.append(self.objs[c])
+        return out
+
+    def _write(self, n: int, children: list) -> Callable[[], None] | None:
+        """Give the caller's object at node ``n`` the children ``children``; return the undo."""
+        obj, e = self.objs[n], self.info[n]
+        if isinstance(obj, tuple):
+            return None  # immutable: handed back as it is, so nothing in it changed
+        if isinstance(obj, list) and e.node_type is type(obj):
+            old = list(obj)
+            obj[:] = children
+
+            def undo_list() -> None:
+                obj[:] = old
+
+            return undo_list
+        rebuilt = unflatten_node(e.node_type, e.data, children)
+        if isinstance(obj, dict):
+            old_items = list(obj.items())
+            for key, value in rebuilt.items():
+                if obj[key] is not value:
+                    obj[key] = value
+
+            def undo_dict() -> None:
+                obj.clear()
+                obj.update(old_items)
+
+            if type(obj) in (dict,) or not hasattr(obj, "__dict__"):
+                return undo_dict
+            undo_attrs = self._write_attributes(n, obj, e, rebuilt)
+
+            def undo_both() -> None:
+                undo_attrs()
+                undo_dict()
+
+            return undo_both
+        return self._write_attributes(n, obj, e, rebuilt)
+
+    def _write_attributes(self, n: int, obj: Any, e: Any, rebuilt: Any) -> Callable[[], None]:
+        before = unflatten_node(e.node_type, e.data, self._caller_children(n))
+        return write_custom(obj, rebuilt, changed_attributes(before, rebuilt))
+
+
+class _ExtraWatch:
+    """Under ``strict``: scan's ``xs`` slice, whose containers the body may not change in place
+    unless it returns them."""
+
+    def __init__(self, name: str, tree: Any):
+        self.name = name
+        _, self.sdef, self.objs = _native.flatten_shared((tree, {}))
+        info: list[Any] = self.sdef.node_info()
+        root = len(info) - 1
+        self.snapshot = _snapshot(self.objs, info, {root, info[root].children[1]})
+
+    def check(self, fun: Any, returned: Any) -> None:
+        bad = _changed(self.objs, self.snapshot)
+        if not bad:
+            return
+        reached = {id(o) for o in _native.flatten_shared(returned)[2]}
+        bad = [k for k in bad if id(self.objs[k]) not in reached]
+        if bad:
+            paths = _trace._Paths(self.sdef, self.objs, _trace.Layout(1, [self.name])).paths
+            lines = [
+                line
+                for k in bad
+                for line in _describe(paths.get(k, "?"), self.objs[k], self.snapshot[k])
+            ]
+            raise _trace.mutation_error(fun, lines)
+
+
+def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
+    """Whether two node infos are one structure, leaf sharing aside (a body may give two
+    places one value; that it may not split one array in two is checked by the caller)."""
+    if len(a) != len(b):
+        return False
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, RefInfo):
+            if x.target != y.target:
+                return False
+        elif isinstance(x, NodeInfo):
+            if x.node_type is not y.node_type or x.arity != y.arity:
+                return False
+            if k not in unstable and not _trace._same_data(x.data, y.data):
+                if not _trace._equal_empty_nodes(x, y):
+                    return False
+    return True
+
+
+def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) -> str:
+    """Where a body's new carry first differs from the carry, in words."""
+    old = sdef.unflatten(leaves)[0]
+    try:
+        old_paths = [
+            jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(old)[0]
+        ]
+        new_paths = [
+            jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_carry)[0]
+        ]
+    except Exception:  # noqa: BLE001 - a description is best effort
+        return "the structures differ"
+    added = [p for p in new_paths if p not in set(old_paths)]
+    removed = [p for p in old_paths if p not in set(new_paths)]
+    parts = []
+    if added:
+        parts.append("added " + ", ".join(name + p for p in added[:5]))
+    if removed:
+        parts.append("removed " + ", ".join(name + p for p in removed[:5]))
+    if parts:
+        return "; ".join(parts)
+    old_def: Any = jax.tree_util.tree_structure(old)
+    new_def = jax.tree_util.tree_structure(new_carry)
+    if old_def != new_def:
+        return f"{old_def} became {new_def}"
+    return "a container shared at two places of the carry became two, or the other way round"
+
+
+class _Body:
+    """The function a JAX loop traces, naming its inputs in jax's messages (a traced value
+    used as a bool, ...) as the user's function sees them, ``c['t']`` rather than the carried
+    leaves' list (``__fun_debug_info__``, read by jax >= 0.7)."""
+
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        fun: Any,
+        traced_for: str,
+        names: Callable[[list[str]], list[str]],
+    ):
+        self.run, self.fun, self.traced_for, self.names = run, fun, traced_for, names
+        self.__name__ = getattr(fun, "__name__", "body")
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        if DebugInfo is None:
+            return None
+        try:
+            params = [_Naming(self.fun).name(i) for i in range(2)]
+            return DebugInfo(
+                self.traced_for,
+                fun_sourceinfo(self.fun),
+                tuple(self.names(params)),
+                INITIAL_RESULT_PATHS,
+            )
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
+
+
+def _tree_names(root: str, tree: Any) -> list[str]:
+    return [
+        root + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+
+
+class _Entry:
+    """The functions a JAX loop traces for one kind of call (the user's functions, the
+    carry's structure and types, the loop's options), kept so that JAX finds its cached trace
+    again on the next such call instead of tracing and compiling anew. The functions work on
+    this thread's current call (``local.state``); ``pattern`` is what their last trace found,
+    for the calls that reuse it."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.pattern: Any = None
+        self.bodies: tuple = ()
+
+    def state(self) -> _Carry:
+        return self.local.state
+
+    def step(self, *args: Any) -> tuple[list, Any]:
+        """The current call's :meth:`_Carry.step`, its pattern kept here as the trace ends:
+        another thread may find JAX's cached trace before this call is done."""
+        state = self.state()
+        out = state.step(*args)
+        self.pattern = state.pattern
+        return out
+
+
+_CACHE: OrderedDict[Any, _Entry] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 256
+
+
+def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
+    """The cached :class:`_Entry` for ``key`` (made with ``make`` the first time); a fresh one
+    when the key cannot be hashed."""
+    try:
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None:
+        with _CACHE_LOCK:
+            entry = _CACHE.get(key)
+            if entry is not None:
+                _CACHE.move_to_end(key)
+                return entry
+    entry = _Entry()
+    entry.bodies = make(entry)
+    if key is not None:
+        with _CACHE_LOCK:
+            entry = _CACHE.setdefault(key, entry)
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return entry
+
+
+def _run(entry: _Entry, state: _Carry, loop: Callable[..., Any]) -> Any:
+    """Run ``loop(*entry.bodies)`` for ``state``'s call; afterwards ``state.pattern`` is what
+    the body's trace found, this call's or (JAX reused a trace) the last one's."""
+    saved = getattr(entry.local, "state", None)
+    entry.local.state = state
+    try:
+        out = loop(*entry.bodies)
+    finally:
+        entry.local.state = saved
+    if state.pattern is None:  # JAX reused a trace: what it found
+        state.pattern = entry.pattern
+    return out
+
+
+def _key_of(tree: Any) -> Any:
+    """A tree's structure and leaf types, as part of a cache key (None: not one)."""
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        return treedef, tuple(_aval(x) for x in leaves)
+    except Exception:  # noqa: BLE001 - not a key: JAX will say what is wrong with it
+        return None
+
+
+def _count(lower: Any, upper: Any) -> int | None:
+    """How many times ``for i in range(lower, upper)`` runs, when the bounds are concrete."""
+    try:
+        return max(int(upper) - int(lower), 0)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+# --- the loops -----------------------------------------------------------------------------------
+
+
+def scan(
+    f: Callable[[Carry, X], tuple[Carry, Y]],
+    init: Carry,
+    xs: X | None = None,
+    length: int | None = None,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    _split_transpose: bool = False,
+    *,
+    policy: str | Policy = "clone",
+) -> tuple[Carry, Y]:
+    """``jax.lax.scan(f, init, xs, length, reverse, unroll)`` with a policy.
+
+    Under ``clone`` the call is ``jax.lax.scan``'s own. Under ``alias`` it is the Python loop
+    ``for x in slices(xs): carry, y = f(carry, x)`` on the caller's ``init``: the body may
+    update the carry in place and return it, and the carry returned is then the caller's same
+    object holding the final state; ``xs`` slices and the stacked ``ys`` are as in
+    ``jax.lax.scan`` (a slice is a fresh tree each iteration: changing it in place reaches
+    nothing). Under ``strict`` a carry container (or slice) changed in place and not returned
+    is a :class:`~treeclone.MutationError`.
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def body(state, x):
+    ...     state["total"] = state["total"] + x  # in place
+    ...     return state, 2 * x
+    >>> state = {"total": jnp.zeros(())}
+    >>> carry, ys = treeclone.scan(body, state, jnp.arange(4.0), policy="alias")
+    >>> carry is state, state, ys
+    (True, {'total': Array(6., dtype=float32)}, Array([0., 2., 4., 6.], dtype=float32))
+    """
+    chosen = _policy_of(policy)
+    extra = {"_split_transpose": True} if _split_transpose else {}
+    if chosen is CLONE:
+        _check_cycle(init, "init")
+        _check_cycle(xs, "xs")
+        return jax.lax.scan(f, init, xs, length, reverse, unroll, **extra)
+    state = _Carry(f, init, "init", chosen)
+    _check_cycle(xs, "xs")
+    xs_key = _key_of(xs)
+
+    def make(entry: _Entry) -> tuple:
+        xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
+
+        def body(slots: list, x: Any) -> tuple[list, Any]:
+            def run(carry: Any) -> tuple[Any, Any]:
+                out = f(carry, x)
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise TypeError(
+                        f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
+                        f"{type(out).__name__}"
+                    )
+                return out[0], out[1]
+
+            return entry.step(slots, run, ("xs", x))
+
+        def names(p: list[str]) -> list[str]:  # a slice's key paths are xs's
+            return entry.state().slot_names(p[0]) + _tree_names(p[1], xs_paths)
+
+        return (_Body(body, f, "scan", names),)
+
+    key: Any = None
+    if xs_key is not None:
+        options = (length, reverse, unroll, _split_transpose)
+        key = ("scan", f, state.sdef, chosen, state.avals, xs_key, options)
+    entry = _entry(key, make)
+    final, ys = _run(
+        entry,
+        state,
+        lambda body: jax.lax.scan(body, state.leaves, xs, length, reverse, unroll, **extra),
+    )
+    if length is None:
+        length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
+    return state.finish(list(final), length), ys
+
+
+def fori_loop(
+    lower: Any,
+    upper: Any,
+    body_fun: Callable[[Any, Carry], Carry],
+    init_val: Carry,
+    *,
+    unroll: int | bool | None = None,
+    policy: str | Policy = "clone",
+) -> Carry:
+    """``jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)`` with a policy.
+
+    Under ``alias`` the call is ``for i in range(lower, upper): val = body_fun(i, val)`` on the
+    caller's ``init_val`` (see :func:`scan` for the carry's rules).
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def body(i, acc):
+    ...     acc.append(acc.pop() + i)  # a list updated in place
+    ...     return acc
+    >>> acc = [jnp.zeros((), jnp.int32)]
+    >>> treeclone.fori_loop(0, 5, body, acc, policy="alias") is acc, acc
+    (True, [Array(10, dtype=int32)])
+    """
+    chosen = _policy_of(policy)
+    if chosen is CLONE:
+        _check_cycle(init_val, "init_val")
+        return jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+    state = _Carry(body_fun, init_val, "init_val", chosen)
+
+    def make(entry: _Entry) -> tuple:
+        def body(i: Any, slots: list) -> list:
+            return entry.step(slots, lambda carry: (body_fun(i, carry), None))[0]
+
+        def names(p: list[str]) -> list[str]:
+            return [p[0], *entry.state().slot_names(p[1])]
+
+        return (_Body(body, body_fun, "fori_loop", names),)
+
+    bounds = _key_of((lower, upper))
+    kinds = (type(lower), type(upper), unroll)
+    key = ("fori_loop", body_fun, state.sdef, chosen, state.avals, bounds, kinds)
+    final = _run(
+        _entry(None if bounds is None else key, make),
+        state,
+        lambda body: jax.lax.fori_loop(lower, upper, body, state.leaves, unroll=unroll),
+    )
+    return state.finish(list(final), _count(lower, upper))
+
+
+def while_loop(
+    cond_fun: Callable[[Carry], Any],
+    body_fun: Callable[[Carry], Carry],
+    init_val: Carry,
+    *,
+    policy: str | Policy = "clone",
+) -> Carry:
+    """``jax.lax.while_loop(cond_fun, body_fun, init_val)`` with a policy.
+
+    Under ``alias`` the call is ``while cond_fun(val): val = body_fun(val)`` on the caller's
+    ``init_val`` (see :func:`scan` for the carry's rules); ``cond_fun`` may not change the
+    carry in place (an error: JAX's loop carries only what the body returns).
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def body(state):
+    ...     state["n"] = state["n"] * 2
+    ...     return state
+    >>> state = {"n": jnp.ones((), jnp.int32)}
+    >>> out = treeclone.while_loop(lambda s: s["n"] < 100, body, state, policy="alias")
+    >>> out is state, state
+    (True, {'n': Array(128, dtype=int32)})
+    """
+    chosen = _policy_of(policy)
+    if chosen is CLONE:
+        _check_cycle(init_val, "init_val")
+        return jax.lax.while_loop(cond_fun, body_fun, init_val)
+    state = _Carry(body_fun, init_val, "init_val", chosen)
+
+    def make(entry: _Entry) -> tuple:
+        def cond(slots: list) -> Any:
+            return entry.state().check_untouched(cond_fun, slots, cond_fun)
+
+        def body(slots: list) -> list:
+            return entry.step(slots, lambda carry: (body_fun(carry), None))[0]
+
+        def names(p: list[str]) -> list[str]:
+            return entry.state().slot_names(p[0])
+
+        return (
+            _Body(cond, cond_fun, "while_cond", names),
+            _Body(body, body_fun, "while_body", names),
+        )
+
+    key = ("while_loop", cond_fun, body_fun, state.sdef, chosen, state.avals)
+    final = _run(
+        _entry(key, make),
+        state,
+        lambda cond, body: jax.lax.while_loop(cond, body, state.leaves),
+    )
+    return state.finish(list(final))

@@ -1,0 +1,643 @@
+"""``treeclone.scan``, ``fori_loop`` and ``while_loop`` under each policy (docs/semantics.md,
+"scan, fori_loop and while_loop"): ``clone`` against the JAX loop; ``alias`` against the plain
+Python loop run un-transformed on NumPy copies of the same objects (values, container
+identity); ``strict`` against the MutationError; every error names the key path and leaves
+the caller untouched."""
+
+from __future__ import annotations
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import treeclone as tc
+from treeclone._jax_compat import DebugInfo
+
+XS = jnp.arange(5.0)
+
+
+def python_scan(f, carry, xs, reverse=False):
+    """The loop ``scan`` stands for, on NumPy: slices of each leaf, ys stacked."""
+    n = len(jax.tree.leaves(xs)[0])
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    ys = [None] * n
+    for i in order:
+        carry, ys[i] = f(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+    stacked = None if ys[0] is None else jax.tree.map(lambda *v: np.stack(v), *ys)
+    return carry, stacked
+
+
+def numpy_copy(tree):
+    return jax.tree.map(np.asarray, copy.deepcopy(tree))
+
+
+def assert_close(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
+
+
+# --- the motivating example: an optimizer object stepped inside scan ------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class Momentum:
+    """An optimizer that updates itself (its velocity and step count) in place."""
+
+    def __init__(self, lr, velocity, count):
+        self.lr, self.velocity, self.count = lr, velocity, count
+
+    def update(self, grads, params):
+        self.count = self.count + 1
+        self.velocity = {k: 0.9 * self.velocity[k] + grads[k] for k in grads}
+        for k in params:  # the params dict too, in place
+            params[k] = params[k] - self.lr * self.velocity[k]
+
+    def tree_flatten(self):
+        return (self.velocity, self.count), self.lr
+
+    @classmethod
+    def tree_unflatten(cls, lr, children):
+        return cls(lr, *children)
+
+
+def loss_fn(params, x):
+    return jnp.sum((x * params["w"] + params["b"] - 1.0) ** 2)
+
+
+def train_body(carry, x):
+    params, opt = carry
+    loss, grads = jax.value_and_grad(loss_fn)(params, x)
+    opt.update(grads, params)
+    return carry, loss
+
+
+def _train_state():
+    params = {"w": jnp.array([0.5, -0.2]), "b": jnp.zeros(2)}
+    opt = Momentum(0.05, {"w": jnp.zeros(2), "b": jnp.zeros(2)}, jnp.zeros((), jnp.int32))
+    return params, opt
+
+
+def test_optimizer_object_stepped_inside_scan_updates_the_callers_objects():
+    params, opt = _train_state()
+    carry = (params, opt)
+    xs = jnp.linspace(0.0, 1.0, 12).reshape(6, 2)
+    out, losses = tc.scan(train_body, carry, xs, policy="alias")
+    # the Python loop, on NumPy copies of the same objects
+    np_params, np_opt = numpy_copy(_train_state())
+    py_carry, py_losses = python_scan(
+        lambda c, x: (lambda loss_grads: (c[1].update(loss_grads[1], c[0]), (c, loss_grads[0]))[1])(
+            jax.value_and_grad(loss_fn)(c[0], x)
+        ),
+        (np_params, np_opt),
+        np.asarray(xs),
+    )
+    assert out is carry and out[0] is params and out[1] is opt  # the caller's objects
+    assert int(opt.count) == 6 == int(np_opt.count)
+    assert_close(params, np_params)
+    assert_close(opt.velocity, np_opt.velocity)
+    np.testing.assert_allclose(losses, py_losses, rtol=1e-5)
+    assert not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((params, opt)))
+
+
+def test_optimizer_in_scan_inside_jit_alias_compiles_once_and_matches_eager():
+    traces = []
+
+    @tc.jit(policy="alias")
+    def epoch(params, opt, xs):
+        traces.append(1)
+        return tc.scan(train_body, (params, opt), xs, policy="alias")[1]
+
+    params, opt = _train_state()
+    eager_params, eager_opt = _train_state()
+    xs = jnp.linspace(0.0, 1.0, 8).reshape(4, 2)
+    for _ in range(2):
+        losses = epoch(params, opt, xs)
+        eager = tc.scan(train_body, (eager_params, eager_opt), xs, policy="alias")[1]
+        np.testing.assert_allclose(losses, eager, rtol=1e-6)
+    assert len(traces) == 1 and int(opt.count) == 8
+    assert_close(params, eager_params)
+
+
+# --- clone: the JAX loops themselves ------------------------------------------------------------
+
+
+def test_clone_is_the_jax_loop_and_leaves_the_caller_alone():
+    def body(c, x):
+        c["t"] = c["t"] + x  # discarded, as under jax.lax.scan
+        return c, x * 2
+
+    state = {"t": jnp.zeros(())}
+    ours = tc.scan(body, state, XS, reverse=True, unroll=2)
+    theirs = jax.lax.scan(body, {"t": jnp.zeros(())}, XS, reverse=True, unroll=2)
+    assert_close(ours, theirs)
+    assert ours[0] is not state and float(state["t"]) == 0.0
+    assert str(jax.make_jaxpr(lambda s: tc.scan(body, s, XS))(state)) == str(
+        jax.make_jaxpr(lambda s: jax.lax.scan(body, s, XS))(state)
+    )
+    fb = lambda i, c: (c[0] + i, c[1] * 2)  # noqa: E731
+    assert tc.fori_loop(0, 4, fb, (0, 1.0)) == jax.lax.fori_loop(0, 4, fb, (0, 1.0))
+    cond, wb = (lambda c: c < 10), (lambda c: c + 3)
+    assert tc.while_loop(cond, wb, 0) == jax.lax.while_loop(cond, wb, 0)
+    with tc.policy("clone"):
+        assert tc.scan(body, state, XS, policy="alias")[0] is not state
+
+
+# --- alias: the Python loop ---------------------------------------------------------------------
+
+
+def test_alias_scan_in_place_body_returns_the_callers_carry():
+    def body(c, x):
+        c["t"] = c["t"] + x
+        c["hist"][0] = c["hist"][0] * 0.5 + x
+        return c, {"y": x * c["t"]}
+
+    state = {"t": jnp.zeros(()), "hist": [jnp.ones(())], "fixed": jnp.arange(3.0)}
+    hist, fixed = state["hist"], state["fixed"]
+    out, ys = tc.scan(body, state, XS, policy="alias")
+    ref = {"t": np.zeros(()), "hist": [np.ones(())], "fixed": np.arange(3.0)}
+    ref_out, ref_ys = python_scan(body, ref, np.asarray(XS))
+    assert out is state and state["hist"] is hist and ref_out is ref
+    assert state["fixed"] is fixed  # untouched leaves are handed back, not copied
+    assert_close(state, ref)
+    assert_close(ys, ref_ys)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_alias_scan_functional_body_returns_a_new_carry_and_leaves_init(reverse):
+    def body(c, x):
+        return {"t": c["t"] * 0.5 + x, "n": c["n"] + 1}, c["t"]
+
+    state = {"t": jnp.zeros(()), "n": jnp.zeros((), jnp.int32)}
+    out, ys = tc.scan(body, state, XS, reverse=reverse, unroll=3, policy="alias")
+    ref_out, ref_ys = python_scan(body, numpy_copy(state), np.asarray(XS), reverse=reverse)
+    assert out is not state and float(state["t"]) == 0.0 and int(state["n"]) == 0
+    assert_close(out, ref_out)
+    assert_close(ys, ref_ys)
+
+
+def test_alias_scan_mixed_carry_keeps_each_containers_identity_as_python():
+    # A new tuple around the caller's dict (updated in place) and a new list each iteration.
+    def body(c, x):
+        params, buf = c
+        params["w"] = params["w"] + x
+        return (params, [buf[0] + 1.0]), None
+
+    params, buf = {"w": jnp.zeros(2)}, [jnp.zeros(())]
+    carry = (params, buf)
+    out, ys = tc.scan(body, carry, XS, policy="alias")
+    ref = ({"w": np.zeros(2)}, [np.zeros(())])
+    ref_out, _ = python_scan(body, ref, np.asarray(XS))
+    assert ys is None
+    assert out is not carry and out[0] is params and out[1] is not buf  # as in Python:
+    assert ref_out[0] is ref[0] and ref_out[1] is not ref[1]
+    assert_close(out, ref_out)
+    assert float(buf[0]) == 0.0
+
+
+def test_alias_scan_length_without_xs_and_shared_containers_stay_shared():
+    shared = {"v": jnp.ones(())}
+
+    def body(c, _):
+        c["a"]["v"] = c["a"]["v"] * 2  # through one name: the other sees it
+        return c, c["b"]["v"]
+
+    state = {"a": shared, "b": shared}
+    out, ys = tc.scan(body, state, None, length=3, policy="alias")
+    assert out is state and state["a"] is state["b"] is shared
+    assert float(shared["v"]) == 8.0
+    np.testing.assert_array_equal(ys, [2.0, 4.0, 8.0])
+
+
+def test_alias_fori_loop_and_while_loop_are_the_python_loops():
+    def body(i, acc):
+        acc["sum"] = acc["sum"] + i
+        acc["sq"].append(acc["sq"].pop() + i * i)
+        return acc
+
+    acc = {"sum": jnp.zeros((), jnp.int32), "sq": [jnp.zeros((), jnp.int32)]}
+    assert tc.fori_loop(2, 7, body, acc, unroll=2, policy="alias") is acc
+    ref = {"sum": np.int32(0), "sq": [np.int32(0)]}
+    for i in range(2, 7):
+        ref = body(i, ref)
+    assert_close(acc, ref)
+
+    def halve(s):
+        s["x"] = s["x"] / 2
+        s["steps"] = s["steps"] + 1
+        return s
+
+    state = {"x": jnp.array(100.0), "steps": jnp.zeros((), jnp.int32)}
+    assert tc.while_loop(lambda s: s["x"] > 1.0, halve, state, policy="alias") is state
+    ref = {"x": np.float32(100.0), "steps": np.int32(0)}
+    while ref["x"] > 1.0:
+        ref = halve(ref)
+    assert_close(state, ref)
+
+
+def test_alias_fori_loop_with_traced_bounds_inside_jit():
+    @tc.jit(policy="alias")
+    def run(state, n):
+        def body(i, s):
+            s["t"] = s["t"] + i
+            return s
+
+        tc.fori_loop(0, n, body, state, policy="alias")
+
+    state = {"t": jnp.zeros((), jnp.int32)}
+    run(state, 4)
+    run(state, 3)
+    assert int(state["t"]) == 6 + 3
+
+
+def test_alias_python_scalars_in_the_carry_come_back_as_arrays():
+    state = {"n": 0, "x": 1.5}
+
+    def body(c, _):
+        c["n"] = c["n"] + 1
+        return c, None
+
+    tc.scan(body, state, None, length=4, policy="alias")
+    assert int(state["n"]) == 4 and state["x"] == 1.5 and isinstance(state["x"], float)
+
+
+def test_grad_through_alias_scan_is_jax_grad_of_the_functional_loop():
+    def loss(w, stats):
+        def body(c, x):
+            c["acc"] = c["acc"] + jnp.sin(w * x)
+            c["calls"] = c["calls"] + 1
+            return c, jnp.cos(w * x)
+
+        _, ys = tc.scan(body, stats, XS, policy="alias")
+        return stats["acc"] + jnp.sum(ys)
+
+    stats = {"acc": jnp.zeros(()), "calls": jnp.zeros(())}
+    g = tc.grad(loss, policy="alias")(1.3, stats)
+    want = jax.grad(lambda w: jnp.sum(jnp.sin(w * XS)) + jnp.sum(jnp.cos(w * XS)))(1.3)
+    np.testing.assert_allclose(g, want, rtol=1e-5)
+    assert float(stats["calls"]) == 5.0
+    assert not isinstance(stats["acc"], jax.core.Tracer)
+    np.testing.assert_allclose(stats["acc"], jnp.sum(jnp.sin(1.3 * XS)), rtol=1e-6)
+
+
+def test_nested_alias_loops():
+    def inner(c, x):
+        c["t"] = c["t"] + x
+        return c, None
+
+    def outer(c, xs):
+        tc.scan(inner, c, xs, policy="alias")
+        c["rows"] = c["rows"] + 1
+        return c, None
+
+    state = {"t": jnp.zeros(()), "rows": jnp.zeros(())}
+    tc.scan(outer, state, jnp.ones((3, 4)), policy="alias")
+    assert float(state["t"]) == 12.0 and float(state["rows"]) == 3.0
+
+
+# --- strict ---------------------------------------------------------------------------------------
+
+
+def test_strict_unreturned_carry_mutation_is_a_mutation_error_naming_the_path():
+    def body(c, x):
+        c["opt"]["count"] = c["opt"]["count"] + 1
+        return {"opt": {"count": c["opt"]["count"]}}, None
+
+    state = {"opt": {"count": jnp.zeros(())}}
+    with pytest.raises(tc.MutationError, match=r"init\['opt'\]\['count'\]: replaced"):
+        tc.scan(body, state, XS, policy="strict")
+    assert float(state["opt"]["count"]) == 0.0
+
+
+def test_strict_in_place_and_returned_is_fine_and_the_caller_is_not_written():
+    def body(c, x):
+        c["t"] = c["t"] + x
+        return c, None
+
+    state = {"t": jnp.zeros(())}
+    out, _ = tc.scan(body, state, XS, policy="strict")
+    assert out is not state and float(out["t"]) == 10.0 and float(state["t"]) == 0.0
+    assert tc.fori_loop(0, 3, lambda i, c: body(c, i)[0], state, policy="strict")["t"] == 3.0
+
+
+def test_xs_slices_changed_in_place_reach_nothing_under_alias_and_are_an_error_under_strict():
+    def body(c, x):
+        x["a"] = x["a"] * 100  # a fresh slice: nothing to write back to
+        c["t"] = c["t"] + x["a"]
+        return c, None
+
+    xs = {"a": XS}
+    state = {"t": jnp.zeros(())}
+    tc.scan(body, state, xs, policy="alias")
+    assert float(state["t"]) == 1000.0 and xs["a"] is XS
+    with pytest.raises(tc.MutationError, match=r"xs\['a'\]: replaced"):
+        tc.scan(body, {"t": jnp.zeros(())}, xs, policy="strict")
+
+
+# --- errors: clear, named, caller untouched ----------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_a_body_that_changes_the_carrys_structure_is_an_error_naming_the_key(policy):
+    def body(c, x):
+        c["t"] = c["t"] + x
+        c["extra"] = x
+        return c, None
+
+    state = {"t": jnp.zeros(())}
+    with pytest.raises(ValueError, match=r"added init\['extra'\]"):
+        tc.scan(body, state, XS, policy=policy)
+    assert list(state) == ["t"] and float(state["t"]) == 0.0
+
+    def grow(lst):
+        lst.append(lst[-1] + 1)
+        return lst
+
+    lst = [jnp.zeros(())]
+    with pytest.raises(ValueError, match=r"added init_val\[1\]"):
+        tc.while_loop(lambda v: v[0] < 3, grow, lst, policy=policy)
+    assert len(lst) == 1
+
+
+def test_a_carry_type_change_names_the_key_path():
+    state = {"n": jnp.zeros((), jnp.int32)}
+    with pytest.raises(TypeError, match=r"init_val\['n'\] with type float32\[\]"):
+        tc.fori_loop(0, 3, lambda i, c: {"n": c["n"] * 1.5}, state, policy="alias")
+    with pytest.raises(TypeError, match=r"init\['v'\] with type float32\[3\]"):
+        tc.scan(lambda c, x: ({"v": jnp.ones(3)}, None), {"v": jnp.ones(2)}, XS, policy="alias")
+
+
+def test_mutated_in_place_but_replaced_in_the_carry_is_an_error_under_alias():
+    def body(c, x):
+        c["t"] = c["t"] + x
+        return dict(c), None  # a copy: the caller's dict would keep iteration 1 only
+
+    state = {"t": jnp.zeros(())}
+    with pytest.raises(ValueError, match=r"(?s)init\['t'\]: replaced.*first iteration"):
+        tc.scan(body, state, XS, policy="alias")
+    assert float(state["t"]) == 0.0
+
+
+def test_a_container_moved_to_another_place_or_a_shared_array_split_is_an_error():
+    state = {"a": {"v": jnp.zeros(())}, "b": {"v": jnp.ones(())}}
+    with pytest.raises(ValueError, match=r"container init\['b'\] at the place of init\['a'\]"):
+        tc.scan(lambda c, x: ({"a": c["b"], "b": c["a"]}, None), state, XS, policy="alias")
+
+    z = jnp.zeros(())
+    state = {"m": z, "v": z}  # one array at two places
+    with pytest.raises(ValueError, match=r"init\['m'\] and init\['v'\], which are one array"):
+        tc.scan(lambda c, x: ({"m": c["m"] + x, "v": c["v"]}, None), state, XS, policy="alias")
+    # giving two places one value is fine (they become one array, as in Python)
+    state = {"m": jnp.zeros(()), "v": jnp.ones(())}
+    out, _ = tc.scan(
+        lambda c, x: (dict.fromkeys("mv", c["v"] + x), None), state, XS, policy="alias"
+    )
+    assert float(out["m"]) == float(out["v"]) == 11.0
+
+
+def test_while_condition_changing_the_carry_is_an_error():
+    def cond(s):
+        s["peeked"] = s["peeked"] + 1
+        return s["x"] < 3
+
+    state = {"x": jnp.zeros(()), "peeked": jnp.zeros(())}
+    body = lambda s: {"x": s["x"] + 1, "peeked": s["peeked"]}  # noqa: E731
+    with pytest.raises(ValueError, match=r"(?s)condition, changed the carry.*init_val\['peeked'\]"):
+        tc.while_loop(cond, body, state, policy="alias")
+    with pytest.raises(tc.MutationError, match=r"init_val\['peeked'\]: replaced"):
+        tc.while_loop(cond, body, state, policy="strict")
+    assert float(state["peeked"]) == 0.0
+
+
+def test_bad_body_results_and_cycles_name_the_user_arguments():
+    with pytest.raises(TypeError, match="must return a pair"):
+        tc.scan(lambda c, x: c, {"t": jnp.zeros(())}, XS, policy="alias")
+    cyclic: list = [jnp.zeros(())]
+    cyclic.append(cyclic)
+    for policy in ("clone", "alias", "strict"):
+        with pytest.raises(ValueError, match="init"):
+            tc.scan(lambda c, x: (c, None), cyclic, XS, policy=policy)
+    with pytest.raises(TypeError, match=r"init\['f'\].*not a valid JAX type"):
+        tc.scan(lambda c, x: (c, None), {"f": object()}, XS, policy="alias")
+
+
+def test_closed_over_containers_are_outside_the_policy_and_leak_tracers():
+    # docs/semantics.md, rule L9: the body's closure is not an input; what it appends is
+    # the trace's value, as with jax.lax.scan itself.
+    log = []
+
+    def body(c, x):
+        log.append(x)
+        return c, None
+
+    tc.scan(body, {"t": jnp.zeros(())}, XS, policy="alias")
+    assert len(log) == 1 and isinstance(log[0], jax.core.Tracer)
+
+
+def test_zero_iterations_leave_the_carry_as_it_was():
+    def in_place(c, x):
+        c["t"] = c["t"] + x
+        return c, None
+
+    state = {"t": jnp.ones(())}
+    t = state["t"]
+    out, _ = tc.scan(in_place, state, jnp.zeros((0,)), policy="alias")
+    assert out is state and state["t"] is t
+    # as the Python loop, also for a body that builds a new carry: init itself
+    assert tc.fori_loop(3, 1, lambda i, c: {"t": c["t"] + i}, state, policy="alias") is state
+    assert tc.scan(lambda c, x: (c, x), state, None, length=0, policy="strict")[0] is state
+    # with a count known only when it runs (a traced bound, while_loop), the new carry is
+    # built from the final leaves, which equal init's
+    out = tc.jit(
+        lambda s, n: tc.fori_loop(0, n, lambda i, c: {"t": c["t"] + i}, s, policy="alias"),
+        policy="alias",
+    )(state, 0)
+    assert out is not state and float(out["t"]) == 1.0 and state["t"] is t
+
+
+@pytest.mark.skipif(
+    DebugInfo is None,
+    reason="jax < 0.7 names a traced function's arguments itself",
+)
+def test_jax_messages_name_the_users_arguments_not_the_carried_leaves():
+    def body(c, x):
+        if c["t"] > x["a"]:  # a traced value as a bool
+            pass
+        return c, None
+
+    for policy in ("clone", "alias", "strict"):
+        with pytest.raises(jax.errors.TracerBoolConversionError, match=r"c\['t'\] and x\['a'\]"):
+            tc.scan(body, {"t": jnp.zeros(())}, {"a": XS}, policy=policy)
+
+    def fb(i, acc):
+        return acc if acc[0] > 0 else acc
+
+    with pytest.raises(jax.errors.TracerBoolConversionError, match=r"argument acc\[0\]"):
+        tc.fori_loop(0, 3, fb, [jnp.zeros(())], policy="alias")
+
+
+@jax.tree_util.register_pytree_node_class
+class Box:
+    def __init__(self, v):
+        self.v = v
+
+    def tree_flatten(self):
+        return (self.v,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_an_attribute_the_pytree_does_not_carry_is_an_error_naming_it(policy):
+    def body(c, x):
+        c["box"].v = c["box"].v + x
+        c["box"].note = x  # outside Box's flatten: it could not reach the caller's Box
+        return c, None
+
+    state = {"box": Box(jnp.zeros(()))}
+    with pytest.raises(ValueError, match=r"attribute 'note' on init\['box'\]"):
+        tc.scan(body, state, XS, policy=policy)
+    assert float(state["box"].v) == 0.0 and not hasattr(state["box"], "note")
+    # through the pytree, the caller's Box is updated in place
+    out, _ = tc.scan(
+        lambda c, x: (c, c["box"].__setattr__("v", c["box"].v + x)), state, XS, policy="alias"
+    )
+    assert out["box"] is state["box"] and float(state["box"].v) == 10.0
+
+
+def test_eager_calls_reuse_the_trace_and_each_writes_its_own_callers_objects():
+    traced = []
+
+    def body(c, x):
+        traced.append(1)
+        c["t"] = c["t"] + x
+        return c, None
+
+    states = [{"t": jnp.full((), float(i))} for i in range(3)]
+    for s in states:
+        assert tc.scan(body, s, XS, policy="alias")[0] is s
+    assert len(traced) == 1  # JAX's cached trace: the body ran once
+    assert [float(s["t"]) for s in states] == [10.0, 11.0, 12.0]
+    tc.scan(body, {"t": jnp.zeros(()), "u": jnp.ones(())}, XS, policy="alias")
+    assert len(traced) == 2  # another structure: traced anew
+
+    def functional(c, x):
+        traced.append(1)
+        return {"t": c["t"] + x}, None
+
+    for _ in range(2):  # the same structure with another body: its own pattern
+        s = {"t": jnp.zeros(())}
+        assert tc.scan(functional, s, XS, policy="alias")[0] is not s
+        assert float(s["t"]) == 0.0
+    assert len(traced) == 3
+
+
+def test_the_callers_arrays_are_not_kept_after_a_call():
+    import gc
+    import weakref
+
+    leaf = np.ones(3, np.float32)
+    ref = weakref.ref(leaf)
+
+    def body(c, x):
+        c["w"] = c["w"] + x
+        return c, None
+
+    state = {"w": leaf}
+    tc.scan(body, state, XS, policy="alias")
+    tc.fori_loop(0, 2, lambda i, c: body(c, i)[0], state, policy="alias")
+    del leaf, state
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_raising_body_or_write_back_leaves_the_caller_as_it_was():
+    def raising(c, x):
+        c["t"] = c["t"] + x
+        raise RuntimeError("boom")
+
+    state = {"t": jnp.zeros(())}
+    with pytest.raises(RuntimeError, match="boom"):
+        tc.scan(raising, state, XS, policy="alias")
+    assert float(state["t"]) == 0.0
+
+    class Refuses:
+        def __init__(self, v):
+            self.v = v
+
+    jax.tree_util.register_pytree_node(Refuses, lambda r: ((r.v,), None), lambda _, c: Refuses(*c))
+
+    def refuse(target, source):
+        raise RuntimeError("cannot write")
+
+    tc.register_inplace(Refuses, refuse)
+
+    def body(c, x):
+        c["a"]["v"] = c["a"]["v"] + x  # written first (post-order), then undone
+        c["b"].v = c["b"].v + x
+        return c, None
+
+    state = {"a": {"v": jnp.zeros(())}, "b": Refuses(jnp.zeros(()))}
+    with pytest.raises(RuntimeError, match="cannot write"):
+        tc.scan(body, state, XS, policy="alias")
+    assert float(state["a"]["v"]) == 0.0 and float(state["b"].v) == 0.0
+
+
+def test_gradient_with_respect_to_the_carry_through_an_in_place_loop():
+    xs = jnp.arange(1.0, 4.0)
+
+    def body(c, x):
+        c["w"] = c["w"] * jnp.cos(x) + 0.1 * x
+        return c, jnp.sum(c["w"] ** 2)
+
+    def loss(params):
+        return jnp.sum(tc.scan(body, params, xs, policy="alias")[1])
+
+    def functional(w):
+        step = lambda c, x: (lambda n: (n, jnp.sum(n**2)))(c * jnp.cos(x) + 0.1 * x)  # noqa: E731
+        return jnp.sum(jax.lax.scan(step, w, xs)[1])
+
+    w0 = jnp.array([0.5, -1.0])
+    params = {"w": w0}
+    grads = tc.grad(loss, policy="alias")(params)
+    np.testing.assert_allclose(grads["w"], jax.grad(functional)(w0), rtol=1e-6)
+    # the caller's params hold the loop's final state (concrete), as the Python loop leaves it
+    final = jax.lax.scan(lambda c, x: (c * jnp.cos(x) + 0.1 * x, None), w0, xs)[0]
+    np.testing.assert_allclose(params["w"], final, rtol=1e-6)
+    assert not isinstance(params["w"], jax.core.Tracer)
+    # under plain jax transformations too (the loop is then on the traced copies)
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(lambda w: loss({"w": w})))(w0), jax.grad(functional)(w0), rtol=1e-6
+    )
+
+
+def test_threads_share_the_trace_and_each_writes_its_own_objects():
+    import threading
+
+    def body(c, x):
+        c["t"] = c["t"] + x
+        return c, None
+
+    states = [[{"t": jnp.full((), float(10 * k + i))} for i in range(5)] for k in range(3)]
+    errors = []
+
+    def work(mine):
+        try:
+            for s in mine:
+                assert tc.scan(body, s, XS, policy="alias")[0] is s
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(mine,)) for mine in states]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [[float(s["t"]) for s in mine] for mine in states] == [
+        [10.0 * k + i + 10.0 for i in range(5)] for k in range(3)
+    ]
