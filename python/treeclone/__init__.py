@@ -6,7 +6,8 @@ for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations o
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
-(:mod:`treeclone.transforms`). See ``docs/semantics.md``.
+(:mod:`treeclone.transforms`), as do ``treeclone.cond`` and ``switch``
+(:mod:`treeclone.control`). See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -23,6 +24,7 @@ does) or ``"strict"`` (mutating an input without returning it is an error). ``tr
 from treeclone import tree, tree_util
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone.call import call
+from treeclone.control import cond, switch
 from treeclone.jit import Jitted, jit
 from treeclone.partial import JitPartial, jit_partial
 from treeclone.policies import (
@@ -49,12 +51,14 @@ __all__: list[str] = [
     "__version__",
     "call",
     "checkpoint",
+    "cond",
     "grad",
     "jit",
     "jit_partial",
     "policy",
     "register_inplace",
     "remat",
+    "switch",
     "tree",
     "tree_util",
     "value_and_grad",

@@ -198,6 +198,7 @@ def run(
     transform_out: Callable[[Any], Any] | None = None,
     caller_objects: Sequence[Any] | None = None,
     track_inputs: bool = False,
+    parts: dict[str, Any] | None = None,
 ) -> tuple[Any, list, tuple[tuple[int, ...], tuple[int, ...]] | bool | None]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
@@ -212,6 +213,9 @@ def run(
     ``caller_objects``, the caller's object at each node of ``pre_def``, are watched while the
     function runs: one it changes through another name (a global that is also an argument)
     is put back and reported, since write-back would silently replace that change.
+    ``parts``, when given, receives what the plan is made of (``def``, ``leaves`` per slot of
+    it, ``origins`` per node, ``result_child``), for a caller that joins several traces'
+    plans into one (``treeclone.cond``).
     """
     root, objs = pre_def.unflatten_nodes(in_leaves)
     pre_info = pre_def.node_info()
@@ -373,6 +377,9 @@ def run(
             pool_index.setdefault(id(leaf), len(in_leaves) + len(outputs))
             outputs.append(leaf)
     plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom)
+    if parts is not None:
+        parts.update(def_=result_def, leaves=result_leaves, origins=origins)
+        parts["result_child"] = result_child
     if not track_inputs:
         return plan, outputs, None
     written = sorted(k for k, _ in mutated)

@@ -19,6 +19,7 @@ MODULES = {
     for name in (
         "treeclone",
         "treeclone.call",
+        "treeclone.control",
         "treeclone.jaxlib_tree_util",
         "treeclone.jit",
         "treeclone.partial",
@@ -32,6 +33,7 @@ MODULES = {
 # Modules whose every public function and method must have an example.
 WITH_EXAMPLES = (
     "treeclone.call",
+    "treeclone.control",
     "treeclone.jit",
     "treeclone.partial",
     "treeclone.policies",
