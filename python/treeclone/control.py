@@ -24,6 +24,7 @@ then applies the outputs to the caller, as ``treeclone.jit`` does.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,13 @@ import jax
 import numpy as np
 
 from treeclone import _lift, _native, _trace
-from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, keystr
+from treeclone._jax_compat import (
+    INITIAL_RESULT_PATHS,
+    DebugInfo,
+    DictKey,
+    fun_sourceinfo,
+    keystr,
+)
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import write_custom as _write_custom
 from treeclone.call import call as _call
@@ -137,8 +144,10 @@ def cond(
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
     lifted = _Lifted("cond", [false_fun, true_fun], ["false_fun", "true_fun"], operands, chosen)
-    taken = None if isinstance(pred, jax.core.Tracer) else int(bool(pred))
-    return lifted.run(lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves), taken)
+    return lifted.run(
+        lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves),
+        lambda: None if isinstance(pred, jax.core.Tracer) else int(bool(pred)),
+    )
 
 
 def switch(
@@ -186,10 +195,14 @@ def switch(
         return jax.lax.switch(index, branches)  # jax's error
     names = [f"branch {i}" for i in range(len(branches))]
     lifted = _Lifted("switch", list(branches), names, operands, chosen)
-    taken: int | None = None
-    if not isinstance(index, jax.core.Tracer):
-        taken = min(max(int(index), 0), len(branches) - 1)
-    return lifted.run(lambda ws, leaves: jax.lax.switch(index, ws, *leaves), taken)
+    return lifted.run(
+        lambda ws, leaves: jax.lax.switch(index, ws, *leaves),
+        lambda: (
+            None
+            if isinstance(index, jax.core.Tracer)
+            else min(max(int(index), 0), len(branches) - 1)
+        ),
+    )
 
 
 # --- the lift ------------------------------------------------------------------------------------
@@ -314,7 +327,7 @@ class _Lifted:
         self.layout = _trace.Layout(len(operands), [naming.name(i) for i in range(len(operands))])
         self.records: list[_Record | None] = [None] * len(branches)
 
-    def run(self, bind: Callable[[list, list], Any], taken: int | None) -> Any:
+    def run(self, bind: Callable[[list, list], Any], taken_branch: Callable[[], int | None]) -> Any:
         """Call ``jax.lax.cond``/``switch`` (``bind``) on the branches' wrappers and the
         operands' distinct leaves, then apply the plan: the taken branch's own when the
         predicate (index) is concrete, so the caller sees exactly what that branch did (an
@@ -323,6 +336,7 @@ class _Lifted:
         columns = bind(wrappers, self.call.leaves)
         if any(r is None for r in self.records):  # JAX traces every branch; a guard
             raise RuntimeError(f"treeclone.{self.api}: a branch was not traced")
+        taken = taken_branch()  # after JAX has checked the predicate (index)
         plan = self.plan() if taken is None else self.taken_plan(taken)
         return plan.apply(self.call.leaves, self.call.objects, list(columns))
 
@@ -408,6 +422,12 @@ class _Lifted:
                     or (oa is None) != (ob is None)
                     or (oa is not None and (oa.node != ob.node or oa.writable != ob.writable))
                 ):
+                    keyed = _key_difference(ea, eb)
+                    if keyed is not None:
+                        key, in_a = keyed
+                        where = paths.path(na) + keystr((DictKey(key),))
+                        there, missing = "a value under this key", "no such key"
+                        return (where, *((there, missing) if in_a else (missing, there)))
                     problem = (_say(self, a, na), _say(self, b, nb))
                 elif oa is not None and _keys_moved(oa) != _keys_moved(ob):
                     problem = (_say_order(oa), _say_order(ob))
@@ -469,6 +489,23 @@ def _positions(info: list) -> dict[int, int]:
     """Entry index -> leaf position (the index of its ``Leaf`` among the entries)."""
     leaves = [n for n, e in enumerate(info) if isinstance(e, EntryInfo.Leaf)]
     return {n: p for p, n in enumerate(leaves)}
+
+
+def _key_difference(ea: Any, eb: Any) -> tuple[Any, bool] | None:
+    """For two dicts of one type whose keys differ: the first key only one has, and whether
+    it is the first's."""
+    if ea.node_type is not eb.node_type or ea.node_type not in (dict, collections.OrderedDict):
+        return None
+    ka, kb = ea.data, eb.data
+    if not (isinstance(ka, (list, tuple)) and isinstance(kb, (list, tuple))):
+        return None
+    for k in ka:
+        if k not in kb:
+            return k, True
+    for k in kb:
+        if k not in ka:
+            return k, False
+    return None
 
 
 def _keys_moved(o: Any) -> tuple | None:
