@@ -357,8 +357,8 @@ class _Lifted:
                 where, said0, said1 = problem
                 raise ValueError(
                     f"treeclone.{self.api} (policy {self.policy.name or self.policy!r}): "
-                    f"{self.names[order[0]]} and {self.names[i]} leave the operands in different "
-                    "shapes, and only one of them runs, so the other's changes cannot be "
+                    f"{self.names[order[0]]} and {self.names[i]} leave different structures "
+                    "behind, and only one of them runs, so the other's changes cannot be "
                     "written back with the same plan. Every branch must leave the operands "
                     "(and return its result) with the same structure, the same containers at "
                     "the same places and the same shapes and dtypes; branches may write "
@@ -521,7 +521,7 @@ def _say_order(o: Any) -> str:
 def _say_aval(aval: Any) -> str:
     if isinstance(aval, tuple):
         shape, dtype = aval
-        return f"a {dtype.name}{list(shape)} array"
+        return f"a value of type {dtype.name}{list(shape)}"
     return f"a value of type {aval}"
 
 
