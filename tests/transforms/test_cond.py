@@ -5,6 +5,8 @@ MutationError; composition with ``treeclone.jit`` and ``treeclone.grad``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -465,3 +467,46 @@ def test_strict_accepts_returned_mutations_and_pure_branches():
     assert float(out["hits"]) == 1 and float(s["hits"]) == 0  # strict: a fresh result
     out = tc.switch(1, [lambda x: x + 1, lambda x: x * 3], jnp.ones(2), policy="strict")
     np.testing.assert_array_equal(out, 3 * np.ones(2))
+
+
+@dataclasses.dataclass
+class Pair:
+    a: object
+    b: object
+
+
+jax.tree_util.register_dataclass(Pair, data_fields=["a", "b"], meta_fields=[])
+
+
+class Box:
+    """A custom node (not a dataclass) whose unflatten converts its children: write-back
+    rebuilds it and sets the attributes that changed."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+jax.tree_util.register_pytree_node(
+    Box, lambda n: ((n.a, n.b), None), lambda _, c: Box(jnp.asarray(c[0]), jnp.asarray(c[1]))
+)
+
+
+@pytest.mark.parametrize("kind", [Pair, Box])
+def test_alias_branches_setting_different_attributes_of_one_object(kind):
+    def set_a(p):
+        p.a = p.a + 1
+
+    def set_b(p):
+        p.b = p.b * 3
+
+    step = tc.jit(lambda pred, p: tc.cond(pred, set_a, set_b, p, policy="alias"), policy="alias")
+    for pred in (True, False):
+        for run in (
+            lambda p, q=pred: tc.cond(q, set_a, set_b, p, policy="alias"),
+            lambda p, q=pred: step(jnp.asarray(q), p),
+        ):
+            p = kind(jnp.ones(2), jnp.ones(2))
+            run(p)
+            want_a, want_b = (2.0, 1.0) if pred else (1.0, 3.0)
+            np.testing.assert_array_equal(p.a, np.full(2, want_a))
+            np.testing.assert_array_equal(p.b, np.full(2, want_b))
