@@ -510,3 +510,27 @@ def test_alias_branches_setting_different_attributes_of_one_object(kind):
             want_a, want_b = (2.0, 1.0) if pred else (1.0, 3.0)
             np.testing.assert_array_equal(p.a, np.full(2, want_a))
             np.testing.assert_array_equal(p.b, np.full(2, want_b))
+
+
+def test_alias_cond_under_vmap_with_a_batched_predicate_is_the_if_per_example():
+    def t(s):
+        s["n"] = s["n"] + s["x"]
+        return s["x"] * 2
+
+    def f(s):
+        s["m"] = s["m"] - 1
+        return -s["x"]
+
+    def per_example(p, x, run):
+        s = {"x": x, "n": jnp.zeros(()), "m": jnp.zeros(())}
+        return run(p, s), s
+
+    preds, xs = jnp.array([True, False, True]), jnp.arange(3.0)
+    got, state = jax.vmap(
+        lambda p, x: per_example(p, x, lambda p, s: tc.cond(p, t, f, s, policy="alias"))
+    )(preds, xs)
+    for i, (p, x) in enumerate(zip(preds, xs, strict=True)):
+        want, want_state = per_example(bool(p), x, lambda p, s: t(s) if p else f(s))
+        np.testing.assert_array_equal(got[i], want)
+        for k in want_state:
+            np.testing.assert_array_equal(state[k][i], want_state[k])
