@@ -25,6 +25,7 @@ then applies the outputs to the caller, as ``treeclone.jit`` does.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -143,8 +144,10 @@ def cond(
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
-    lifted = _Lifted("cond", [false_fun, true_fun], ["false_fun", "true_fun"], operands, chosen)
+    call = _lift.flatten_call(_Naming(true_fun), operands, {})
+    lifted = _lifted("cond", [false_fun, true_fun], ["false_fun", "true_fun"], call, chosen)
     return lifted.run(
+        call,
         lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves),
         lambda: None if isinstance(pred, jax.core.Tracer) else int(bool(pred)),
     )
@@ -194,8 +197,10 @@ def switch(
     if not all(callable(b) for b in branches) or not branches:
         return jax.lax.switch(index, branches)  # jax's error
     names = [f"branch {i}" for i in range(len(branches))]
-    lifted = _Lifted("switch", list(branches), names, operands, chosen)
+    call = _lift.flatten_call(_Naming(branches[0]), operands, {})
+    lifted = _lifted("switch", list(branches), names, call, chosen)
     return lifted.run(
+        call,
         lambda ws, leaves: jax.lax.switch(index, ws, *leaves),
         lambda: (
             None
@@ -304,41 +309,75 @@ class _Branch:
         slot_of = {id(x): s for s, x in enumerate(leaves)}
         inputs = [slot_of.get(id(x)) for x in columns]
         record = _Record(parts, inputs, [_aval(x) for x in columns], seen["out"])
-        lifted.records[self.index] = record
-        if all(r is not None for r in lifted.records):
-            lifted.check()  # every branch is traced: before JAX compares their outputs
+        lifted.record(self.index, record)
         return columns
 
 
 class _Lifted:
-    """One call of :func:`cond` or :func:`switch` under a policy other than ``clone``."""
+    """The lifted branches of :func:`cond` or :func:`switch` under a policy other than
+    ``clone``, for one call structure (the branches, the policy, the operands' structure with
+    sharing and their leaves' abstract values): kept (``_lifted``) so that JAX finds its
+    traces of the same wrappers again, as it does for the user's own functions under
+    ``clone``, and holding what the latest trace of each branch recorded."""
 
     def __init__(
         self,
         api: str,
         branches: list[Callable[..., Any]],
         names: list[str],
-        operands: tuple,
+        num_operands: int,
         policy: Policy,
     ):
         self.api, self.branches, self.names, self.policy = api, branches, names, policy
-        naming = _Naming(branches[0])
-        self.call = _lift.flatten_call(naming, operands, {})
-        self.layout = _trace.Layout(len(operands), [naming.name(i) for i in range(len(operands))])
+        naming = _Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
+        self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
         self.records: list[_Record | None] = [None] * len(branches)
+        self.plans: dict[int | None, Any] = {}
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.wrappers = [_Branch(self, i, f) for i, f in enumerate(branches)]
 
-    def run(self, bind: Callable[[list, list], Any], taken_branch: Callable[[], int | None]) -> Any:
+    @property
+    def call(self) -> _lift.Call:
+        """The call this thread is making (its caller objects, for the trace's messages)."""
+        return self.local.call
+
+    def record(self, index: int, record: _Record) -> None:
+        """Keep what tracing branch ``index`` recorded and, once every branch has a record,
+        check that their plans agree, before JAX compares their outputs. A branch whose trace
+        failed (the check raised in it) is traced again at the next call while JAX reuses
+        the others' traces: its new record is checked against theirs."""
+        with self.lock:
+            self.records[index] = record
+            self.plans.clear()
+            complete = all(r is not None for r in self.records)
+        if complete:
+            self.check()
+
+    def run(
+        self,
+        call: _lift.Call,
+        bind: Callable[[list, list], Any],
+        taken_branch: Callable[[], int | None],
+    ) -> Any:
         """Call ``jax.lax.cond``/``switch`` (``bind``) on the branches' wrappers and the
         operands' distinct leaves, then apply the plan: the taken branch's own when the
         predicate (index) is concrete, so the caller sees exactly what that branch did (an
         array it did not write stays the caller's same object); else the joined plan."""
-        wrappers = [_Branch(self, i, f) for i, f in enumerate(self.branches)]
-        columns = bind(wrappers, self.call.leaves)
+        saved = getattr(self.local, "call", None)
+        self.local.call = call
+        try:
+            columns = bind(self.wrappers, call.leaves)
+        finally:
+            self.local.call = saved
         if any(r is None for r in self.records):  # JAX traces every branch; a guard
             raise RuntimeError(f"treeclone.{self.api}: a branch was not traced")
         taken = taken_branch()  # after JAX has checked the predicate (index)
-        plan = self.plan() if taken is None else self.taken_plan(taken)
-        return plan.apply(self.call.leaves, self.call.objects, list(columns))
+        plan = self.plans.get(taken)
+        if plan is None:
+            plan = self.plan(call) if taken is None else self.taken_plan(taken)
+            self.plans[taken] = plan
+        return plan.apply(call.leaves, call.objects, list(columns))
 
     # --- checks, once every branch is traced ---
 
@@ -452,7 +491,7 @@ class _Lifted:
                 sources[s] = Source.Output(index=p) if given is None else Source.Input(slot=given)
         return _native.CallPlan(r.def_, sources, r.origins, r.result_child, _WRITE_CUSTOM)
 
-    def plan(self) -> Any:
+    def plan(self, call: _lift.Call) -> Any:
         records: list[_Record] = self.records  # type: ignore[assignment]
         n_pos = len(records[0].slots)
         # Positions that hold one value in every branch are one class (one output).
@@ -465,7 +504,7 @@ class _Lifted:
         if chosen is not None:
             def_, slots = chosen.def_, chosen.slots
         else:
-            def_ = _refined(records[0], self.call)
+            def_ = _refined(records[0], call)
             slots = [e.slot for e in def_.node_info() if isinstance(e, EntryInfo.Leaf)]
         sources: list[Any] = [None] * def_.num_leaves
         for p in range(n_pos):
@@ -479,6 +518,40 @@ class _Lifted:
                 sources[slots[p]] = Source.Output(index=rep[p])
         origins = [_join_origins([r.origins[n] for r in records]) for n in range(def_.num_nodes)]
         return _native.CallPlan(def_, sources, origins, records[0].result_child, _WRITE_CUSTOM)
+
+
+_LIFTED: collections.OrderedDict[Any, _Lifted] = collections.OrderedDict()
+_LIFTED_LOCK = threading.Lock()
+_LIFTED_SIZE = 256
+
+
+def _aval_key(x: Any) -> Any:
+    try:
+        aval = jax.api_util.shaped_abstractify(x)
+    except TypeError:
+        return type(x)
+    return (getattr(aval, "shape", None), getattr(aval, "dtype", None), aval.weak_type)
+
+
+def _lifted(
+    api: str, branches: list[Callable[..., Any]], names: list[str], call: _lift.Call, policy: Policy
+) -> _Lifted:
+    """The :class:`_Lifted` for this call structure, from the last ``_LIFTED_SIZE`` used (a
+    fresh one when a branch cannot be a dict key)."""
+    key = (api, tuple(branches), policy, call.sdef, tuple(_aval_key(x) for x in call.leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return _Lifted(api, branches, names, len(call.args), policy)
+    with _LIFTED_LOCK:
+        found = _LIFTED.get(key)
+        if found is not None:
+            _LIFTED.move_to_end(key)
+            return found
+        found = _LIFTED[key] = _Lifted(api, branches, names, len(call.args), policy)
+        if len(_LIFTED) > _LIFTED_SIZE:
+            _LIFTED.popitem(last=False)
+        return found
 
 
 def _same_avals(a: list, b: list) -> bool:

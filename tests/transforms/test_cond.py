@@ -534,3 +534,26 @@ def test_alias_cond_under_vmap_with_a_batched_predicate_is_the_if_per_example():
         np.testing.assert_array_equal(got[i], want)
         for k in want_state:
             np.testing.assert_array_equal(state[k][i], want_state[k])
+
+
+def test_alias_traces_once_per_call_structure_as_jax_does():
+    """JAX keeps the traces of the same branch functions; so does treeclone (per branches,
+    policy, operands' structure and abstract values), and each call writes its own caller's
+    objects with the plan of that trace."""
+    traced = []
+
+    def up(s):
+        traced.append("up")
+        s["n"] = s["n"] + 1
+
+    def down(s):
+        traced.append("down")
+        s["n"] = s["n"] - 1
+
+    states = [{"n": jnp.zeros(())} for _ in range(4)]
+    for i, s in enumerate(states):
+        tc.cond(i % 2 == 0, up, down, s, policy="alias")
+    assert sorted(traced) == ["down", "up"]
+    assert [float(s["n"]) for s in states] == [1.0, -1.0, 1.0, -1.0]
+    tc.cond(True, up, down, {"n": jnp.zeros(3)}, policy="alias")  # another shape: traced again
+    assert len(traced) == 4
