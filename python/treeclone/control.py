@@ -253,8 +253,9 @@ def _aval(x: Any) -> Any:
 
 
 class _Branch:
-    """The function ``jax.lax.cond``/``switch`` traces for one branch, made afresh for each
-    call so that JAX never reuses an old trace (whose record this call would not have)."""
+    """The function ``jax.lax.cond``/``switch`` traces for one branch: one per branch of a
+    :class:`_Lifted`, so JAX reuses its trace for calls of the same structure; each trace
+    leaves its record on the ``_Lifted``, which the calls that reuse the trace apply."""
 
     __slots__ = ("__weakref__", "__wrapped__", "index", "lifted", "names", "naming", "traced_for")
 
