@@ -376,7 +376,7 @@ class _Lifted:
         taken = taken_branch()  # after JAX has checked the predicate (index)
         plan = self.plans.get(taken)
         if plan is None:
-            plan = self.plan(call) if taken is None else self.taken_plan(taken)
+            plan = self.plan() if taken is None else self.taken_plan(taken)
             self.plans[taken] = plan
         return plan.apply(call.leaves, call.objects, list(columns))
 
@@ -492,7 +492,7 @@ class _Lifted:
                 sources[s] = Source.Output(index=p) if given is None else Source.Input(slot=given)
         return _native.CallPlan(r.def_, sources, r.origins, r.result_child, _WRITE_CUSTOM)
 
-    def plan(self, call: _lift.Call) -> Any:
+    def plan(self) -> Any:
         records: list[_Record] = self.records  # type: ignore[assignment]
         n_pos = len(records[0].slots)
         # Positions that hold one value in every branch are one class (one output).
@@ -505,7 +505,7 @@ class _Lifted:
         if chosen is not None:
             def_, slots = chosen.def_, chosen.slots
         else:
-            def_ = _refined(records[0], call)
+            def_ = _refined(records[0])
             slots = [e.slot for e in def_.node_info() if isinstance(e, EntryInfo.Leaf)]
         sources: list[Any] = [None] * def_.num_leaves
         for p in range(n_pos):
@@ -705,7 +705,7 @@ def _join_origins(origins: list) -> Any:
     )
 
 
-def _refined(r: _Record, call: _lift.Call) -> Any:
+def _refined(r: _Record) -> Any:
     """Branch ``r``'s plan structure with every leaf position its own slot: the branches
     share leaves in ways no one branch's structure has (each position gets its own output
     then, and positions that hold one value in every branch the same one). Built by
