@@ -7,8 +7,9 @@ and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
 (:mod:`treeclone.transforms`), and so do ``vmap`` (:mod:`treeclone.batching`),
-``shard_map`` (:mod:`treeclone.sharding`) and the loops ``scan``, ``fori_loop`` and
-``while_loop`` (:mod:`treeclone.loops`). See ``docs/semantics.md``.
+``shard_map`` (:mod:`treeclone.sharding`), the loops ``scan``, ``fori_loop`` and
+``while_loop`` (:mod:`treeclone.loops`), and ``cond`` and ``switch``
+(:mod:`treeclone.control`). See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -26,6 +27,7 @@ from treeclone import tree, tree_util
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone.batching import vmap
 from treeclone.call import call
+from treeclone.control import cond, switch
 from treeclone.jit import Jitted, jit
 from treeclone.loops import fori_loop, scan, while_loop
 from treeclone.partial import JitPartial, jit_partial
@@ -54,6 +56,7 @@ __all__: list[str] = [
     "__version__",
     "call",
     "checkpoint",
+    "cond",
     "fori_loop",
     "grad",
     "jit",
@@ -63,6 +66,7 @@ __all__: list[str] = [
     "remat",
     "scan",
     "shard_map",
+    "switch",
     "tree",
     "tree_util",
     "value_and_grad",

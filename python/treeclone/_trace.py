@@ -199,6 +199,7 @@ def run(
     caller_objects: Sequence[Any] | None = None,
     track_inputs: bool = False,
     result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
+    parts: dict[str, Any] | None = None,
 ) -> tuple[Any, list, tuple[tuple[int, ...], tuple[int, ...]] | bool | None]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
@@ -217,6 +218,9 @@ def run(
     result's structure before the plan is made (``treeclone.vmap`` works out each result leaf's
     batch axis from it); it may return, per result leaf, whether an input leaf there must
     still be output by the computation (True), as a donated one is.
+    ``parts``, when given, receives what the plan is made of (``def``, ``leaves`` per slot of
+    it, ``origins`` per node, ``result_child``), for a caller that joins several traces'
+    plans into one (``treeclone.cond``).
     """
     root, objs = pre_def.unflatten_nodes(in_leaves)
     pre_info = pre_def.node_info()
@@ -386,6 +390,9 @@ def run(
             pool_index.setdefault(id(leaf), len(in_leaves) + len(outputs))
             outputs.append(leaf)
     plan = _native.CallPlan(result_def, sources, origins, result_child, write_custom, pre_def)
+    if parts is not None:
+        parts.update(def_=result_def, leaves=result_leaves, origins=origins)
+        parts["result_child"] = result_child
     if not track_inputs:
         return plan, outputs, None
     written = sorted(k for k, _ in mutated)

@@ -1,7 +1,7 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
 function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and of the
 lifted transformations (treeclone.transforms, treeclone.batching, treeclone.sharding,
-treeclone.loops), and every public method of their classes, has one."""
+treeclone.loops, treeclone.control), and every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ MODULES = {
     for name in (
         "treeclone",
         "treeclone.call",
+        "treeclone.control",
         "treeclone.jaxlib_tree_util",
         "treeclone.jit",
         "treeclone.loops",
@@ -36,6 +37,7 @@ MODULES = {
 # Modules whose every public function and method must have an example.
 WITH_EXAMPLES = (
     "treeclone.call",
+    "treeclone.control",
     "treeclone.jit",
     "treeclone.loops",
     "treeclone.partial",
