@@ -155,7 +155,65 @@ class VmapMlp(Case):
         }
 
 
-CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm, VmapMlp]
+class ScanMlpAdam(Case):
+    name = "scan_mlp_adam"
+    what = (
+        "8 Adam steps of the mlp_adam MLP inside one scan over 8 batches of 32: the stateful "
+        "forms update the parameters and the optimizer in place"
+    )
+
+    def contenders(self):
+        import optax
+        from flax import nnx
+
+        tx = optax.adam(1e-3)
+        x, y = (jnp.asarray(a) for a in mlp_data(SIZES, 32))
+        batches = (jnp.stack([x] * 8), jnp.stack([y] * 8))
+
+        def functional(carry, batch):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(M.mlp_loss)(params, *batch)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        def in_place(state, batch):
+            (state["params"], state["opt_state"]), loss = functional(
+                (state["params"], state["opt_state"]), batch
+            )
+            return state, loss
+
+        def nnx_step(carry, batch):
+            model, optimizer = carry
+            loss, grads = nnx.value_and_grad(lambda m: M.cross_entropy(m(batch[0]), batch[1]))(
+                model
+            )
+            optimizer.update(model, grads)
+            return carry, loss
+
+        def fresh():
+            params = jax.tree.map(jnp.asarray, M.mlp_init(0, SIZES))
+            return params, tx.init(params)
+
+        params, opt_state = fresh()
+        p2, o2 = fresh()
+        state = {"params": p2, "opt_state": o2}
+        model = M.nnx_classes()["MLP"](M.mlp_init(0, SIZES))
+        carry = (model, nnx.Optimizer(model, tx, wrt=nnx.Param))
+        theirs = nnx.scan(nnx_step, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        return {
+            JAX: (
+                lambda: jax.lax.scan(functional, (params, opt_state), batches),
+                lambda: jax.lax.scan(functional, (params, opt_state), batches)[1],
+            ),
+            ALIAS: (
+                lambda: tc.scan(in_place, state, batches, policy="alias"),
+                lambda: tc.scan(in_place, state, batches, policy="alias")[1],
+            ),
+            NNX: (lambda: theirs(carry, batches), lambda: theirs(carry, batches)[1]),
+        }
+
+
+CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm, VmapMlp, ScanMlpAdam]
 
 
 def _check(case: Case) -> None:
