@@ -47,7 +47,7 @@ unsafe fn dict_set_item(
 /// `PyTuple::new`/`PyList::new` take every element through a `dyn` iterator: on a tree of
 /// small lists that cost a quarter of unflatten (docs/benchmarks.md, nested_list_500 against
 /// its floor).
-fn new_sequence<'py>(
+pub fn new_sequence<'py>(
     py: Python<'py>,
     list: bool,
     children: std::vec::Drain<'_, Bound<'py, PyAny>>,

@@ -5,7 +5,7 @@
 mod build;
 mod expand;
 
-pub use build::{build_node, new_dict};
+pub use build::{build_node, new_dict, new_sequence};
 pub use expand::{call_custom_flatten, expand, key_entry_of};
 
 use crate::registry::{CustomType, Kind};

@@ -2,7 +2,7 @@
 //! (take a tree apart down to this structure's leaves).
 
 use super::{leaf_count_error, PyTreeDef};
-use crate::node::{build_node, call_custom_flatten, NodeKind};
+use crate::node::{build_node, call_custom_flatten, new_sequence, NodeKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -37,6 +37,13 @@ impl PyTreeDef {
                 NodeKind::Leaf => {
                     next_leaf += 1;
                     leaf(next_leaf - 1)?
+                }
+                // Lists and tuples, most of the nodes of many trees, without the second
+                // dispatch of `build_node`.
+                NodeKind::List | NodeKind::Tuple => {
+                    let start = stack.len() - node.arity;
+                    let list = matches!(node.kind, NodeKind::List);
+                    new_sequence(py, list, stack.drain(start..))?
                 }
                 kind => {
                     let start = stack.len() - node.arity;
