@@ -1,7 +1,8 @@
 """Where one treeclone call's time goes: the phases of ``treeclone.jit`` / ``jit_partial`` on
 the harness's models, for reading next to the harness's ratios (what limits a ratio).
 
-    python benches/call_phases.py
+    python benches/call_phases.py                  # rewrites its table in docs/benchmarks.md
+    python benches/call_phases.py --out /tmp/phases.md
 
 Phases, each timed over many calls after compilation (medians of rounds, microseconds):
 ``prepare`` (flatten the arguments with identity, or check and join the bound ones, and box
@@ -9,24 +10,33 @@ them), ``jitted`` (JAX's dispatch of the inner jit: its own flatten of the boxed
 the launch of the computation), ``apply`` (the plan: rebuild the result, write back), and for
 context the flatten alone (``flatten_shared``) and, for ``jit_partial``, the check of the
 bound containers (``snapshot``). The phases are timed one by one, so they add up to a little
-more than a whole call, whose computation runs while the next phases do. Printed only: no
-timed claim is made from this script (the harness's interleaved ratios are the claims).
+more than a whole call, whose computation runs while the next phases do. No speed claim is
+made from this table (the harness's interleaved ratios are the claims): it says where the
+time of the calls the harness measures goes. The Markdown goes between
+``<!-- call-phases:begin -->`` and ``<!-- call-phases:end -->``.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import treeclone as tc
+from tree_table import DEFAULT_OUT, INTRO
 from treeclone import _native
 from treeclone.bench import models as M
+from treeclone.bench.timing import machine_info, script_command, write_section
 from treeclone.bench.workloads import inplace_step, mlp_data, overhead_model_class
 from treeclone.policies import ALIAS
+
+BEGIN = "<!-- call-phases:begin -->"
+END = "<!-- call-phases:end -->"
 
 
 def _median_us(fn: Callable[[], Any], n: int = 200, rounds: int = 7) -> float:
@@ -57,7 +67,10 @@ def phases(jitted: tc.Jitted, args: tuple, bound: Any = None) -> dict[str, float
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown file to update")
+    args = parser.parse_args(argv)
     import optax
     from flax import nnx
 
@@ -91,14 +104,29 @@ def main() -> int:
             bound._jitted, (model, optimizer, bx, by), bound._bound
         )
     names = ["prepare", "jitted", "apply", "flatten_shared", "snapshot"]
-    print("| call | " + " | ".join(f"{n} µs" for n in names) + " |")
-    print("|---|" + "--:|" * len(names))
+    lines = [
+        "## Where a call's time goes",
+        "",
+        f"Produced by `{script_command('call_phases.py', argv)}` (from the repository root): "
+        "the median time of each phase of one call, timed phase by phase after compilation "
+        "(module docstring of `benches/call_phases.py`); microseconds. `prepare`: flatten the "
+        "arguments with identity (for `jit_partial`: check the bound ones and flatten the "
+        "rest) and box them; `jitted`: JAX's dispatch of the inner jit and the computation; "
+        "`apply`: the plan (results, write-back); `flatten_shared`: the flatten alone; "
+        "`snapshot`: `jit_partial`'s check of the bound containers.",
+        "",
+        *(f"- {k}: {v}" for k, v in machine_info().items()),
+        "",
+        "| call | " + " | ".join(f"{n} µs" for n in names) + " |",
+        "|---|" + "--:|" * len(names),
+    ]
     for row, cells in rows.items():
-        print(
-            f"| {row} | "
-            + " | ".join(f"{cells[n]:,.1f}" if n in cells else "—" for n in names)
-            + " |"
-        )
+        values = [f"{cells[n]:,.1f}" if n in cells else "—" for n in names]
+        lines.append(f"| {row} | " + " | ".join(values) + " |")
+    section = "\n".join(lines) + "\n"
+    print(section)
+    write_section(args.out, section, BEGIN, END, intro=INTRO)
+    print(f"wrote {args.out}")
     return 0
 
 
