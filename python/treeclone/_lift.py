@@ -22,9 +22,10 @@ where the outer lift sees it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -33,7 +34,17 @@ from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinf
 from treeclone.jit import _keystr, _Naming, _normalize, check_cycles
 from treeclone.policies import Policy
 
-__all__ = ["Call", "Out", "Record", "Runner", "Static", "check_call", "flatten_call", "trace"]
+__all__ = [
+    "Call",
+    "Out",
+    "Record",
+    "Runner",
+    "Static",
+    "Wrapper",
+    "check_call",
+    "flatten_call",
+    "trace",
+]
 
 
 class Static:
@@ -169,6 +180,24 @@ def flatten_call(
         check_cycles(naming, *given, nums, names)  # the text of every policy, naming the argument
         raise
     return Call(leaves, sdef, objects, args, kwargs, statics)
+
+
+class Wrapper:
+    """What every lifted transformation's wrapper shares: it binds as a method, as the function
+    it wraps does, and its repr names the transformation (``name``), the function and the
+    policy."""
+
+    name = "transformation"
+    _fun: Callable[..., Any]
+    _policy: Policy
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(cast(Callable[..., Any], self), obj)  # subclasses are callable
+
+    def __repr__(self) -> str:
+        return f"<treeclone.{self.name} of {self._fun!r} (policy {self._policy!r})>"
 
 
 class Record:

@@ -565,8 +565,10 @@ class _Ctx:
         self.local.ctx = self.saved
 
 
-class _Vmap:
+class _Vmap(_lift.Wrapper):
     """What :func:`vmap` returns (see there)."""
+
+    name = "vmap"
 
     def __init__(
         self,
@@ -593,14 +595,6 @@ class _Vmap:
         self._naming = _Naming(fun)
         self._runners: dict[Policy, _VmapRunner] = {}
         self._lock = threading.Lock()
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
-    def __repr__(self) -> str:
-        return f"<treeclone.vmap of {self._fun!r} (policy {self._policy!r})>"
 
     def _runner(self, policy: Policy) -> _VmapRunner:
         runner = self._runners.get(policy)

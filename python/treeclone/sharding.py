@@ -273,8 +273,10 @@ class _Body:
         return spec
 
 
-class _ShardMap:
+class _ShardMap(_lift.Wrapper):
     """What :func:`shard_map` returns (see there)."""
+
+    name = "shard_map"
 
     def __init__(self, fun: Callable[..., Any], policy: Policy, options: dict[str, Any]):
         if not callable(fun):
@@ -285,14 +287,6 @@ class _ShardMap:
         self._naming = _Naming(fun)
         self._runners: dict[Policy, _lift.Runner] = {}
         self._lock = threading.Lock()
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
-    def __repr__(self) -> str:
-        return f"<treeclone.shard_map of {self._fun!r} (policy {self._policy!r})>"
 
     def _runner(self, policy: Policy) -> _lift.Runner:
         runner = self._runners.get(policy)

@@ -128,7 +128,7 @@ class _GradRunner(_lift.Runner):
         return seen["value"], _lift.Out(_lift.Record(plan, seen["structure"]), outputs)
 
 
-class _Grad:
+class _Grad(_lift.Wrapper):
     """What :func:`grad` and :func:`value_and_grad` return (see there)."""
 
     def __init__(
@@ -159,14 +159,9 @@ class _Grad:
         self._lifted: dict[Policy, tuple[_GradRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
 
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
-    def __repr__(self) -> str:
-        kind = "value_and_grad" if self._with_value else "grad"
-        return f"<treeclone.{kind} of {self._fun!r} (policy {self._policy!r})>"
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "value_and_grad" if self._with_value else "grad"
 
     def _runner(self, policy: Policy) -> tuple[_GradRunner, Callable[..., Any]]:
         entry = self._lifted.get(policy)
@@ -373,8 +368,10 @@ class _CheckpointRunner(_lift.Runner):
         return _lift.Out(_lift.Record(plan), outputs)
 
 
-class _Checkpoint:
+class _Checkpoint(_lift.Wrapper):
     """What :func:`checkpoint` returns (see there)."""
+
+    name = "checkpoint"
 
     def __init__(
         self,
@@ -396,14 +393,6 @@ class _Checkpoint:
         self._naming = _Naming(fun)
         self._lifted: dict[Policy, tuple[_CheckpointRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
-    def __repr__(self) -> str:
-        return f"<treeclone.checkpoint of {self._fun!r} (policy {self._policy!r})>"
 
     def _runner(self, policy: Policy) -> tuple[_CheckpointRunner, Callable[..., Any]]:
         entry = self._lifted.get(policy)
