@@ -85,7 +85,9 @@ def test_treedefs_as_dict_keys():
     assert len({_defs(i)[0] for i in SMALL_IDS}) == len(jax_distinct)
 
 
-@pytest.mark.parametrize("other", [1, None, "PyTreeDef(*)", object()], ids=repr)
+@pytest.mark.parametrize(
+    "other", [1, None, "PyTreeDef(*)", object()], ids=["int", "None", "str", "object"]
+)
 def test_equality_with_non_treedef_is_false(other):
     assert (tc.tree_structure([1, 2]) == other) is False
 
