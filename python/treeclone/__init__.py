@@ -24,6 +24,7 @@ does) or ``"strict"`` (mutating an input without returning it is an error). ``tr
 """
 
 from treeclone import tree, tree_util
+from treeclone._jax_compat import UnsupportedJaxError
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone.batching import vmap
 from treeclone.call import call
@@ -53,6 +54,7 @@ __all__: list[str] = [
     "Policy",
     "PyTreeDef",
     "SharedTreeDef",
+    "UnsupportedJaxError",
     "__version__",
     "call",
     "checkpoint",

@@ -1,8 +1,12 @@
-"""Everything treeclone reads from JAX's internals lives here, for JAX 0.6.2 to 0.10.x.
+"""Everything treeclone reads from JAX's internals lives here, for JAX 0.6.2 and later.
 
-Below ``MIN_JAX`` the import fails with a clear ImportError. Within the range, what differs
-between releases is probed by feature (``hasattr``, or a call whose behaviour changed), never
-by version number: one commented place per difference, each headed "JAX difference N".
+Below ``MIN_JAX`` the import fails with a clear ImportError. Above it no release is refused:
+what differs between releases is probed by feature (``hasattr``, or a call whose behaviour
+changed), never by version number: one commented place per difference, each headed "JAX
+difference N". A probe that finds nothing on a release this project has not seen fails with
+:class:`UnsupportedJaxError` naming the JAX attribute it missed and the installed version: at
+import for what every call needs (the registry), at the first call that needs it otherwise
+(:func:`internal`), never as a bare AttributeError deep inside a call.
 
 JAX keeps the Python-side flatten/unflatten functions of every registered node type in
 ``jax._src.tree_util._registry`` (a dict that only grows). The Rust core classifies an unknown
@@ -12,6 +16,7 @@ later, through any of JAX's public functions, because the size of that dict chan
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import jax
@@ -20,11 +25,58 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, k
 
 from treeclone._native import TypeKind
 
-# The oldest JAX release treeclone supports and is tested against (pyproject.toml declares the
-# same range, jax>=0.6.2,<0.11; .ci/run tests each minor's last patch). Below it: ImportError.
-# Everything that differs between supported releases is probed by feature below, one place per
-# difference, each marked "JAX difference".
+# The oldest JAX release treeclone supports and is tested against (pyproject.toml declares
+# jax>=0.6.2 with no upper bound; .ci/run tests the oldest and newest releases it can install,
+# see tests/compat_subset.txt). Below it: ImportError. Everything that differs between releases
+# is probed by feature below, one place per difference, each marked "JAX difference".
 MIN_JAX = (0, 6, 2)
+
+
+class UnsupportedJaxError(ImportError):
+    """The installed JAX lacks an internal that treeclone reads (a release it has not seen)."""
+
+
+def _unsupported(what: str, exc: BaseException) -> UnsupportedJaxError:
+    return UnsupportedJaxError(
+        f"treeclone needs {what}, which jax {jax.__version__} does not have ({exc}). "
+        "treeclone is tested with jax 0.6.2 to 0.10.2 (and 0.11.2 once, see the README); "
+        "please report this with your JAX version."
+    )
+
+
+class _Missing:
+    """Stands for a JAX internal this release lacks: any use raises the error naming it."""
+
+    def __init__(self, what: str, exc: BaseException):
+        self._error = _unsupported(what, exc)
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        raise self._error
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy, pickle and introspection probes: not a use
+            raise AttributeError(name)
+        raise self._error
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def internal(module: str, name: str) -> Any:
+    """``module.name`` from JAX, or a stand-in whose first use raises :class:`UnsupportedJaxError`
+    naming ``module.name`` and the installed JAX version. ``bool(stand_in)`` is False, so a
+    caller with a fallback can test for it without using it."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        return _Missing(f"{module}.{name}", exc)
+
+
+def require(obj: Any) -> Any:
+    """``obj`` itself, or, for a stand-in of :func:`internal`, its error raised now."""
+    if isinstance(obj, _Missing):
+        obj()
+    return obj
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -40,15 +92,10 @@ if _version_tuple(jax.__version__) < MIN_JAX:
         f"treeclone needs jax>={'.'.join(map(str, MIN_JAX))}, found jax {jax.__version__}"
     )
 
-try:
-    registry: dict = _jtu._registry
-    default_registry = _jtu.default_registry
-    _PyTreeDef = type(jax.tree_util.tree_structure(0))
-except AttributeError as exc:  # pragma: no cover - only on a JAX release that moved these
-    raise ImportError(
-        f"treeclone cannot read the pytree registry of jax {jax.__version__}: {exc}. "
-        "Please report this with your JAX version."
-    ) from exc
+# What every call needs: without it nothing works, so the import fails, naming it.
+registry: dict = require(internal("jax._src.tree_util", "_registry"))
+default_registry = require(internal("jax._src.tree_util", "default_registry"))
+_PyTreeDef = type(jax.tree_util.tree_structure(0))
 
 flatten_one_level_with_keys = default_registry.flatten_one_level_with_keys
 
@@ -180,6 +227,19 @@ except ImportError:
     INITIAL_RESULT_PATHS = None
 
 
+# --- Internals the lifted transformations read -------------------------------------------------
+# vmap under alias/strict must know whether a value is batched by the current vmap: JAX has no
+# public way to ask, so it reads the tracer type and the current trace (batching.py).
+BatchTracer = internal("jax._src.interpreters.batching", "BatchTracer")
+trace_ctx = internal("jax._src.core", "trace_ctx")
+# vmap's in_axes broadcast to the arguments' leaves, with JAX's own errors.
+flatten_axes = internal("jax.api_util", "flatten_axes") or internal(
+    "jax._src.api_util", "flatten_axes"
+)
+# jit's ahead-of-time stages under alias/strict evaluate the inner trace's jaxpr (public).
+jaxpr_as_fun = internal("jax.extend.core", "jaxpr_as_fun")
+
+
 def _opaque_functions(ty: type):
     """Flatten/unflatten for a type registered only in jaxlib's C++ registry."""
 
@@ -222,19 +282,26 @@ def to_jax_node(node_data, children):
 
 __all__ = [
     "INITIAL_RESULT_PATHS",
+    "BatchTracer",
     "DebugInfo",
     "DictKey",
     "FlattenedIndexKey",
     "GetAttrKey",
     "SequenceKey",
     "UNSPECIFIED",
+    "UnsupportedJaxError",
     "classify_type",
+    "flatten_axes",
     "flatten_one_level_with_keys",
+    "internal",
     "is_unspecified",
+    "jaxpr_as_fun",
     "keystr",
     "prefix_errors",
     "registry",
+    "require",
     "to_jax_node",
+    "trace_ctx",
     "traced_out_tree",
     "unflatten_node",
 ]
@@ -259,6 +326,8 @@ def _tree_map_reports_prefix_errors() -> bool:
 
 
 _TREE_MAP_PREFIX_ERRORS = _tree_map_reports_prefix_errors()
+# JAX's builder of prefix-error messages (private on every release; the texts are JAX's).
+_prefix_error = internal("jax._src.tree_util", "_prefix_error")
 
 
 def prefix_error(tree, other, is_leaf, exc, name):
@@ -273,7 +342,7 @@ def prefix_error(tree, other, is_leaf, exc, name):
             return raw
         return exc
     try:
-        err = next(_jtu._prefix_error((), tree, other, is_leaf), None)
+        err = next(_prefix_error((), tree, other, is_leaf), None)
     except (RecursionError, SystemError):
         return exc  # JAX's message builder recurses into a cyclic tree: keep treeclone's error
     return err(name) if err is not None else exc
@@ -282,7 +351,7 @@ def prefix_error(tree, other, is_leaf, exc, name):
 def prefix_errors(prefix_tree, full_tree, is_leaf=None):
     """JAX's message builders for each place where ``prefix_tree`` is not a prefix of
     ``full_tree`` (``jax._src.tree_util.prefix_errors``): ``[fn(name) -> ValueError, ...]``."""
-    return list(_jtu._prefix_error((), prefix_tree, full_tree, is_leaf))
+    return list(_prefix_error((), prefix_tree, full_tree, is_leaf))
 
 
 # --- JAX difference 6: tree_reduce's "no initializer" (and reduce_associative's "no identity") --

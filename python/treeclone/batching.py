@@ -29,24 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from treeclone import _lift, _native
-from treeclone._jax_compat import DebugInfo, keystr
+from treeclone._jax_compat import BatchTracer as _BatchTracer
+from treeclone._jax_compat import DebugInfo, keystr, require
+from treeclone._jax_compat import flatten_axes as _flatten_axes
+from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, _child_keys, _Paths
 from treeclone.jit import _keystr, _Naming
 from treeclone.policies import CLONE, Policy, _override, as_policy
-
-_BatchTracer: Any = None
-_trace_ctx: Any = None
-try:  # where a value is batched: JAX has no public way to ask (see _batched)
-    from jax._src.core import trace_ctx as _trace_ctx
-    from jax._src.interpreters.batching import BatchTracer as _BatchTracer
-except ImportError:  # pragma: no cover - a JAX without them: its own error is translated
-    pass
-
-try:
-    from jax.api_util import flatten_axes as _flatten_axes
-except ImportError:  # pragma: no cover - older JAX
-    from jax._src.api_util import flatten_axes as _flatten_axes
 
 __all__ = ["vmap"]
 
@@ -208,7 +198,7 @@ def _check_sizes(call: _lift.Call, axes: _InAxes, axis_size: int | None) -> None
 
 def _batched(x: Any, traces: set[int]) -> bool:
     """Whether ``x`` varies along the batch of this call's vmap (one of ``traces``, by id)."""
-    if _BatchTracer is None or not isinstance(x, _BatchTracer):
+    if not isinstance(x, require(_BatchTracer)):
         return False
     return id(getattr(x, "_trace", None)) in traces and x.batch_dim is not None
 
@@ -516,9 +506,9 @@ class _VmapRunner(_lift.Runner):
         traces = {
             id(getattr(x, "_trace", None))
             for x, a in zip(leaves, axes.slot_axes, strict=True)
-            if a is not None and _BatchTracer is not None and isinstance(x, _BatchTracer)
+            if a is not None and isinstance(x, require(_BatchTracer))
         }
-        current = getattr(_trace_ctx, "trace", None)  # this vmap's trace (none mapped: only)
+        current = getattr(_trace_ctx, "trace", None)  # this vmap's trace (none mapped: the only)
         if current is not None:
             traces.add(id(current))
         places = _Places(self.fun, axes, out_axes, leaves, traces)

@@ -112,7 +112,7 @@ def machine_info(
         **{p: treeclone_info() if p == "treeclone" else dist_version(p) for p in packages},
         "git revision": git_revision(),
         **(extra or {}),
-        "date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date (UTC)": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M"),
     }
 
 
