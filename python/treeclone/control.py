@@ -43,7 +43,7 @@ from treeclone._jax_compat import (
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import write_custom as _write_custom
 from treeclone.call import call as _call
-from treeclone.jit import _Naming
+from treeclone.jit import _as_jit_outputs, _Naming
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["cond", "switch"]
@@ -378,7 +378,12 @@ class _Lifted:
         if plan is None:
             plan = self.plan() if taken is None else self.taken_plan(taken)
             self.plans[taken] = plan
-        return plan.apply(call.leaves, call.objects, list(columns))
+        leaves = call.leaves
+        if self.policy.mutations != "propagate":
+            # strict gives jax.lax.cond's results: an operand handed back is a jax.Array
+            # (rule C13; alias keeps plain Python's, the caller's own object).
+            leaves = _as_jit_outputs(leaves, range(len(leaves)))
+        return plan.apply(leaves, call.objects, list(columns))
 
     # --- checks, once every branch is traced ---
 

@@ -34,15 +34,11 @@ from treeclone import _jax_compat, _native, _trace
 from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
 from treeclone._jax_compat import DebugInfo as _DebugInfo
 from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
+from treeclone._jax_compat import jaxpr_as_fun as _jaxpr_as_fun
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 if TYPE_CHECKING:
     from treeclone.partial import _BoundArguments
-
-try:
-    from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
-except ImportError:  # pragma: no cover
-    _jaxpr_as_fun = None
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
 _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -70,10 +66,13 @@ class _TraceInfo:
     own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
     ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
     ``next_inputs``: where the arguments' leaves are after a call (``_trace._next_inputs``),
-    for ``jit_partial``. Compared by identity, as the plan is.
+    for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
+    (strict), the input slots the result hands back as they came in, each to be returned as
+    the ``jax.Array`` ``jax.jit`` would return for it (see :func:`_as_jit_outputs`); empty
+    under alias, whose result is plain Python's. Compared by identity, as the plan is.
     """
 
-    __slots__ = ("next_inputs", "out_sources", "out_tree", "paths", "plan")
+    __slots__ = ("next_inputs", "out_sources", "out_tree", "paths", "plan", "returned_inputs")
 
     def __init__(
         self,
@@ -88,6 +87,7 @@ class _TraceInfo:
         self.out_tree = out_tree
         self.out_sources = out_sources
         self.next_inputs = next_inputs
+        self.returned_inputs: tuple[int, ...] = ()
 
 
 class _ResultBox:
@@ -462,7 +462,9 @@ class Jitted:
             result = call.jitted(call.box, call.donated)
         finally:
             local.call = None
-        out = result.info.plan.apply(call.leaves, call.objects, result.leaves)
+        info = result.info
+        leaves = _as_jit_outputs(call.leaves, info.returned_inputs)
+        out = info.plan.apply(leaves, call.objects, result.leaves)
         if bound is not None:
             bound.advance(result.info.next_inputs, call.leaves, result.leaves)
         return out
@@ -602,7 +604,7 @@ class Jitted:
         which evaluates that trace and rebuilds ``fun``'s own result: the same computation as
         ``jax.jit(fun)``'s, without running ``fun`` a second time."""
         policy = _override.get() or self._policy
-        if policy is not CLONE and _jaxpr_as_fun is not None:
+        if policy is not CLONE and _jaxpr_as_fun:  # (a JAX without it: jax.jit's stages)
             call = self._prepare(policy, args, kwargs)
             slots = call.slots_of_jax_leaves()
             if slots is not None:
@@ -909,6 +911,15 @@ class _Inner:
         )
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
+        if self._policy.mutations != "propagate" and "out" in seen:
+            # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
+            # (rule 12a); alias gives plain Python's, the caller's own object.
+            returned = {id(x) for x in jax.tree_util.tree_leaves(seen["out"])}
+            info.returned_inputs = tuple(
+                s
+                for s, x in enumerate(leaves)
+                if id(x) in returned and (keep_inputs is None or keep_inputs[s])
+            )
         return _ResultBox(info, outputs)
 
     def _describe(
@@ -934,6 +945,22 @@ class _Inner:
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
         return _TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def _as_jit_outputs(leaves: list, slots: Sequence[int]) -> list:
+    """``leaves`` with each of ``slots`` that is not a ``jax.Array`` (a Python scalar, a NumPy
+    array or scalar) replaced by the array ``jax.jit`` returns for it: ``jax.device_put`` gives
+    jax.jit's dtype and weak type for each (checked against jax.jit by
+    ``tests/policies/test_strict_outputs.py``). A ``jax.Array`` stays the caller's object: it
+    is immutable and equal to what jax.jit returns."""
+    converted = None
+    for s in slots:
+        x = leaves[s]
+        if not isinstance(x, jax.Array):
+            if converted is None:
+                converted = list(leaves)
+            converted[s] = jax.device_put(x)
+    return leaves if converted is None else converted
 
 
 def _make_inner(

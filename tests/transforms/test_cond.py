@@ -557,3 +557,26 @@ def test_alias_traces_once_per_call_structure_as_jax_does():
     assert [float(s["n"]) for s in states] == [1.0, -1.0, 1.0, -1.0]
     tc.cond(True, up, down, {"n": jnp.zeros(3)}, policy="alias")  # another shape: traced again
     assert len(traced) == 4
+
+
+@pytest.mark.parametrize("pred", [True, False])
+def test_strict_pass_through_operands_are_what_lax_cond_returns(pred):
+    """Rule C13: strict's outputs are jax.lax.cond's (types, dtypes, weak types); alias's are
+    the plain if's, the caller's own objects."""
+    state = {"n": 3, "x": np.arange(3.0), "f": 1.5, "b": True, "w": jnp.ones(2)}
+
+    def branch(s, y):
+        return s["n"], s["x"], s["f"], s["b"], s["w"], y
+
+    def describe(out):
+        return [(type(o), o.dtype, o.weak_type) for o in jax.tree_util.tree_leaves(out)]
+
+    expected = jax.lax.cond(pred, branch, branch, state, 2.0)
+    for _ in range(2):  # the cached lifted branches too
+        out = tc.cond(pred, branch, branch, state, 2.0, policy="strict")
+        assert describe(out) == describe(expected)
+        for o, e in zip(out, expected, strict=True):
+            np.testing.assert_array_equal(o, e)
+    plain = tc.cond(pred, branch, branch, state, 2.0, policy="alias")
+    assert plain[0] == 3 and type(plain[0]) is int
+    assert plain[1] is state["x"] and plain[4] is state["w"]
