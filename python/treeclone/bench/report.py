@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -243,9 +244,11 @@ def write_plot(path: Path, results: dict[str, Any]) -> str:
     ax.set_xticklabels(workloads, rotation=25, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("step time / jax.jit's (median, IQR; log scale)")
-    ax.set_title(
-        f"Training-loop step time relative to jax.jit on {results['device']} (lower is better)"
-    )
+    # Two lines, the device's name wrapped to the figure's width: a long name (a GPU's, with
+    # its backend) ran past the right edge on one line.
+    fig_width_chars = int(fig.get_figwidth() * 10)
+    device = textwrap.fill(f"on {results['device']}", width=fig_width_chars)
+    ax.set_title(f"Training-loop step time relative to jax.jit (lower is better)\n{device}")
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
