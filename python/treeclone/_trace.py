@@ -158,7 +158,8 @@ def _describe(
     if keys is not None and len(keys[0]) == old_arity and len(keys[1]) == new_arity:
         old_data, new_data = keys
         new_pos = {k: i for i, k in enumerate(new_data)}
-        added = [k for k in new_data if k not in set(old_data)]
+        old_keys = set(old_data)  # once: a set per key made this quadratic in the width
+        added = [k for k in new_data if k not in old_keys]
         removed = [k for k in old_data if k not in new_pos]
         if added:
             changes.append((None, f"key added: {', '.join(map(repr, added))}", None))
@@ -321,9 +322,12 @@ def run(
         # in the caller's order: the keys it kept keep their place in the caller's dict
         # (rule 7). Other dict kinds are seen in their own order, which it may change.
         sorted_view = ty is dict or ty is defaultdict
+        # Bound once: each read of ``children`` builds a new list (a per-child read made this
+        # loop quadratic in the node's width).
+        old = pre_info[k].children
         origin_of[n] = Origin(
             node=k,
-            old_children=pre_info[k].children,
+            old_children=old,
             same_data=_same_data(pre_info[k].data, entry.data),
             writable=ty in (list, dict) or writable(obj),
             key_order=key_order,
@@ -336,7 +340,6 @@ def run(
         for j, c in enumerate(entry.children):
             # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
             # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
-            old = pre_info[k].children
             if (
                 j < len(old)
                 and c not in origin_of

@@ -492,8 +492,9 @@ def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) ->
         ]
     except Exception:  # noqa: BLE001 - a description is best effort
         return "the structures differ"
-    added = [p for p in new_paths if p not in set(old_paths)]
-    removed = [p for p in old_paths if p not in set(new_paths)]
+    old_set, new_set = set(old_paths), set(new_paths)
+    added = [p for p in new_paths if p not in old_set]
+    removed = [p for p in old_paths if p not in new_set]
     parts = []
     if added:
         parts.append("added " + ", ".join(name + p for p in added[:5]))
