@@ -3,17 +3,20 @@
     python benches/scaling_table.py               # full run, rewrites the table in the docs
     python benches/scaling_table.py --quick --out /tmp/scaling.md
 
-Trees of n empty dicts in a list (the shape that made tracing quadratic before) and a list
-nested n deep. Rows:
+Wide nodes (a list and a dict of n children, each an empty dict or an array: wide nodes made
+tracing quadratic twice, through per-child reads of a node's children and of a dict's keys)
+and a list nested n deep. Rows:
 
 - trace: the first call of a freshly jitted identity function (flatten, trace, compile,
-  write-back plan), under jax.jit and treeclone's alias and strict;
+  write-back plan), under jax.jit and treeclone's alias and strict; the array rows stop at
+  10,000 children, where jax.jit's own first call already takes seconds (XLA compiles one
+  output per array);
 - call: ``treeclone.call`` (eager, no jit) under alias and strict;
 - donated call: a cached call with ``donate_argnums=0`` on n one-element arrays in dicts, per
   call (jax.jit against treeclone alias).
 
 Each figure is the median of ``--repeats`` runs (a fresh function each time where tracing is
-measured); "per container" divides by n, so a linear cost shows as a flat column.
+measured); the figure in parentheses divides by n, so a linear cost shows as a flat column.
 """
 
 from __future__ import annotations
@@ -38,6 +41,18 @@ END = "<!-- scaling-table:end -->"
 
 def empty_dicts(n: int) -> list:
     return [{} for _ in range(n)]
+
+
+def dict_of_empty_dicts(n: int) -> dict:
+    return {f"k{i:06d}": {} for i in range(n)}
+
+
+def list_of_arrays(n: int) -> list:
+    return [jnp.full((), i, jnp.float32) for i in range(n)]
+
+
+def dict_of_arrays(n: int) -> dict:
+    return {f"k{i:06d}": jnp.full((), i, jnp.float32) for i in range(n)}
 
 
 def deep_list(n: int) -> list:
@@ -108,12 +123,12 @@ def render(rows: list[tuple[str, int, dict]], info: dict, command: str, repeats:
         "## Scaling with the tree's size",
         "",
         f"Produced by `{command}` (from the repository root), median of {repeats} runs; each "
-        "cell is milliseconds, then microseconds per container in parentheses (flat down a "
-        "column means linear).",
+        "cell is milliseconds, then microseconds per unit of n (a child of the wide node, a "
+        "level of nesting) in parentheses: flat down a column means linear.",
         "",
         *(f"- {k}: {v}" for k, v in info.items()),
         "",
-        "| what | containers | " + " | ".join(COLUMNS) + " |",
+        "| what | n | " + " | ".join(COLUMNS) + " |",
         "|---|--:|" + "--:|" * len(COLUMNS),
     ]
     for what, n, cells in rows:
@@ -132,13 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="runs per cell (default 5; quick 1)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 5)
-    sizes = (500, 4000) if args.quick else (5_000, 40_000, 100_000)
+    sizes = (500, 4000) if args.quick else (10_000, 40_000, 100_000)
+    array_sizes = (250, 1000) if args.quick else (2_500, 5_000, 10_000)
     deep = (200, 1000) if args.quick else (1_000, 10_000, 50_000)
     donated = (250, 2000) if args.quick else (2_500, 20_000)
+    wide = (
+        ("trace: list of n empty dicts", empty_dicts, sizes),
+        ("trace: dict of n empty dicts", dict_of_empty_dicts, sizes),
+        ("trace: list of n arrays", list_of_arrays, array_sizes),
+        ("trace: dict of n arrays", dict_of_arrays, array_sizes),
+    )
     rows = []
-    for n in sizes:
-        rows.append(("trace: n empty dicts", n, trace_row(empty_dicts, n, repeats)))
-        print(rows[-1])
+    for what, make, ns in wide:
+        for n in ns:
+            rows.append((what, n, trace_row(make, n, repeats)))
+            print(rows[-1], flush=True)
     for n in deep:
         # jax.jit's flatten recurses natively: it fails on lists nested ~1,000 deep.
         cells = trace_row(deep_list, n, repeats, with_jax=False)
