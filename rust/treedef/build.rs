@@ -4,6 +4,7 @@
 use super::{leaf_count_error, PyTreeDef};
 use crate::node::{build_node, call_custom_flatten, new_sequence, NodeKind};
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -118,16 +119,33 @@ impl PyTreeDef {
                     }
                 }
                 NodeKind::NamedTuple(ty) => {
+                    // jaxlib's checks, in its order and with its texts: a tuple with
+                    // `_fields`, then the arity, then the type.
                     let ty = ty.bind(py);
+                    let t = match obj.cast::<PyTuple>() {
+                        Ok(t) if obj.hasattr(intern!(py, "_fields"))? => t.clone(),
+                        _ => {
+                            return Err(PyValueError::new_err(format!(
+                                "Expected named tuple, got {}.",
+                                obj.repr()?
+                            )))
+                        }
+                    };
+                    if t.len() != node.arity {
+                        return Err(PyValueError::new_err(format!(
+                            "Named tuple arity mismatch: {} != {}; tuple: {}.",
+                            t.len(),
+                            node.arity,
+                            obj.repr()?
+                        )));
+                    }
                     if !obj.get_type().is(ty) {
                         return Err(PyValueError::new_err(format!(
-                            "Expected named tuple of type {}, got {}.",
+                            "Named tuple type mismatch: expected type: {}, tuple: {}.",
                             ty.repr()?,
                             obj.repr()?
                         )));
                     }
-                    let t = obj.cast::<PyTuple>()?;
-                    check_arity("Named tuple", node.arity, t.len(), &obj)?;
                     agenda.extend(t.iter());
                 }
                 NodeKind::Custom(custom, expected_aux) => {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import pickle
@@ -11,7 +12,13 @@ import jax.tree_util as jtu
 import pytest
 import treeclone
 import treeclone.tree_util as tc
-from helpers import assert_same_objects, assert_same_outcome, assert_same_tree, run_script
+from helpers import (
+    assert_same_objects,
+    assert_same_outcome,
+    assert_same_tree,
+    check_same_error,
+    run_script,
+)
 from trees import BIG_IDS, CORPUS_BY_ID, CORPUS_IDS, Opaque, PairJ, PairT, Point, StaticT
 
 SMALL_IDS = [i for i in CORPUS_IDS if i not in BIG_IDS]
@@ -206,6 +213,31 @@ def test_flatten_up_to_mismatch_matches_jax(treedef_tree, tree):
         lambda: tc.tree_structure(treedef_tree).flatten_up_to(tree),
         lambda: jtu.tree_structure(treedef_tree).flatten_up_to(tree),
         assert_same_objects,
+    )
+
+
+class _FieldsTuple(tuple):
+    """A tuple subclass with ``_fields`` that is not a namedtuple type."""
+
+    _fields = ("x", "y")
+
+
+_OtherPoint = collections.namedtuple("_OtherPoint", "x y")
+_WidePoint = collections.namedtuple("Point", "x y z")  # Point's name, another type
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [(1, 2), [1, 2], None, 1, _OtherPoint(1, 2), _WidePoint(1, 2, 3), _FieldsTuple((1, 2))],
+    ids=["tuple", "list", "none", "int", "other_namedtuple", "wider_namedtuple", "fields_tuple"],
+)
+def test_flatten_up_to_namedtuple_errors_are_jaxlibs(tree):
+    """jaxlib's texts and order of checks for a named tuple node: not a tuple with _fields
+    ("Expected named tuple, got ..."), then the arity, then the type."""
+    check_same_error(
+        lambda: tc.tree_structure(Point(1, 2)).flatten_up_to(tree),
+        lambda: jtu.tree_structure(Point(1, 2)).flatten_up_to(tree),
+        repr(tree),
     )
 
 
