@@ -20,7 +20,6 @@ import importlib
 from typing import Any
 
 import jax
-import jax._src.tree_util as _jtu
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
 from treeclone._native import TypeKind
@@ -42,6 +41,12 @@ def _unsupported(what: str, exc: BaseException) -> UnsupportedJaxError:
         "treeclone is tested with jax 0.6.2 to 0.10.2 (and 0.11.2 once, see the README); "
         "please report this with your JAX version."
     )
+
+
+try:
+    import jax._src.tree_util as _jtu
+except ImportError as _exc:  # a JAX that moved its pytree module: nothing can work
+    raise _unsupported("jax._src.tree_util", _exc) from None
 
 
 class _Missing:
