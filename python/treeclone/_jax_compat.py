@@ -374,3 +374,22 @@ def is_unspecified(x) -> bool:
     if _Unspecified is not None and isinstance(x, _Unspecified):
         return True
     return _NO_INITIALIZER is not None and x is _NO_INITIALIZER
+
+
+# --- JAX difference 7: JAX Refs (mutable array references) ---------------------------------
+# jax >= 0.7: ``jax.ref.Ref`` / ``jax.new_ref``; jax 0.6: ``jax.experimental.mutable_array``.
+# Every release has ``jax._src.state.types.AbstractRef``, the abstract value of a Ref, concrete
+# or traced (a tracer's ``aval``; a concrete Ref has one too): a Ref is told by it. A release
+# without it has no Refs to tell.
+_AbstractRef = internal("jax._src.state.types", "AbstractRef")
+
+
+def is_ref(x: Any) -> bool:
+    """Whether ``x`` is a JAX Ref (``jax.new_ref``), concrete or traced: a mutable array that
+    JAX passes into a transformed function but never returns from one."""
+    if not _AbstractRef:
+        return False
+    try:
+        return isinstance(x.aval, _AbstractRef)
+    except AttributeError:
+        return False

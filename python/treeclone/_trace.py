@@ -8,6 +8,8 @@ caller's objects) at every call, plus the leaves the computation must output.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +24,7 @@ from treeclone._jax_compat import (
     GetAttrKey,
     SequenceKey,
     keystr,
+    registry,
     unflatten_node,
 )
 from treeclone._jax_compat import flatten_one_level_with_keys as _keyed_children
@@ -232,12 +235,15 @@ def run(
         if isinstance(e, NodeInfo) and e.node_type not in (list, dict) and hasattr(o, "__dict__")
     }
     # Static objects (``register_static``: the node's aux data is the object itself) are the
-    # caller's own objects inside the function too; what it does to them is checked directly.
-    statics = {
-        k: _shallow_state(o)
-        for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
-        if isinstance(e, NodeInfo) and e.arity == 0 and e.data is o
-    }
+    # caller's own objects inside the function too; under strict what it does to them, and to
+    # the plain data they hold, is checked directly (``_static_snapshot``).
+    statics = {}
+    if policy.mutations == "error":
+        statics = {
+            k: _static_snapshot(o)
+            for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
+            if isinstance(e, NodeInfo) and e.arity == 0 and e.data is o
+        }
     watched = {}
     if caller_objects is not None:
         watched = {
@@ -256,12 +262,13 @@ def run(
         for k in touched:
             _restore_shallow_state(caller_objects[k], watched[k])
         _raise_changed_elsewhere(fun, touched, pre_def, objs, layout)
-    changed_statics = [k for k, state in statics.items() if _shallow_state(objs[k]) != state]
-    if changed_statics and policy.mutations == "error":
-        for k in changed_statics:
-            _restore_shallow_state(objs[k], statics[k])
-        bad = [(k, [(None, "static object changed in place", None)]) for k in changed_statics]
-        _raise_mutation_error(fun, bad, pre_def, objs, layout)
+    changed_statics = {k: _static_changes(snap) for k, snap in statics.items()}
+    changed_statics = {k: found for k, found in changed_statics.items() if found}
+    if changed_statics:
+        for found in changed_statics.values():
+            for _, obj, state in found:
+                _restore_static_state(obj, state)
+        _raise_static_mutation(fun, changed_statics, pre_def, objs, layout)
 
     container_index = {
         id(o): k
@@ -516,6 +523,116 @@ def _restore_shallow_state(obj: Any, state: tuple) -> None:
         obj.update((k, v.value) for k, v in items)
     elif isinstance(obj, list):
         obj[:] = [v.value for v in items]
+
+
+# How many objects strict watches from one static object (docs/semantics.md, rule 24).
+STATIC_WATCH_LIMIT = 10_000
+
+
+class _Members:
+    """A set's members, compared by identity whatever their order."""
+
+    __slots__ = ("ids", "values")
+
+    def __init__(self, values: set):
+        self.values = list(values)
+        self.ids = frozenset(map(id, self.values))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Members) and self.ids == other.ids
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _static_state(obj: Any) -> Any:
+    """A watched object's state one level down, by identity (``_shallow_state``; a set's
+    members, a bytearray's bytes), with its attributes."""
+    if isinstance(obj, set):
+        return _Members(obj), _shallow_state(obj)
+    if isinstance(obj, bytearray):
+        return bytes(obj), _shallow_state(obj)
+    return _shallow_state(obj)
+
+
+def _restore_static_state(obj: Any, state: Any) -> None:
+    if isinstance(obj, (set, bytearray)):
+        contents, state = state
+        if isinstance(obj, set):
+            obj.clear()
+            obj.update(contents.values)
+        else:
+            obj[:] = contents
+    _restore_shallow_state(obj, state)
+
+
+def _is_static_object(obj: Any) -> bool:
+    """Whether ``obj`` is a ``register_static`` object: a node with no children whose aux data
+    is the object itself."""
+    if type(obj) not in registry:
+        return False
+    try:
+        children, aux = _keyed_children(obj)
+    except Exception:  # noqa: BLE001 - not one to watch
+        return False
+    return not children and aux is obj
+
+
+def _watched_inside(obj: Any) -> bool:
+    """Whether strict looks inside ``obj``, reached from a static object: the containers of
+    plain data (lists, dicts, sets, tuples, bytearrays and their subclasses), dataclass
+    instances and other static objects. Anything else (an array, a function, a module, an
+    object of another class) is compared by identity only: its insides may be a cache that
+    legitimately changes (a jitted function's)."""
+    if isinstance(obj, (list, dict, set, tuple, bytearray)):
+        return True
+    if isinstance(obj, type):
+        return False
+    return dataclasses.is_dataclass(obj) or _is_static_object(obj)
+
+
+def _static_snapshot(root: Any) -> list[tuple[str, Any, Any]]:
+    """``(where, object, state)`` for a static object and each object strict watches inside it
+    (``_watched_inside``), reached through attributes (``__dict__``) and items, breadth first
+    (``where``: the shortest path from the static object, ``.layers[0]``), each object once,
+    at most ``STATIC_WATCH_LIMIT`` of them."""
+    found: list[tuple[str, Any, Any]] = []
+    seen: set[int] = set()
+    agenda = collections.deque([("", root)])
+    while agenda and len(found) < STATIC_WATCH_LIMIT:
+        where, obj = agenda.popleft()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if not isinstance(obj, tuple):  # a tuple cannot change; what it holds can
+            found.append((where, obj, _static_state(obj)))
+        inside: list[tuple[str, Any]] = []
+        if isinstance(obj, dict):
+            inside += [(f"{where}[{k!r}]", v) for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple)):
+            inside += [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+        elif isinstance(obj, set):
+            inside += [(f"{where}<member>", v) for v in obj]
+        inside += [(f"{where}.{n}", v) for n, v in getattr(obj, "__dict__", {}).items()]
+        agenda.extend((w, v) for w, v in inside if id(v) not in seen and _watched_inside(v))
+    return found
+
+
+def _static_changes(snapshot: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """The entries of a ``_static_snapshot`` whose object changed since."""
+    return [(w, o, state) for w, o, state in snapshot if _static_state(o) != state]
+
+
+def _raise_static_mutation(fun, changed: dict[int, list], pre_def, objs, layout) -> None:
+    paths = _Paths(pre_def, objs, layout).paths
+    lines = []
+    for k, found in changed.items():
+        where = paths.get(k, "?") or "(the arguments)"
+        for inner, _, _ in found:
+            if inner:
+                lines.append(f"{where}{inner}: changed in place, inside the static object {where}")
+            else:
+                lines.append(f"{where}: static object changed in place")
+    raise mutation_error(fun, lines)
 
 
 def _unstable_static_data(root: Any, info: list) -> set[int]:

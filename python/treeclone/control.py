@@ -38,6 +38,7 @@ from treeclone._jax_compat import (
     DebugInfo,
     DictKey,
     fun_sourceinfo,
+    is_ref,
     keystr,
 )
 from treeclone._native import EntryInfo, Origin, Source
@@ -227,11 +228,12 @@ class _Record:
         "origins",
         "out_avals",
         "out_def",
+        "refs",
         "result_child",
         "slots",
     )
 
-    def __init__(self, parts: dict[str, Any], inputs: list, avals: list, out: Any):
+    def __init__(self, parts: dict[str, Any], inputs: list, avals: list, out: Any, refs: tuple):
         self.def_: Any = parts["def_"]
         self.origins: list[Any] = parts["origins"]
         self.result_child: int | None = parts["result_child"]
@@ -239,9 +241,26 @@ class _Record:
         self.slots: list[int] = [e.slot for e in self.info if isinstance(e, EntryInfo.Leaf)]
         self.inputs: list[int | None] = inputs
         self.avals: list[Any] = avals
+        # The positions that hold a JAX Ref: the operand's own, handed back as it came in, and
+        # not output by the branch (JAX never returns a Ref).
+        self.refs: tuple[int, ...] = refs
         out_leaves, out_def = jax.tree_util.tree_flatten(out)
         self.out_def: Any = out_def
         self.out_avals: list[Any] = [_aval(x) for x in out_leaves]
+
+
+class _RefAval(tuple):
+    """A JAX Ref's abstract value ``(shape, dtype)``: unequal to an array's of the same type."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _RefAval and tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
 
 
 def _aval(x: Any) -> Any:
@@ -249,7 +268,10 @@ def _aval(x: Any) -> Any:
         aval = jax.api_util.shaped_abstractify(x)
     except TypeError:
         return None
-    return (tuple(aval.shape), np.dtype(aval.dtype)) if hasattr(aval, "shape") else aval
+    if not hasattr(aval, "shape"):
+        return aval
+    pair = (tuple(aval.shape), np.dtype(aval.dtype))
+    return _RefAval(pair) if is_ref(x) else pair
 
 
 class _Branch:
@@ -309,9 +331,29 @@ class _Branch:
         columns = [result_leaves[e.slot] for e in info if isinstance(e, EntryInfo.Leaf)]
         slot_of = {id(x): s for s, x in enumerate(leaves)}
         inputs = [slot_of.get(id(x)) for x in columns]
-        record = _Record(parts, inputs, [_aval(x) for x in columns], seen["out"])
+        refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
+        record = _Record(parts, inputs, [_aval(x) for x in columns], seen["out"], refs)
+        for p in refs:
+            if inputs[p] is None:
+                raise self._foreign_ref_error(record, p)
         lifted.record(self.index, record)
+        if refs:
+            # A Ref stays where it is, the operand's own: JAX passes it in and never returns
+            # it (the plans read it from the operands, as jit's plan hands back an input).
+            dropped = set(refs)
+            return [x for p, x in enumerate(columns) if p not in dropped]
         return columns
+
+    def _foreign_ref_error(self, record: _Record, p: int) -> ValueError:
+        n = [n for n, e in enumerate(record.info) if isinstance(e, EntryInfo.Leaf)][p]
+        where = _PathNamer(self.lifted, record).path(n)
+        return ValueError(
+            f"treeclone.{self.lifted.api}: {self.lifted.names[self.index]} leaves a JAX Ref at "
+            f"{where} that is not an operand's own Ref (one it made, or took from elsewhere). "
+            "A branch of jax.lax.cond cannot return a Ref, so only the operands' own Refs can "
+            "stay in the operands (read them and write them through ref[...]); put an array "
+            "there instead."
+        )
 
 
 class _Lifted:
@@ -373,6 +415,12 @@ class _Lifted:
             self.local.call = saved
         if any(r is None for r in self.records):  # JAX traces every branch; a guard
             raise RuntimeError(f"treeclone.{self.api}: a branch was not traced")
+        first: _Record = self.records[0]  # type: ignore[assignment]
+        if first.refs:
+            # The Refs' positions were not output (every branch has them at the same places,
+            # each the same operand's: check()); the plans read them from the operands.
+            dropped, given = set(first.refs), iter(columns)
+            columns = [None if p in dropped else next(given) for p in range(len(first.slots))]
         taken = taken_branch()  # after JAX has checked the predicate (index)
         plan = self.plans.get(taken)
         if plan is None:
@@ -458,6 +506,9 @@ class _Lifted:
                 av_a, av_b = a.avals[pos_a[na]], b.avals[pos_b[nb]]
                 if av_a != av_b:
                     problem = (_say_aval(av_a), _say_aval(av_b))
+                elif isinstance(av_a, _RefAval) and a.inputs[pos_a[na]] != b.inputs[pos_b[nb]]:
+                    # A Ref is never output: each place keeps the same operand's Ref.
+                    problem = (self._say_ref(a, pos_a[na]), self._say_ref(b, pos_b[nb]))
             else:
                 oa, ob = a.origins[na], b.origins[nb]
                 if (
@@ -482,6 +533,13 @@ class _Lifted:
             if isinstance(ea, EntryInfo.Node):
                 agenda.extend(reversed(list(zip(ea.children, eb.children, strict=True))))
         return None
+
+    def _say_ref(self, r: _Record, p: int) -> str:
+        slot = r.inputs[p]
+        if slot is None:  # not an operand's Ref: the branch's trace has raised already
+            return "a Ref that is not an operand's"
+        naming = _Naming(self.branches[-1] if self.api == "cond" else self.branches[0])
+        return f"the Ref from {self.call.slot_path(naming, slot)}"
 
     # --- the plans ---
 
@@ -536,7 +594,8 @@ def _aval_key(x: Any) -> Any:
         aval = jax.api_util.shaped_abstractify(x)
     except TypeError:
         return type(x)
-    return (getattr(aval, "shape", None), getattr(aval, "dtype", None), aval.weak_type)
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    return (shape, dtype, getattr(aval, "weak_type", False), is_ref(x))
 
 
 def _lifted(
@@ -598,6 +657,9 @@ def _say_order(o: Any) -> str:
 
 
 def _say_aval(aval: Any) -> str:
+    if isinstance(aval, _RefAval):
+        shape, dtype = aval
+        return f"a Ref of type {dtype.name}{list(shape)}"
     if isinstance(aval, tuple):
         shape, dtype = aval
         return f"a value of type {dtype.name}{list(shape)}"

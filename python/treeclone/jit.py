@@ -952,11 +952,13 @@ def _as_jit_outputs(leaves: list, slots: Sequence[int]) -> list:
     array or scalar) replaced by the array ``jax.jit`` returns for it: ``jax.device_put`` gives
     jax.jit's dtype and weak type for each (checked against jax.jit by
     ``tests/policies/test_strict_outputs.py``). A ``jax.Array`` stays the caller's object: it
-    is immutable and equal to what jax.jit returns."""
+    is immutable and equal to what jax.jit returns. A JAX Ref (``jax.new_ref``) stays the
+    caller's Ref, as under alias: JAX never returns one, and a copy would not be the Ref the
+    function wrote."""
     converted = None
     for s in slots:
         x = leaves[s]
-        if not isinstance(x, jax.Array):
+        if not isinstance(x, jax.Array) and not _jax_compat.is_ref(x):
             if converted is None:
                 converted = list(leaves)
             converted[s] = jax.device_put(x)

@@ -148,3 +148,27 @@ def test_strict_nnx_state_with_python_values_round_trips_like_jax_jit():
     assert _describe(count_s) == _describe(count_j)
     assert int(count_s) == int(count_j) == 1
     np.testing.assert_array_equal(w_s, w_j)
+
+
+def _new_ref():
+    for owner in (jax, getattr(jax, "ref", None)):
+        made = getattr(owner, "new_ref", None)
+        if made is not None:
+            return made
+    return None
+
+
+@pytest.mark.skipif(_new_ref() is None, reason=f"jax {jax.__version__} has no jax.new_ref")
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_a_ref_handed_back_is_the_callers_ref(policy):
+    """Rule 12a: a JAX Ref handed back untouched is the caller's Ref under strict as under
+    alias (jax.jit returns no Ref, and a copy would not be the Ref the function wrote)."""
+    state = {"r": _new_ref()(jnp.arange(3.0))}
+
+    def f(s):
+        s["r"][0] = 7.0
+        return s["r"], s["r"][0] * 2
+
+    ref, doubled = tc.jit(f, policy=policy)(state)
+    assert ref is state["r"] and float(doubled) == 14.0
+    np.testing.assert_array_equal(np.asarray(ref[...]), [7.0, 1.0, 2.0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -304,6 +305,111 @@ def test_strict_reports_a_static_object_changed_in_place_and_restores_it(mode):
     with pytest.raises(tc.MutationError, match=r"cfg: static object changed in place"):
         runner(mode, f, "strict")(jnp.ones(1), cfg)
     assert cfg.lr == 0.1  # strict never changes the caller's objects
+
+
+@dataclasses.dataclass(eq=False)
+class Schedule:
+    """Plain data held by a static object (a dataclass: strict looks inside it)."""
+
+    steps: dict
+
+
+class Settings:
+    """A static object holding plain data below its top level, and a nested static object."""
+
+    def __init__(self):
+        self.layers = [1, 2]
+        self.schedule = Schedule({"warmup": [10]})
+        self.tags = {"a"}
+        self.inner = Settings.Inner()
+
+    class Inner:
+        def __init__(self):
+            self.depth = 1
+
+
+jax.tree_util.register_static(Settings)
+jax.tree_util.register_static(Settings.Inner)
+
+DEEP_CHANGES = {
+    "cfg.layers": lambda cfg: cfg.layers.append(3),
+    "cfg.schedule.steps['warmup']": lambda cfg: cfg.schedule.steps["warmup"].append(20),
+    "cfg.tags": lambda cfg: cfg.tags.add("b"),
+    "cfg.inner": lambda cfg: setattr(cfg.inner, "depth", 2),
+}
+
+
+def settings_state(cfg):
+    """What a Settings holds, by value, and the identity of each object inside it."""
+    values = (
+        list(cfg.layers),
+        {k: list(v) for k, v in cfg.schedule.steps.items()},
+        set(cfg.tags),
+        cfg.inner.depth,
+    )
+    objects = (cfg.layers, cfg.schedule, cfg.schedule.steps, cfg.tags, cfg.inner)
+    return values, [id(o) for o in objects]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("where", list(DEEP_CHANGES))
+def test_strict_reports_a_change_below_a_static_objects_top_level_and_restores_it(mode, where):
+    # docs/semantics.md, rule 24: strict watches the plain data inside a static object.
+    cfg = Settings()
+    before = settings_state(cfg)
+
+    def f(x, cfg):
+        DEEP_CHANGES[where](cfg)
+        return x * 2
+
+    pattern = re.escape(f"{where}: changed in place, inside the static object cfg")
+    with pytest.raises(tc.MutationError, match=pattern):
+        runner(mode, f, "strict")(jnp.ones(1), cfg)
+    assert settings_state(cfg) == before  # put back: strict never changes the caller's objects
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("where", list(DEEP_CHANGES))
+def test_alias_keeps_a_change_below_a_static_objects_top_level_as_plain_python(mode, where):
+    # docs/semantics.md, rule 24: under alias a static object is the caller's own, as in plain
+    # Python (inside jit, the change is made when the function is traced).
+    def f(x, cfg):
+        DEEP_CHANGES[where](cfg)
+        return x * 2
+
+    plain = Settings()
+    want = f(np.ones(1), plain)
+    cfg = Settings()
+    ids = settings_state(cfg)[1]
+    got = runner(mode, f, "alias")(jnp.ones(1), cfg)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert settings_state(cfg)[0] == settings_state(plain)[0] and settings_state(cfg)[1] == ids
+
+
+class Activations:
+    """A static object holding jitted functions, whose caches fill when they are called."""
+
+    def __init__(self):
+        self.ours = tc.jit(lambda x: x * 3, policy="alias")
+        self.jaxs = jax.jit(lambda x: x + 1)
+
+
+jax.tree_util.register_static(Activations)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_compares_other_objects_inside_a_static_object_by_identity(mode):
+    # docs/semantics.md, rule 24: a jitted function inside a static object is not looked
+    # into (its cache fills at the first call), so calling it is no change.
+    acts = Activations()
+    held = (acts.ours, acts.jaxs)
+
+    def f(x, acts):
+        return acts.jaxs(acts.ours(x))
+
+    got = runner(mode, f, "strict")(jnp.ones(2), acts)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.ones(2), Activations())))
+    assert (acts.ours, acts.jaxs) == held
 
 
 SHARED_STATE = {"w": np.zeros(1)}

@@ -580,3 +580,157 @@ def test_strict_pass_through_operands_are_what_lax_cond_returns(pred):
     plain = tc.cond(pred, branch, branch, state, 2.0, policy="alias")
     assert plain[0] == 3 and type(plain[0]) is int
     assert plain[1] is state["x"] and plain[4] is state["w"]
+
+
+# --- JAX Refs among the operands ------------------------------------------------------------------
+
+
+def _ref_constructor():
+    """The installed JAX's Ref maker (jax.new_ref, jax.ref.new_ref, or jax 0.6's
+    jax.experimental.mutable_array); None where it has none."""
+    for owner in (jax, getattr(jax, "ref", None)):
+        made = getattr(owner, "new_ref", None)
+        if made is not None:
+            return made
+    try:
+        from jax.experimental import mutable_array
+    except ImportError:
+        return None
+    return mutable_array
+
+
+NEW_REF = _ref_constructor()
+needs_refs = pytest.mark.skipif(
+    NEW_REF is None, reason=f"jax {jax.__version__} has no Refs (jax.new_ref)"
+)
+
+
+def _ref_state():
+    return {"r": NEW_REF(jnp.arange(3.0)), "x": jnp.asarray(np.float32(2.0))}
+
+
+def _ref_read_true(s):
+    return s["r"][...] * s["x"]
+
+
+def _ref_read_false(s):
+    return s["r"][...] + s["x"]
+
+
+def _ref_write_true(s):
+    s["r"][...] = s["r"][...] + s["x"]  # through the Ref: no change to the operands' tree
+    return s["r"][0]
+
+
+def _ref_write_false(s):
+    s["r"][1] = s["x"] * 10
+    return s["r"][2]
+
+
+REF_PROGRAMS = {
+    "read": (_ref_read_true, _ref_read_false),
+    "write": (_ref_write_true, _ref_write_false),
+}
+
+
+def _jax_reference(api, where, branches, s, pred):
+    """The same program with jax.lax.cond/switch (inside jax.jit for 'jit')."""
+    t, f = branches
+    if api == "cond":
+        run = lambda s, p: jax.lax.cond(p, t, f, s)  # noqa: E731
+    else:
+        run = lambda s, p: jax.lax.switch(p, [f, t], s)  # noqa: E731
+    p = pred if api == "cond" else int(pred)
+    return (jax.jit(run) if where == "jit" else run)(s, p)
+
+
+def _ours(api, where, branches, s, pred, policy):
+    t, f = branches
+    if api == "cond":
+        run = lambda s, p: tc.cond(p, t, f, s, policy=policy)  # noqa: E731
+    else:
+        run = lambda s, p: tc.switch(p, [f, t], s, policy=policy)  # noqa: E731
+    p = pred if api == "cond" else int(pred)
+    return (tc.jit(run, policy=policy) if where == "jit" else run)(s, p)
+
+
+@needs_refs
+@pytest.mark.parametrize("program", ["read", "write"])
+@pytest.mark.parametrize("policy", ["clone", "alias", "strict"])
+@pytest.mark.parametrize("api", ["cond", "switch"])
+@pytest.mark.parametrize("where", ["eager", "jit"])
+@pytest.mark.parametrize("pred", [True, False])
+def test_a_ref_operand_is_passed_as_jax_passes_it(program, policy, api, where, pred):
+    # docs/semantics.md, rule C14: a Ref read or written in a branch is JAX's, under every
+    # policy, eagerly and inside jit (a traced predicate there).
+    branches = REF_PROGRAMS[program]
+    want_s = _ref_state()
+    try:
+        want = _jax_reference(api, where, branches, want_s, pred)
+    except Exception as e:  # noqa: BLE001 - an older JAX without Refs in cond: nothing to match
+        pytest.skip(f"jax {jax.__version__}'s {api} does not take this Ref program: {e}")
+    s = _ref_state()
+    ref, x = s["r"], s["x"]
+    got = _ours(api, where, branches, s, pred, policy)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert list(s) == ["r", "x"] and s["r"] is ref and s["x"] is x  # the caller's own objects
+    np.testing.assert_array_equal(np.asarray(ref[...]), np.asarray(want_s["r"][...]))
+
+
+@needs_refs
+@pytest.mark.parametrize("where", ["eager", "jit"])
+@pytest.mark.parametrize("pred", [True, False])
+def test_alias_branches_writing_a_ref_and_the_operands_are_the_plain_if(where, pred):
+    # docs/semantics.md, rule C14: under alias the Ref is written as JAX writes it and the
+    # other changes reach the caller, as the plain if on the same objects does.
+    def t(s):
+        s["r"][...] = s["r"][...] * s["x"]
+        s["n"] = s["n"] + 1
+        return s["r"]  # the caller's Ref itself, as the plain if returns it
+
+    def f(s):
+        s["x"] = s["x"] - 1
+        return s["r"]
+
+    def fresh():
+        return {"n": jnp.zeros(()), **_ref_state()}
+
+    want_s = fresh()
+    want_ref = _plain_if(pred, t, f, want_s)
+    assert want_ref is want_s["r"]
+    s = fresh()
+    ref = s["r"]
+    run = lambda s, p: tc.cond(p, t, f, s, policy="alias")  # noqa: E731
+    got = (tc.jit(run, policy="alias") if where == "jit" else run)(s, pred)
+    assert got is ref and s["r"] is ref
+    assert list(s) == list(want_s)
+    for k in ("n", "x"):
+        np.testing.assert_array_equal(np.asarray(s[k]), np.asarray(want_s[k]))
+        assert not isinstance(s[k], jax.core.Tracer)
+    np.testing.assert_array_equal(np.asarray(ref[...]), np.asarray(want_s["r"][...]))
+
+
+@needs_refs
+def test_a_ref_a_branch_moves_or_makes_is_an_error_naming_the_key_path():
+    # docs/semantics.md, rule C14: JAX returns no Ref from a branch, so each place keeps the
+    # operand's own Ref in every branch; the caller is untouched.
+    def swap(s):
+        s["r"], s["q"] = s["q"], s["r"]
+        return s["x"]
+
+    def made(s):
+        s["r"] = NEW_REF(jnp.zeros(3))
+        return s["x"]
+
+    def keep(s):
+        return s["x"]
+
+    for branch, message in [
+        (swap, r"s\['q'\]: true_fun leaves the Ref from s\['r'\], false_fun leaves the Ref "),
+        (made, r"true_fun leaves a JAX Ref at s\['r'\] that is not an operand's own Ref"),
+    ]:
+        s = {"q": NEW_REF(jnp.ones(3)), **_ref_state()}
+        before = dict(s)
+        with pytest.raises(ValueError, match=message):
+            tc.cond(True, branch, keep, s, policy="alias")
+        assert list(s) == list(before) and all(s[k] is before[k] for k in s)

@@ -641,3 +641,102 @@ def test_threads_share_the_trace_and_each_writes_its_own_objects():
     assert [[float(s["t"]) for s in mine] for mine in states] == [
         [10.0 * k + i + 10.0 for i in range(5)] for k in range(3)
     ]
+
+
+# --- rule 25: the caller's carry changed through another name -----------------------------------
+
+# The caller's carry, reached by a body through this global as well as through its argument.
+LOOP_SHARED: dict = {}
+
+
+def _run_loop(kind, step, carry, policy):
+    """``kind``'s loop, three iterations of ``step(c)`` (which returns the new carry)."""
+    if kind == "scan":
+        return tc.scan(lambda c, x: (step(c), None), carry, jnp.arange(3.0), policy=policy)[0]
+    if kind == "fori_loop":
+        return tc.fori_loop(0, 3, lambda i, c: step(c), carry, policy=policy)
+    return tc.while_loop(lambda c: c["n"] < 3, step, carry, policy=policy)
+
+
+def _error_of(run):
+    with pytest.raises(ValueError, match="through another name") as info:
+        run()
+    return str(info.value)
+
+
+def _changed_path(message):
+    return message.split(" changed ", 1)[1].split(" through another name", 1)[0]
+
+
+@pytest.mark.parametrize("kind", ["scan", "fori_loop", "while_loop"])
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+@pytest.mark.parametrize("where", ["eager", "jit"])
+@pytest.mark.parametrize("through", ["global", "closure"])
+def test_a_carry_also_changed_through_a_global_or_closure_is_rule_25s_error(
+    kind, policy, where, through
+):
+    # docs/semantics.md, rule L16 (rule 25 for the loops): no write may vanish silently.
+    LOOP_SHARED.clear()
+    LOOP_SHARED.update(n=jnp.zeros(()), sub={"k": jnp.zeros(())})
+    sub, n = LOOP_SHARED["sub"], LOOP_SHARED["n"]
+    k = sub["k"]
+
+    def program(closed):
+        """The body: writes the caller's carry through the global or through ``closed``."""
+        other = LOOP_SHARED if through == "global" else closed
+
+        def step(c):
+            other["sub"]["k"] = c["n"] + 1.0  # the caller's carry, through another name
+            c["n"] = c["n"] + 1.0
+            return c
+
+        return step
+
+    if where == "eager":
+        message = _error_of(lambda: _run_loop(kind, program(LOOP_SHARED), LOOP_SHARED, policy))
+        expected = "init['sub']" if kind == "scan" else "init_val['sub']"
+    else:
+
+        def outer(d):
+            return _run_loop(kind, program(d), d, policy)
+
+        message = _error_of(lambda: tc.jit(outer, policy=policy)(LOOP_SHARED))
+        # Through the global, the write reaches jit's caller (jit's watch names its argument);
+        # through a closure on jit's argument, it reaches the loop's caller (the loop's).
+        if through == "global":
+            expected = "d['sub']"
+        else:
+            expected = "init['sub']" if kind == "scan" else "init_val['sub']"
+    assert _changed_path(message) == expected
+    # jit's own rule 25 on the same write: the same error kind and text after the path.
+    jit_message = _error_of(
+        lambda: tc.jit(lambda d: program(LOOP_SHARED)(d), policy=policy)(LOOP_SHARED)
+    )
+    assert _changed_path(jit_message) == "d['sub']"
+    assert (
+        message.split(" through another name", 1)[1]
+        == jit_message.split(" through another name", 1)[1]
+    )
+    # The caller's objects are as they were: the same containers holding the same arrays.
+    assert list(LOOP_SHARED) == ["n", "sub"] and LOOP_SHARED["sub"] is sub
+    assert LOOP_SHARED["n"] is n and list(sub) == ["k"] and sub["k"] is k
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_a_while_condition_changing_the_carry_through_a_global_is_rule_25s_error(policy):
+    # docs/semantics.md, rule L16: the condition is watched as the body is.
+    LOOP_SHARED.clear()
+    LOOP_SHARED.update(n=jnp.zeros(()))
+    n = LOOP_SHARED["n"]
+
+    def cond(c):
+        LOOP_SHARED["seen"] = c["n"]
+        return c["n"] < 3
+
+    def body(c):
+        c["n"] = c["n"] + 1.0
+        return c
+
+    message = _error_of(lambda: tc.while_loop(cond, body, LOOP_SHARED, policy=policy))
+    assert message.startswith("test_a_while_condition") and _changed_path(message) == "init_val"
+    assert list(LOOP_SHARED) == ["n"] and LOOP_SHARED["n"] is n
