@@ -533,12 +533,20 @@ def test_strict_pure_function_passes():
 
 
 def test_alias_donation_of_buffer_appearing_twice():
+    """An array in two donated arguments is one input, donated once: it is deleted after the
+    call, as jax.jit deletes the array of the function written with it once; jax.jit itself
+    fails on f(x, x) with both donated (tests/jit/test_jit_conformance.py)."""
+
     def f(a, b):
         return a + b
 
     x = jnp.arange(4.0)
     out = tc.jit(f, policy="alias", donate_argnums=(0, 1))(x, x)
     np.testing.assert_allclose(out, 2 * np.arange(4.0))
+    assert x.is_deleted()
+    y = jnp.arange(4.0)
+    np.testing.assert_allclose(jax.jit(lambda a: f(a, a), donate_argnums=0)(y), out)
+    assert y.is_deleted()
 
 
 def test_alias_donation_shared_with_kept_argument_is_not_donated():
