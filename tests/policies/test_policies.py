@@ -118,6 +118,23 @@ def test_clone_returns_fresh_objects(mode):
     assert new_model is not model and new_opt is not opt
     assert new_model.params is not model.params
 
+    # an input handed back untouched: fresh containers all the way down, and new arrays
+    model, _, _, opt = make_state()
+    state = {"model": model, "opt": opt, "table": np.arange(3.0)}
+    out = runner(mode, lambda s: s, "clone")(state)
+    assert out is not state and out["model"] is not model and out["opt"] is not opt
+    assert out["model"].params is not model.params and out["opt"].momentum is not opt.momentum
+    inputs, outputs = jax.tree.leaves(state), jax.tree.leaves(out)
+    leaves_equal(outputs, inputs)
+    if mode == "jit":  # every leaf a new jax.Array, as jax.jit gives
+        reference = jax.tree.leaves(jax.jit(lambda s: s)(state))
+        for leaves in (outputs, reference):
+            assert all(isinstance(o, jax.Array) for o in leaves)
+            assert not {id(o) for o in leaves} & {id(i) for i in inputs}
+    else:  # no computation: a NumPy array is a copy (rule 23), a jax.Array (immutable) itself
+        assert out["table"] is not state["table"]
+        assert out["opt"].count is opt.count
+
 
 def test_clone_equals_jax_jit():
     model, x, y, opt = make_state()
