@@ -488,15 +488,27 @@ def test_alias_ten_steps_equal_plain_python():
 
 
 def test_alias_ten_steps_without_return_equal_plain_python():
+    """Variant 2 of the seed's pattern: the step returns only the loss, and the caller's own
+    model and optimizer end as ten plain steps leave them."""
     model, x, y, opt = make_state()
     step = tc.jit(train_step_no_return, policy="alias")
-    for _ in range(10):
-        step(model, x, y, opt)
     plain_model, px, py, plain_opt = make_state()
+    # the step replaces these dicts (it builds new ones): the caller's old ones are left as
+    # they were, in plain Python and under alias
+    first = (model.params, opt.momentum, dict(model.params), dict(opt.momentum))
+    plain_first = (plain_model.params, plain_opt.momentum)
     for _ in range(10):
-        train_step_no_return(plain_model, px, py, plain_opt)
+        loss = step(model, x, y, opt)
+        plain_loss = train_step_no_return(plain_model, px, py, plain_opt)
+        np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+    assert plain_model.params is not plain_first[0] and plain_opt.momentum is not plain_first[1]
+    assert model.params is not first[0] and opt.momentum is not first[1]
+    for old, items in ((first[0], first[2]), (first[1], first[3])):  # the same arrays as before
+        assert old.keys() == items.keys() and all(old[k] is items[k] for k in items)
     leaves_equal(model.params, plain_model.params)
-    assert int(opt.count) == 10
+    leaves_equal(opt.momentum, plain_opt.momentum)
+    assert int(opt.count) == int(plain_opt.count) == 10
+    assert not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((model, opt)))
 
 
 # --- strict -----------------------------------------------------------------------------------
