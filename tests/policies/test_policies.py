@@ -558,6 +558,66 @@ def test_strict_pure_function_passes():
     leaves_equal(f({"a": jnp.ones(2)}), {"a": 2 * jnp.ones(2)})
 
 
+# --- all policies -----------------------------------------------------------------------------
+
+
+def _restructure(d, lst, x):
+    """Structure changes only: a key added, a key deleted, a list grown."""
+    d["new"] = x * 2
+    del d["gone"]
+    lst.append(x + 1)
+    return x
+
+
+def _restructure_state(v):
+    return {"keep": jnp.full(1, v), "gone": jnp.zeros(1)}, [jnp.full(1, v)]
+
+
+def _items(d, lst):
+    """What the containers hold, by identity."""
+    return [(k, id(v)) for k, v in d.items()], [id(x) for x in lst]
+
+
+def test_structure_changes_are_mutations_replayed_at_every_cached_call():
+    """Rule 15: written back under alias, discarded under clone, an error under strict; the
+    change the one trace recorded is replayed, with each call's values, at every later call
+    of the same structure."""
+    traces = []
+
+    def f(d, lst, x):
+        traces.append(1)
+        return _restructure(d, lst, x)
+
+    step = tc.jit(f, policy="alias")
+    for v in (1.0, 2.0, 3.0):
+        (d, lst), (plain_d, plain_lst) = _restructure_state(v), _restructure_state(v)
+        keep, first = d["keep"], lst[0]
+        step(d, lst, jnp.full(1, v))
+        _restructure(plain_d, plain_lst, jnp.full(1, v))
+        assert list(d) == list(plain_d) == ["keep", "new"] and len(lst) == len(plain_lst) == 2
+        leaves_equal((d, lst), (plain_d, plain_lst))
+        assert d["keep"] is keep and lst[0] is first
+    assert len(traces) == 1
+
+    clone = tc.jit(f)
+    for v in (1.0, 2.0):
+        d, lst = _restructure_state(v)
+        before = _items(d, lst)
+        clone(d, lst, jnp.full(1, v))
+        assert _items(d, lst) == before  # nothing written
+    assert len(traces) == 2
+
+    strict = tc.jit(f, policy="strict")
+    for v in (1.0, 2.0):  # the trace raised: nothing cached, the next call raises again
+        d, lst = _restructure_state(v)
+        before = _items(d, lst)
+        with pytest.raises(tc.MutationError) as info:
+            strict(d, lst, jnp.full(1, v))
+        for line in ("d: key added: 'new'", "d: key removed: 'gone'", "lst: list resized"):
+            assert line in str(info.value), info.value
+        assert _items(d, lst) == before
+
+
 # --- donation, policy selection -------------------------------------------------------------
 
 
