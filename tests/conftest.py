@@ -13,25 +13,12 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
+import profiles  # noqa: E402
 import pytest  # noqa: E402
 import trees  # noqa: E402  (registers jax-only node types before treeclone is imported)
-from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile(
-    "ci",
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "long",
-    max_examples=5000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-# TREECLONE_LONG=1 (see helpers.LONG) also selects the long profile unless one is named.
-_DEFAULT_PROFILE = "long" if os.environ.get("TREECLONE_LONG", "") not in ("", "0") else "ci"
-settings.load_profile(os.environ.get("TREECLONE_HYPOTHESIS_PROFILE", _DEFAULT_PROFILE))
+# The hypothesis profile: "ci", or "long" with TREECLONE_LONG=1 (tests/support/profiles.py).
+profiles.load()
 
 
 @pytest.fixture(params=trees.CORPUS_IDS)

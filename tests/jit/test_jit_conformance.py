@@ -33,6 +33,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import profiles
 import pytest
 import treeclone as tc
 from helpers import check_same_error
@@ -1347,7 +1348,9 @@ def _make(shape: tuple, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@settings(max_examples=6, deadline=None)
+# each example compiles up to four calls under jax.jit and treeclone: 6 examples under ci,
+# scaled with the profile (tests/support/profiles.py)
+@settings(max_examples=profiles.max_examples(6), deadline=None)
 @given(
     calls=st.lists(
         st.tuples(st.sampled_from(_SHAPES), st.sampled_from(_KINDS), st.booleans()),

@@ -10,6 +10,7 @@ import copy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import profiles
 import pytest
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
@@ -237,7 +238,13 @@ def test_one_trace_for_repeated_calls():
     assert len(traces) == 1
 
 
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60)
+# Each example traces and compiles: a fraction of the profile's budget, scaled with it
+# (60 under ci; tests/support/profiles.py).
+SETTINGS = settings(
+    max_examples=profiles.max_examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @SETTINGS

@@ -118,6 +118,23 @@ def test_clone_returns_fresh_objects(mode):
     assert new_model is not model and new_opt is not opt
     assert new_model.params is not model.params
 
+    # an input handed back untouched: fresh containers all the way down, and new arrays
+    model, _, _, opt = make_state()
+    state = {"model": model, "opt": opt, "table": np.arange(3.0)}
+    out = runner(mode, lambda s: s, "clone")(state)
+    assert out is not state and out["model"] is not model and out["opt"] is not opt
+    assert out["model"].params is not model.params and out["opt"].momentum is not opt.momentum
+    inputs, outputs = jax.tree.leaves(state), jax.tree.leaves(out)
+    leaves_equal(outputs, inputs)
+    if mode == "jit":  # every leaf a new jax.Array, as jax.jit gives
+        reference = jax.tree.leaves(jax.jit(lambda s: s)(state))
+        for leaves in (outputs, reference):
+            assert all(isinstance(o, jax.Array) for o in leaves)
+            assert not {id(o) for o in leaves} & {id(i) for i in inputs}
+    else:  # no computation: a NumPy array is a copy (rule 23), a jax.Array (immutable) itself
+        assert out["table"] is not state["table"]
+        assert out["opt"].count is opt.count
+
 
 def test_clone_equals_jax_jit():
     model, x, y, opt = make_state()
@@ -471,15 +488,27 @@ def test_alias_ten_steps_equal_plain_python():
 
 
 def test_alias_ten_steps_without_return_equal_plain_python():
+    """Variant 2 of the seed's pattern: the step returns only the loss, and the caller's own
+    model and optimizer end as ten plain steps leave them."""
     model, x, y, opt = make_state()
     step = tc.jit(train_step_no_return, policy="alias")
-    for _ in range(10):
-        step(model, x, y, opt)
     plain_model, px, py, plain_opt = make_state()
+    # the step replaces these dicts (it builds new ones): the caller's old ones are left as
+    # they were, in plain Python and under alias
+    first = (model.params, opt.momentum, dict(model.params), dict(opt.momentum))
+    plain_first = (plain_model.params, plain_opt.momentum)
     for _ in range(10):
-        train_step_no_return(plain_model, px, py, plain_opt)
+        loss = step(model, x, y, opt)
+        plain_loss = train_step_no_return(plain_model, px, py, plain_opt)
+        np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+    assert plain_model.params is not plain_first[0] and plain_opt.momentum is not plain_first[1]
+    assert model.params is not first[0] and opt.momentum is not first[1]
+    for old, items in ((first[0], first[2]), (first[1], first[3])):  # the same arrays as before
+        assert old.keys() == items.keys() and all(old[k] is items[k] for k in items)
     leaves_equal(model.params, plain_model.params)
-    assert int(opt.count) == 10
+    leaves_equal(opt.momentum, plain_opt.momentum)
+    assert int(opt.count) == int(plain_opt.count) == 10
+    assert not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((model, opt)))
 
 
 # --- strict -----------------------------------------------------------------------------------
@@ -529,16 +558,84 @@ def test_strict_pure_function_passes():
     leaves_equal(f({"a": jnp.ones(2)}), {"a": 2 * jnp.ones(2)})
 
 
+# --- all policies -----------------------------------------------------------------------------
+
+
+def _restructure(d, lst, x):
+    """Structure changes only: a key added, a key deleted, a list grown."""
+    d["new"] = x * 2
+    del d["gone"]
+    lst.append(x + 1)
+    return x
+
+
+def _restructure_state(v):
+    return {"keep": jnp.full(1, v), "gone": jnp.zeros(1)}, [jnp.full(1, v)]
+
+
+def _items(d, lst):
+    """What the containers hold, by identity."""
+    return [(k, id(v)) for k, v in d.items()], [id(x) for x in lst]
+
+
+def test_structure_changes_are_mutations_replayed_at_every_cached_call():
+    """Rule 15: written back under alias, discarded under clone, an error under strict; the
+    change the one trace recorded is replayed, with each call's values, at every later call
+    of the same structure."""
+    traces = []
+
+    def f(d, lst, x):
+        traces.append(1)
+        return _restructure(d, lst, x)
+
+    step = tc.jit(f, policy="alias")
+    for v in (1.0, 2.0, 3.0):
+        (d, lst), (plain_d, plain_lst) = _restructure_state(v), _restructure_state(v)
+        keep, first = d["keep"], lst[0]
+        step(d, lst, jnp.full(1, v))
+        _restructure(plain_d, plain_lst, jnp.full(1, v))
+        assert list(d) == list(plain_d) == ["keep", "new"] and len(lst) == len(plain_lst) == 2
+        leaves_equal((d, lst), (plain_d, plain_lst))
+        assert d["keep"] is keep and lst[0] is first
+    assert len(traces) == 1
+
+    clone = tc.jit(f)
+    for v in (1.0, 2.0):
+        d, lst = _restructure_state(v)
+        before = _items(d, lst)
+        clone(d, lst, jnp.full(1, v))
+        assert _items(d, lst) == before  # nothing written
+    assert len(traces) == 2
+
+    strict = tc.jit(f, policy="strict")
+    for v in (1.0, 2.0):  # the trace raised: nothing cached, the next call raises again
+        d, lst = _restructure_state(v)
+        before = _items(d, lst)
+        with pytest.raises(tc.MutationError) as info:
+            strict(d, lst, jnp.full(1, v))
+        for line in ("d: key added: 'new'", "d: key removed: 'gone'", "lst: list resized"):
+            assert line in str(info.value), info.value
+        assert _items(d, lst) == before
+
+
 # --- donation, policy selection -------------------------------------------------------------
 
 
 def test_alias_donation_of_buffer_appearing_twice():
+    """An array in two donated arguments is one input, donated once: it is deleted after the
+    call, as jax.jit deletes the array of the function written with it once; jax.jit itself
+    fails on f(x, x) with both donated (tests/jit/test_jit_conformance.py)."""
+
     def f(a, b):
         return a + b
 
     x = jnp.arange(4.0)
     out = tc.jit(f, policy="alias", donate_argnums=(0, 1))(x, x)
     np.testing.assert_allclose(out, 2 * np.arange(4.0))
+    assert x.is_deleted()
+    y = jnp.arange(4.0)
+    np.testing.assert_allclose(jax.jit(lambda a: f(a, a), donate_argnums=0)(y), out)
+    assert y.is_deleted()
 
 
 def test_alias_donation_shared_with_kept_argument_is_not_donated():

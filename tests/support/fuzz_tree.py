@@ -72,7 +72,8 @@ KNOWN_BUGS = False  # --known-bugs: also generate inputs that hit known divergen
 
 
 class AuxNode:
-    """One child per item, aux data from AUX_VALUES (fresh containers, arrays and NaNs)."""
+    """One child per item, aux data from AUX_VALUES: fresh lists, dicts and arrays (equal, not
+    identical), the others themselves (the one NaN object: equal to itself by identity only)."""
 
     def __init__(self, items: list, aux_index: int) -> None:
         self.items = list(items)
@@ -86,11 +87,6 @@ def _aux_node_flatten(n: AuxNode) -> tuple[tuple, Any]:
     aux = AUX_VALUES[n.aux_index]
     if isinstance(aux, (list, dict)):
         aux = type(aux)(aux)  # equal but not identical
-    elif isinstance(aux, float) and math.isnan(aux) and not KNOWN_BUGS:
-        # The very same NaN object as aux data is equal to itself for JAX (identity first) but
-        # not for treeclone's flatten_up_to / multi-tree tree_map (test_hostile_table xfail
-        # "flatten_up_to_with_the_very_same_nan_aux"); --known-bugs keeps it reachable.
-        aux = float("nan")
     elif isinstance(aux, np.ndarray):
         aux = aux.copy()
     return tuple(n.items), aux
@@ -439,16 +435,10 @@ def outcome(fn):
         return "err", exc
 
 
-def same_outcome(what: str, tc_fn, jax_fn, compare=None, known=None):
-    """Run both; JAX raising => treeclone raises the same type; else ``compare(tc, jax)``.
-
-    ``known(tc_kind, tc_value, jax_kind, jax_value)``: True for a known divergence, which is
-    not a finding unless --known-bugs.
-    """
+def same_outcome(what: str, tc_fn, jax_fn, compare=None):
+    """Run both; JAX raising => treeclone raises the same type; else ``compare(tc, jax)``."""
     jk, jv = outcome(jax_fn)
     tk, tv = outcome(tc_fn)
-    if known is not None and not KNOWN_BUGS and known(tk, tv, jk, jv):
-        return None
     if jk == "err":
         if tk != "err":
             raise Finding(f"{what}: JAX raised {jv!r}, treeclone returned {tv!r}")
@@ -573,7 +563,6 @@ def check(data: bytes) -> None:
             lambda: td == tdo,
             lambda: jd == jdo,
             _equal("=="),
-            known=_eq_order_divergence,
         )
         same_outcome(
             "flatten_up_to(other)",
@@ -673,14 +662,6 @@ def check(data: bytes) -> None:
         lambda: (jtu.treedef_is_leaf(jd), jax_internal_tu.treedef_is_strict_leaf(jd)),
         _equal("treedef_is_leaf"),
     )
-
-
-def _eq_order_divergence(tk, tv, jk, jv) -> bool:
-    """JAX compares aux data node by node (post-order) before noticing that the structures
-    differ, so aux data whose == raises makes JAX raise where treeclone answers False
-    (test_hostile_table xfail "treedef_eq_raises_on_aux_before_seeing_the_structures_differ").
-    """
-    return jk == "err" and tk == "ok" and tv is False and "metadata" in str(jv)
 
 
 def _equal(what: str):

@@ -143,12 +143,61 @@ def test_the_trace_is_reused_as_jax_checkpoints_is():
     assert float(box["v"]) == 3.0  # each call's update, from the one trace's plan
 
 
-def test_per_argument_prevent_cse_under_alias():
+def _prevent_cse_per_input(checkpoint):
+    """The ``prevent_cse`` flags of the checkpoint equation in the jaxpr of a call whose
+    arguments share one array, ``w`` (in ``params`` and in ``state``), by the jaxpr input each
+    flag's operand is: ``{0: flags of w, 1: of b, 2: of calls, 3: of x}``, each a list with an
+    entry per operand of the equation, in its order. ``checkpoint(f)`` makes the function."""
+
+    def f(params, state, x):
+        state["calls"] = state["calls"] + 1
+        return jnp.sum(jnp.sin(x @ params["w"])) + jnp.sum(params["b"]) + jnp.sum(state["w"])
+
+    def call(w, b, calls, x):
+        return checkpoint(f)({"w": w, "b": b}, {"calls": calls, "w": w}, x)
+
+    closed = jax.make_jaxpr(call)(_params()["w"], jnp.ones(2), jnp.zeros(()), X)
+    (eqn,) = [e for e in closed.jaxpr.eqns if "prevent_cse" in e.params]
+    flags: dict[int, list[bool]] = {}
+    for var, flag in zip(eqn.invars, eqn.params["prevent_cse"], strict=True):
+        flags.setdefault(closed.jaxpr.invars.index(var), []).append(flag)
+    return flags
+
+
+@pytest.mark.parametrize(
+    "cse", [(False, True, False), (True, False, False), (False, False, True)], ids=str
+)
+def test_per_argument_prevent_cse_under_alias(cse):
+    # jax.checkpoint has w twice, an operand per place with its argument's flag; alias makes it
+    # one operand (rule 7), protected when any of its places is; every other leaf has its own
+    # argument's flag, as under jax.checkpoint
+    theirs = _prevent_cse_per_input(lambda f: jax.checkpoint(f, prevent_cse=cse))
+    ours = _prevent_cse_per_input(lambda f: tc.checkpoint(f, policy="alias", prevent_cse=cse))
+    assert theirs == {0: [cse[0], cse[1]], 1: [cse[0]], 2: [cse[1]], 3: [cse[2]]}
+    assert ours == {i: [any(flags)] for i, flags in theirs.items()}
+
+    # the call is still the function's: gradients, and the caller's state updated
     state = _state()
-    f = tc.checkpoint(layer, policy="alias", prevent_cse=(False, True, True))
+    f = tc.checkpoint(layer, policy="alias", prevent_cse=cse)
     g = tc.grad(f, policy="alias")(_params(), state, X)
     np.testing.assert_allclose(g["w"], jax.grad(pure_layer)(_params(), X)["w"], rtol=1e-6)
     assert float(state["calls"]) == 1.0
+
+
+def test_policy_none_is_jax_checkpoints_and_the_call_is_clone():
+    # jax.checkpoint(f, policy=None) is its default, no rematerialization policy; code written
+    # for jax.checkpoint passes it, and treeclone reads it as JAX's, with the call under clone
+    state = _state()
+    ours = tc.checkpoint(layer, policy=None)
+    theirs = jax.checkpoint(layer, policy=None)
+    np.testing.assert_array_equal(ours(_params(), state, X), theirs(_params(), _state(), X))
+    assert float(state["calls"]) == 0.0 and state["trace"] == []  # clone: the caller untouched
+    assert str(jax.make_jaxpr(jax.grad(ours))(_params(), _state(), X)) == str(
+        jax.make_jaxpr(jax.grad(theirs))(_params(), _state(), X)
+    )
+    assert str(jax.make_jaxpr(jax.grad(ours))(_params(), _state(), X)) != str(
+        jax.make_jaxpr(jax.grad(jax.checkpoint(layer, policy=SAVE_DOTS)))(_params(), _state(), X)
+    )
 
 
 def test_remat_policy_given_twice_is_a_type_error():

@@ -22,6 +22,7 @@ import copy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import profiles
 import pytest
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
@@ -37,7 +38,13 @@ from mutation_programs import (
     trees,
 )
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each example traces and compiles: a fraction of the profile's budget, scaled with it
+# (25 under ci; tests/support/profiles.py).
+SETTINGS = settings(
+    max_examples=profiles.max_examples(25),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 setting_programs = st.lists(
     st.tuples(st.integers(0, 50), st.just("set"), keys), min_size=1, max_size=4

@@ -18,6 +18,7 @@ import copy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import profiles
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
 from mutation_programs import (
@@ -32,7 +33,13 @@ from mutation_programs import (
     trees,
 )
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each example traces and compiles: a fraction of the profile's budget, scaled with it
+# (30 under ci; tests/support/profiles.py).
+SETTINGS = settings(
+    max_examples=profiles.max_examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def loss_after(program):

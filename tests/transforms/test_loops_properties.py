@@ -13,12 +13,19 @@ import copy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import profiles
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mutation_programs import Model, Noted, containers, describe, sorted_view, trees
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each example traces and compiles: a fraction of the profile's budget, scaled with it
+# (25 under ci; tests/support/profiles.py).
+SETTINGS = settings(
+    max_examples=profiles.max_examples(25),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 XS = np.arange(1.0, 4.0, dtype=np.float32)
 
 

@@ -442,13 +442,18 @@ def sc_alias_random_mutation_programs_equal_plain_python():
     NumPy constants, which inside shard_map are a device's whole block), so plain Python on
     the whole arrays is the reference, and every value written back is replicated as its
     input was. The split case is the data-parallel scenarios'."""
-    from hypothesis import HealthCheck, given, settings
+    import profiles
+    from hypothesis import given, settings
     from mutation_programs import containers, describe, programs, run_as_alias, run_program, trees
 
+    profiles.load()  # this runs in a subprocess, where tests/conftest.py has not loaded it
     m = mesh()
     replicated = NamedSharding(m, P())
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    # 25 examples under ci, scaled with the profile: each compiles a shard_map on 8 devices.
+    # The health checks are the profile's: none needs suppressing here (drawing a tree and a
+    # program takes milliseconds, and too_slow allows 30 s of drawing without a deadline).
+    @settings(max_examples=profiles.max_examples(25), deadline=None)
     @given(trees, programs)
     def check(tree, program):
         def f(t):

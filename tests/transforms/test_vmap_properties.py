@@ -20,12 +20,19 @@ import copy
 
 import jax
 import numpy as np
+import profiles
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mutation_programs import containers, describe, programs, run_as_alias, run_program, trees
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each example traces and compiles: a fraction of the profile's budget, scaled with it
+# (30 under ci; tests/support/profiles.py).
+SETTINGS = settings(
+    max_examples=profiles.max_examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 B = 3
 
 

@@ -1,6 +1,7 @@
 """Property-based differential tests: hypothesis-generated pytrees, treeclone vs JAX.
 
-Profiles (see conftest): ``TREECLONE_HYPOTHESIS_PROFILE=ci`` (default) or ``long``.
+Profiles (tests/support/profiles.py): ``ci`` (default), or ``long`` with ``TREECLONE_LONG=1``
+or ``TREECLONE_HYPOTHESIS_PROFILE=long``; these run the profile's whole budget.
 """
 
 from __future__ import annotations
