@@ -914,7 +914,9 @@ class _Inner:
         if self._policy.mutations != "propagate" and "out" in seen:
             # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
             # (rule 12a); alias gives plain Python's, the caller's own object.
-            returned = {id(x) for x in jax.tree_util.tree_leaves(seen["out"])}
+            # treeclone's own flatten: JAX's recurses natively and fails on a deep result
+            # (_trace.run has flattened this one already).
+            returned = {id(x) for x in _native.leaves(seen["out"])}
             info.returned_inputs = tuple(
                 s
                 for s, x in enumerate(leaves)

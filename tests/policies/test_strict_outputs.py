@@ -172,3 +172,18 @@ def test_a_ref_handed_back_is_the_callers_ref(policy):
     ref, doubled = tc.jit(f, policy=policy)(state)
     assert ref is state["r"] and float(doubled) == 14.0
     np.testing.assert_array_equal(np.asarray(ref[...]), [7.0, 1.0, 2.0])
+
+
+def test_strict_returns_a_deeply_nested_input_with_jax_arrays():
+    """A result nested deeper than JAX's own flatten can go (it recurses natively): strict's
+    look for handed-back inputs must not use it (found by benches/scaling_table.py)."""
+    depth = 3000
+    tree: list = [1.5]
+    for _ in range(depth):
+        tree = [tree]
+    out = tc.jit(lambda t: t, policy="strict")(tree)
+    for _ in range(depth):
+        assert type(out) is list and len(out) == 1
+        out = out[0]
+    (leaf,) = out
+    assert isinstance(leaf, jax.Array) and leaf.weak_type and float(leaf) == 1.5
