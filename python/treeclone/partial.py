@@ -25,7 +25,7 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
-from treeclone.jit import Jitted, _take, jit
+from treeclone.jit import Jitted, _Naming, _take, check_cycles, jit
 from treeclone.policies import Policy, _override, as_policy
 
 _SCALARS = (int, float, bool, complex)
@@ -36,13 +36,20 @@ _JOIN_CACHE_SIZE = 64
 class _BoundArguments:
     """The bound arguments of a ``jit_partial``, flattened, with what checks them."""
 
-    def __init__(self, args: tuple):
+    def __init__(self, args: tuple, naming: _Naming):
         self.args = args
+        self.naming = naming
         self._flatten()
 
     def _flatten(self) -> None:
         previous = getattr(self, "sdef", None)
-        self.leaves, self.sdef, self.objects = _native.flatten_shared(self.args)
+        try:
+            self.leaves, self.sdef, self.objects = _native.flatten_shared(self.args)
+        except ValueError:
+            # A cycle: the error names the argument (rule 14), as treeclone.jit's does, not
+            # its position in the tuple of bound arguments.
+            check_cycles(self.naming, self.args, {})
+            raise
         self.stale = False
         # The same structure again (new containers in place of old ones, as after
         # ``state["params"] = optax.apply_updates(...)``) keeps the joined structures and leaf
@@ -109,7 +116,7 @@ class JitPartial:
         self._jitted = jitted
         if jitted._static_nums & set(range(len(bound))):
             raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
-        self._bound = _BoundArguments(bound)
+        self._bound = _BoundArguments(bound, jitted._naming)
 
     @property
     def policy(self) -> Policy:

@@ -335,3 +335,28 @@ def test_nnx_eval_mode_set_between_calls_is_used():
     forward(x)
     model.eval()  # BatchNorm uses its running averages from now on: static data changed
     assert np.allclose(forward(x), model(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("when", ["at_creation", "between_calls"])
+def test_a_cycle_in_a_bound_argument_names_the_argument(when):
+    """Rule 14: the same ValueError text as treeclone.jit's, naming the argument (``state``),
+    whether the bound argument holds the cycle when bound or is given one between calls."""
+
+    def step(state, x):
+        return state["w"] * x
+
+    state = {"w": jnp.ones(2)}
+    if when == "at_creation":
+        state["loop"] = [state]
+        with pytest.raises(ValueError) as ours:
+            tc.jit_partial(step, state)
+    else:
+        p = tc.jit_partial(step, state)
+        np.testing.assert_array_equal(p(2.0), [2.0, 2.0])
+        state["loop"] = [state]
+        with pytest.raises(ValueError) as ours:
+            p(2.0)
+    with pytest.raises(ValueError) as theirs:
+        tc.jit(step, policy="alias")(state, 2.0)
+    assert str(ours.value) == str(theirs.value)
+    assert "the dict at state contains itself at relative key path ['loop'][0]" in str(ours.value)
