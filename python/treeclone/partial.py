@@ -60,8 +60,10 @@ class _BoundArguments:
             self.joined: dict[Any, SharedTreeDef] = {}
             self.takers: dict[tuple[int, ...], Callable[[list], list]] = {}
         self.snapshot = Snapshot.take(self.objects, self.containers)
-        # Objects a call's arguments must not share with the bound ones.
-        self.ids = set(map(id, self.objects))
+        # Objects a call's arguments must not share with the bound ones: the containers, and
+        # the leaves as they are now (``leaf_ids``, made again after a write-back changed them).
+        self.ids = {id(self.objects[i]) for i in self.containers}
+        self.leaf_ids: set[int] | None = None
 
     def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
         """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
@@ -70,8 +72,11 @@ class _BoundArguments:
             self._flatten()
         n = len(self.args)
         leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
+        if self.leaf_ids is None:
+            self.leaf_ids = set(map(id, self.leaves))
         # Python scalars are values, not tracked (a small int is one object everywhere).
-        if not self.ids.isdisjoint(id(o) for o in objects if type(o) not in _SCALARS):
+        given = [id(o) for o in objects if type(o) not in _SCALARS]
+        if not (self.ids.isdisjoint(given) and self.leaf_ids.isdisjoint(given)):
             # An argument reachable from the bound ones: one flatten keeps them one object.
             self.stale = True
             return _native.flatten_shared((*args, kwargs))
@@ -94,6 +99,7 @@ class _BoundArguments:
             if take is None:
                 take = self.takers[index] = _take(list(index[: len(self.leaves)]))
             self.leaves = take([*leaves, *outputs])
+            self.leaf_ids = None  # the arrays written back are bound now (rule 11)
             self.snapshot.refresh(written)
 
 

@@ -360,3 +360,35 @@ def test_a_cycle_in_a_bound_argument_names_the_argument(when):
         tc.jit(step, policy="alias")(state, 2.0)
     assert str(ours.value) == str(theirs.value)
     assert "the dict at state contains itself at relative key path ['loop'][0]" in str(ours.value)
+
+
+def test_a_written_back_leaf_passed_again_is_the_bound_object():
+    """After a call writes a bound leaf, the new array passed back as an argument is the bound
+    object inside (``s["w"] is x``), as in plain Python and under treeclone.jit (rule 7), and
+    with that argument donated it is not donated, since the bound state keeps it (rule 11),
+    where XLA's "Attempt to donate a buffer which is also used by the same call" escaped."""
+
+    def step(s, x):
+        same = s["w"] is x
+        s["w"] = s["w"] + x
+        return same
+
+    plain = {"w": jnp.ones(2)}  # the plain Python program on its own state
+    expected = [step(plain, jnp.ones(2)), step(plain, plain["w"]), step(plain, plain["w"])]
+    assert expected == [False, True, True]
+    state = {"w": jnp.ones(2)}
+    p = tc.jit_partial(step, state)
+    ours = [bool(p(jnp.ones(2))), bool(p(state["w"])), bool(p(state["w"]))]
+    assert ours == expected
+    np.testing.assert_array_equal(state["w"], plain["w"])
+
+    def update(s, x):
+        s["w"] = s["w"] + x
+
+    s = {"w": jnp.ones(2)}
+    p = tc.jit_partial(update, s, donate_argnums=1)
+    p(jnp.ones(2))
+    written = s["w"]
+    p(written)  # bound and donated: kept, as treeclone.jit keeps it
+    assert not written.is_deleted()
+    np.testing.assert_array_equal(s["w"], [4.0, 4.0])
