@@ -24,11 +24,12 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import jax
 
 from treeclone import _jax_compat, _native, _trace
+from treeclone._bound import BoundArguments
 
 # jax's description of a traced function, for its messages (None: jax's own naming).
 from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
@@ -36,9 +37,6 @@ from treeclone._jax_compat import DebugInfo as _DebugInfo
 from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
 from treeclone._jax_compat import jaxpr_as_fun as _jaxpr_as_fun
 from treeclone.policies import CLONE, Policy, _override, as_policy
-
-if TYPE_CHECKING:
-    from treeclone.partial import _BoundArguments
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
 _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -453,7 +451,7 @@ class Jitted:
     # --- the policy path ----------------------------------------------------------------------
 
     def _call_policy(
-        self, policy: Policy, args: tuple, kwargs: dict, bound: _BoundArguments | None = None
+        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
     ) -> Any:
         call = self._prepare(policy, args, kwargs, bound)
         local = call.inner.local
@@ -470,7 +468,7 @@ class Jitted:
         return out
 
     def _prepare(
-        self, policy: Policy, args: tuple, kwargs: dict, bound: _BoundArguments | None = None
+        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
     ) -> _Call:
         """Everything about one call up to running the inner jit. With ``bound``, the first
         arguments are ``jit_partial``'s, flattened already: only the others are flattened."""
