@@ -244,24 +244,13 @@ def run(
             for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
             if isinstance(e, NodeInfo) and e.arity == 0 and e.data is o
         }
-    watched = {}
-    if caller_objects is not None:
-        watched = {
-            k: _shallow_state(caller_objects[k])
-            for k, e in enumerate(pre_info)
-            if isinstance(e, NodeInfo)
-            and e.node_type is not NoneType
-            and objs[k] is not caller_objects[k]  # not handed to the function itself
-        }
+    watched = {} if caller_objects is None else watch_callers(caller_objects, objs, pre_info)
     args, kwargs = rebuild_args(*layout.split(root))
     out = fun(*args, **kwargs)
     if transform_out is not None:
         out = transform_out(out)
-    touched = [k for k, state in watched.items() if _shallow_state(caller_objects[k]) != state]
-    if touched:
-        for k in touched:
-            _restore_shallow_state(caller_objects[k], watched[k])
-        _raise_changed_elsewhere(fun, touched, pre_def, objs, layout)
+    if watched:
+        check_callers(fun, caller_objects, watched, pre_def, objs, layout)
     changed_statics = {k: _static_changes(snap) for k, snap in statics.items()}
     changed_statics = {k: found for k, found in changed_statics.items() if found}
     if changed_statics:
@@ -667,6 +656,40 @@ def _holds_tracer(data: Any) -> bool:
         return any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(data))
     except Exception:
         return False
+
+
+def watch_callers(
+    callers: Sequence[Any], objs: list, info: list, skip: frozenset[int] | set[int] = frozenset()
+) -> dict[int, tuple]:
+    """The shallow state of each of the caller's containers (``callers``, per node of
+    ``info``) that the function does not get itself (it gets ``objs``, rebuilt; nodes in
+    ``skip`` are left out): it may reach the caller's through a global or a closure, and a
+    change made there would be lost (rule 25). :func:`check_callers` compares after."""
+    return {
+        k: _shallow_state(callers[k])
+        for k, e in enumerate(info)
+        if k not in skip
+        and isinstance(e, NodeInfo)
+        and e.node_type is not NoneType
+        and objs[k] is not callers[k]
+    }
+
+
+def check_callers(
+    fun: Callable[..., Any],
+    callers: Sequence[Any],
+    watched: dict[int, tuple],
+    pre_def: Any,
+    objs: list,
+    layout: Layout,
+) -> None:
+    """Rule 25's ValueError when ``fun`` changed one of the ``watched`` caller containers
+    through another name than its argument; those containers are put back first."""
+    touched = [k for k, state in watched.items() if _shallow_state(callers[k]) != state]
+    if touched:
+        for k in touched:
+            _restore_shallow_state(callers[k], watched[k])
+        _raise_changed_elsewhere(fun, touched, pre_def, objs, layout)
 
 
 def _raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:

@@ -216,12 +216,15 @@ class _Carry:
         changes are an error under ``strict`` unless returned."""
         carry, objs = self.rebuild(slots)
         watched = _snapshot(objs, self.info, self.skip)
-        callers = self._watch_callers(objs)
+        # The caller's carry containers, which the body may reach through a global or a
+        # closure (rule 25; a change there would hold a tracer, and the final write-back
+        # would replace it).
+        callers = _trace.watch_callers(self.objs, objs, self.info, self.skip)
         extra_watch = None
         if extra is not None and self.policy.mutations == "error":
             extra_watch = _ExtraWatch(*extra)
         new_carry, others = body(carry)
-        self._check_callers(self.fun, objs, callers)
+        _trace.check_callers(self.fun, self.objs, callers, self.sdef, objs, self.layout)
         if extra_watch is not None:
             extra_watch.check(self.fun, (new_carry, others))
         new_leaves, new_sdef, new_objs = _native.flatten_shared((new_carry, {}))
@@ -279,33 +282,6 @@ class _Carry:
         self.pattern = (frozenset(kept), unchanged)
         return new_slots, others
 
-    def _watch_callers(self, objs: list) -> dict[int, tuple]:
-        """The shallow state of each of the caller's carry containers that the body does not
-        get itself (it gets ``objs``, rebuilt): the body may reach the caller's through a
-        global or a closure, and a change made there would be lost (rule 25)."""
-        return {
-            k: _trace._shallow_state(self.objs[k])
-            for k, e in enumerate(self.info)
-            if k not in self.skip
-            and isinstance(e, NodeInfo)
-            and e.node_type is not _NoneType
-            and objs[k] is not self.objs[k]
-        }
-
-    def _check_callers(self, fun: Any, objs: list, watched: dict[int, tuple]) -> None:
-        """Rule 25's ValueError, as ``jit`` raises it, when ``fun`` changed one of the
-        caller's carry containers through another name than its argument; the containers are
-        put back as they were first. (A loop's body runs at trace time: the change would hold
-        a tracer, and the write-back of the final carry would replace it.)"""
-        touched = [
-            k for k, state in watched.items() if _trace._shallow_state(self.objs[k]) != state
-        ]
-        if not touched:
-            return
-        for k in touched:
-            _trace._restore_shallow_state(self.objs[k], watched[k])
-        _trace._raise_changed_elsewhere(fun, touched, self.sdef, objs, self.layout)
-
     def _check_outside_attributes(
         self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
     ) -> None:
@@ -330,9 +306,9 @@ class _Carry:
         """Run ``run`` (while_loop's condition) on the rebuilt carry, which it may not change."""
         carry, objs = self.rebuild(slots)
         watched = _snapshot(objs, self.info, self.skip)
-        callers = self._watch_callers(objs)
+        callers = _trace.watch_callers(self.objs, objs, self.info, self.skip)
         out = run(carry)
-        self._check_callers(fun, objs, callers)
+        _trace.check_callers(fun, self.objs, callers, self.sdef, objs, self.layout)
         bad = _changed(objs, watched)
         if bad:
             lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
