@@ -37,9 +37,12 @@ from treeclone.policies import (
     CLONE,
     STRICT,
     MutationError,
+    MutationWarning,
     Policy,
+    discarded_mutations,
     policy,
     register_inplace,
+    set_discarded_mutations,
 )
 from treeclone.sharding import shard_map
 from treeclone.transforms import checkpoint, grad, remat, value_and_grad
@@ -51,6 +54,7 @@ __all__: list[str] = [
     "JitPartial",
     "Jitted",
     "MutationError",
+    "MutationWarning",
     "Policy",
     "PyTreeDef",
     "SharedTreeDef",
@@ -59,6 +63,7 @@ __all__: list[str] = [
     "call",
     "checkpoint",
     "cond",
+    "discarded_mutations",
     "fori_loop",
     "grad",
     "jit",
@@ -67,6 +72,7 @@ __all__: list[str] = [
     "register_inplace",
     "remat",
     "scan",
+    "set_discarded_mutations",
     "shard_map",
     "switch",
     "tree",

@@ -9,7 +9,9 @@ caller's objects) at every call, plus the leaves the computation must output.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +32,7 @@ from treeclone._jax_compat import (
 from treeclone._jax_compat import flatten_one_level_with_keys as _keyed_children
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import changed_attributes, has_updater, writable, write_custom
-from treeclone.policies import MutationError, Policy
+from treeclone.policies import MutationError, Policy, report_discarded, report_off
 
 NoneType = type(None)
 NodeInfo = EntryInfo.Node
@@ -276,22 +278,7 @@ def run(
     slot_of = {id(leaf): s for s, leaf in enumerate(in_leaves)}
 
     # Which input containers changed, and which the function returns.
-    inputs_node, out_node = post_info[-1].children[:2]
-    returned: set[int] = set()
-    agenda = list(range(inputs_node + 1, out_node + 1))
-    expanded: set[int] = set()
-    while agenda:
-        n = agenda.pop()
-        entry = post_info[n]
-        if isinstance(entry, EntryInfo.Ref):
-            target = entry.target
-            if target not in expanded:  # a returned input: everything under it is returned
-                expanded.add(target)
-                agenda.extend(range(target - post_info[target].size + 1, target + 1))
-        elif isinstance(entry, NodeInfo):
-            k = container_index.get(id(post_objs[n]))
-            if k is not None:
-                returned.add(k)
+    returned = _returned_nodes(post_info, post_objs, container_index)
     mutated: list[tuple[int, list]] = []
     origin_of: dict[int, Origin] = {}
     for n, entry in enumerate(post_info):
@@ -397,6 +384,167 @@ def run(
     written = sorted(k for k, _ in mutated)
     before = (pre_def, pre_info, objs)
     return plan, outputs, _next_inputs(policy, root, before, in_leaves, pool_index, written)
+
+
+def _returned_nodes(post_info: list, post_objs: list, container_index: dict[int, int]) -> set[int]:
+    """The input containers (their nodes in the input tree) that the result holds, directly
+    or inside a returned input, in a flatten of ``(inputs, result, ...)``."""
+    inputs_node, out_node = post_info[-1].children[:2]
+    returned: set[int] = set()
+    agenda = list(range(inputs_node + 1, out_node + 1))
+    expanded: set[int] = set()
+    while agenda:
+        n = agenda.pop()
+        entry = post_info[n]
+        if isinstance(entry, EntryInfo.Ref):
+            target = entry.target
+            if target not in expanded:  # a returned input: everything under it is returned
+                expanded.add(target)
+                agenda.extend(range(target - post_info[target].size + 1, target + 1))
+        elif isinstance(entry, NodeInfo):
+            k = container_index.get(id(post_objs[n]))
+            if k is not None:
+                returned.add(k)
+    return returned
+
+
+def run_reporting_discards(
+    fun: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    names: dict[int, str],
+    static: frozenset[str] = frozenset(),
+) -> tuple[Any, list[str]]:
+    """``fun(*args, **kwargs)`` on containers made for this call (by ``jax.jit``, ``jax.grad``,
+    ``treeclone.call`` under ``clone``), and a line ``path: what`` for each of those containers
+    it changed in place and does not return: changes the caller never sees (``clone``
+    discards them). ``names`` names the positional arguments that are traced, by position;
+    keyword arguments are named by their keys. The other positions and the keywords in
+    ``static`` are static arguments, not looked into.
+
+    The same analysis as ``run``'s for ``strict``, on the containers themselves (nothing is
+    rebuilt); static objects (rule 24) stay the caller's own, as in plain Python."""
+    traced = [i for i in range(len(args)) if i in names]
+    root = (*(args[i] for i in traced), {k: v for k, v in kwargs.items() if k not in static})
+    layout = Layout(len(traced), [names[i] for i in traced])
+    _, pre_def, objs = _native.flatten_shared(root)
+    pre_info = pre_def.node_info()
+    unstable = _unstable_static_data(root, pre_info)
+    container_index = {
+        id(o): k
+        for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
+        if isinstance(e, NodeInfo) and e.node_type is not NoneType
+    }
+    own_attributes = {
+        k: set(vars(objs[k]))
+        for k in container_index.values()
+        if pre_info[k].node_type not in (list, dict) and hasattr(objs[k], "__dict__")
+    }
+    out = fun(*args, **kwargs)
+    _, post_def, post_objs = _native.flatten_shared((root, out))
+    reached = {id(o) for o in post_objs}
+    detached = tuple(objs[k] for k in container_index.values() if id(objs[k]) not in reached)
+    if detached:
+        _, post_def, post_objs = _native.flatten_shared((root, out, detached))
+    post_info = post_def.node_info()
+    returned = _returned_nodes(post_info, post_objs, container_index)
+    lost = []
+    for n, entry in enumerate(post_info):
+        if not isinstance(entry, NodeInfo) or entry.node_type is NoneType:
+            continue
+        k = container_index.get(id(post_objs[n]))
+        if k is None or k in returned:
+            continue
+        keys = (pre_info[k].data, entry.data) if entry.node_type is dict else None
+        changes = _describe(
+            pre_info[k], entry, objs, post_objs, (pre_info, post_info), keys, k not in unstable
+        )
+        changes += [
+            (None, f"attribute {name!r} set outside the pytree", None)
+            for name in getattr(post_objs[n], "__dict__", ())
+            if k in own_attributes and name not in own_attributes[k]
+        ]
+        if changes:
+            lost.append((k, changes))
+    return out, _mutation_lines(lost, pre_def, objs, layout) if lost else []
+
+
+class ReportingDiscards:
+    """``fun`` for a JAX transformation under ``clone``: each time it is traced, what it changes
+    in place and does not return is reported (``policies.report_discarded``: a
+    ``MutationWarning`` by default, ``mode`` for this function). To JAX it looks like ``fun``:
+    its name, and ``__wrapped__``, which jax unwraps for the source and the signature. ``fun``
+    is held weakly where it can be (its owner holds it), so that a cache of these keyed by
+    ``fun`` (:func:`reporting_discards`) does not keep it alive.
+    ``name(i)`` names positional argument ``i``; ``static_nums``/``static_names`` are the
+    static arguments, not looked into."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        name: Callable[[int], str],
+        static_nums: frozenset[int] = frozenset(),
+        static_names: frozenset[str] = frozenset(),
+        mode: str | None = None,
+    ):
+        try:
+            self._fun: Callable[[], Any] = weakref.ref(fun)
+        except TypeError:
+            self._fun = lambda: fun
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            if hasattr(fun, attribute):
+                setattr(self, attribute, getattr(fun, attribute))
+        self._name, self._mode = name, mode
+        self._static_nums, self._static_names = static_nums, static_names
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        return self._fun()
+
+    def __repr__(self) -> str:  # jax's messages name the function by its repr
+        return repr(self._fun())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fun = self._fun()
+        if report_off(self._mode):
+            return fun(*args, **kwargs)
+        n = len(args)
+        static = {i + n if i < 0 else i for i in self._static_nums}
+        names = {i: self._name(i) for i in range(n) if i not in static}
+        out, lines = run_reporting_discards(fun, args, kwargs, names, self._static_names)
+        report_discarded(fun, lines, self._mode)
+        return out
+
+
+_reporting: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def reporting_discards(
+    fun: Any,
+    name: Callable[[Any], Callable[[int], str]],
+    static_nums: frozenset[int] = frozenset(),
+    static_names: frozenset[str] = frozenset(),
+    mode: str | None = None,
+) -> Any:
+    """The :class:`ReportingDiscards` of ``fun`` (with these static arguments and ``mode``):
+    the same object for the same ``fun``, so that JAX's caches, keyed by the function, find
+    it again (two ``treeclone.jit`` of one function share a trace as two ``jax.jit`` do; a
+    ``cond`` branch or loop body passed at each call is traced once). ``fun`` itself when it
+    is not callable (JAX's own error follows). ``name(fun)`` gives the namer of its
+    arguments."""
+    if not callable(fun):
+        return fun
+    key = (static_nums, static_names, mode)
+    try:
+        per_fun = _reporting.get(fun)
+        if per_fun is None:
+            per_fun = _reporting[fun] = {}
+    except TypeError:  # not weakly referable, or unhashable: one for this call
+        per_fun = {}
+    found = per_fun.get(key)
+    if found is None:
+        found = per_fun[key] = ReportingDiscards(fun, name(fun), *key)
+    return found
 
 
 def _next_inputs(
@@ -727,13 +875,18 @@ def _raise_traced_static_data(fun, k, pre_def, objs, layout) -> None:
 
 
 def _raise_mutation_error(fun, bad, pre_def, objs, layout) -> None:
+    raise mutation_error(fun, _mutation_lines(bad, pre_def, objs, layout))
+
+
+def _mutation_lines(bad, pre_def, objs, layout) -> list[str]:
+    """``path: what`` for each change of ``bad``, ``(node, changes)`` pairs (``_describe``)."""
     paths = _Paths(pre_def, objs, layout)
     lines = []
     for k, changes in bad:
         for j, what, now in changes:
             where = paths.paths.get(k, "?") if j is None else paths.child(k, j, now)
             lines.append(f"{where or '(the arguments)'}: {what}")
-    raise mutation_error(fun, lines)
+    return lines
 
 
 def mutation_error(fun: Callable[..., Any], lines: list[str]) -> MutationError:

@@ -36,7 +36,7 @@ from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
 from treeclone._jax_compat import DebugInfo as _DebugInfo
 from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
 from treeclone._jax_compat import jaxpr_as_fun as _jaxpr_as_fun
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone.policies import CLONE, Policy, _check_discarded_mode, _override, as_policy
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
 _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -375,7 +375,13 @@ class Jitted:
 
     __signature__ = _FunSignature()
 
-    def __init__(self, fun: Callable, policy: str | Policy, jit_kwargs: dict[str, Any]):
+    def __init__(
+        self,
+        fun: Callable,
+        policy: str | Policy,
+        jit_kwargs: dict[str, Any],
+        discarded_mutations: str | None = None,
+    ):
         """Use :func:`jit`; ``jit_kwargs`` are passed to ``jax.jit`` as they are."""
         if not callable(fun):
             raise TypeError(f"Expected a callable value, got {fun!r}")
@@ -385,15 +391,26 @@ class Jitted:
         self._fun = fun
         self._policy = as_policy(policy)
         self._kwargs = dict(jit_kwargs)
-        self._jax_jitted: Any = jax.jit(fun, **jit_kwargs)  # the clone policy
         self._static_nums, self._static_names = _resolve(
             fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
         )
+        self._naming = _Naming(fun)
+        if discarded_mutations is not None:
+            _check_discarded_mode(discarded_mutations)
+        # The clone policy: jax.jit of fun, which reports at each trace what fun changed in
+        # place and does not return (discarded: a MutationWarning); cached calls are jax.jit's.
+        reporting = _trace.reporting_discards(
+            fun,
+            lambda _: self._naming.name,
+            self._static_nums,
+            self._static_names,
+            discarded_mutations,
+        )
+        self._jax_jitted: Any = jax.jit(reporting, **jit_kwargs)
         self._donate_nums, self._donate_names = _resolve(
             fun, jit_kwargs.get("donate_argnums"), jit_kwargs.get("donate_argnames")
         )
         self._in_shardings_given = _specified(jit_kwargs.get("in_shardings"))
-        self._naming = _Naming(fun)
         self._inner, self._shared = _inner_cache(fun, _hashable_options(self._kwargs))
         self._masks: dict[tuple, _Donation] = {}
 
@@ -1094,6 +1111,7 @@ def jit(
     inline: bool = False,
     abstracted_axes: Any | None = None,
     compiler_options: dict[str, Any] | None = None,
+    discarded_mutations: str | None = None,
 ) -> Jitted: ...
 @overload
 def jit(
@@ -1113,6 +1131,7 @@ def jit(
     inline: bool = False,
     abstracted_axes: Any | None = None,
     compiler_options: dict[str, Any] | None = None,
+    discarded_mutations: str | None = None,
 ) -> Callable[[Callable[..., Any]], Jitted]: ...
 def jit(
     fun: Callable[..., Any] | None = None,
@@ -1131,6 +1150,7 @@ def jit(
     inline: bool = False,
     abstracted_axes: Any | None = None,
     compiler_options: dict[str, Any] | None = None,
+    discarded_mutations: str | None = None,
 ) -> Jitted | Callable[[Callable[..., Any]], Jitted]:
     """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
     or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
@@ -1139,7 +1159,10 @@ def jit(
     given, so each works exactly when this JAX's ``jax.jit`` has it (``abstracted_axes``: JAX
     before 0.8); another keyword, or ``fun`` given by keyword, is the TypeError ``jax.jit``
     raises. Without ``fun``, the decorator that applies these options. Under ``clone`` a call
-    is ``jax.jit(fun, ...)``'s own.
+    is ``jax.jit(fun, ...)``'s own, and a trace that finds ``fun`` changing an input in place
+    without returning it (a change ``clone`` discards) warns (``treeclone.MutationWarning``);
+    ``discarded_mutations="error"`` or ``"off"`` chooses otherwise for this function
+    (:func:`treeclone.set_discarded_mutations` for all).
 
     >>> import jax.numpy as jnp, treeclone
     >>> def append_double(xs, x):
@@ -1181,8 +1204,8 @@ def jit(
         }
     )
     if fun is None:
-        return lambda f: Jitted(f, policy, given)
-    return Jitted(fun, policy, given)
+        return lambda f: Jitted(f, policy, given, discarded_mutations)
+    return Jitted(fun, policy, given, discarded_mutations)
 
 
 __all__: Sequence[str] = ["Jitted", "argument_names", "jit"]

@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,11 +44,15 @@ __all__ = [
     "MUTATIONS",
     "PRESETS",
     "STRICT",
+    "DISCARDED_MUTATIONS",
     "MutationError",
+    "MutationWarning",
     "Policy",
     "as_policy",
+    "discarded_mutations",
     "policy",
     "register_inplace",
+    "set_discarded_mutations",
 ]
 
 MUTATIONS: tuple[str, ...] = ("discard", "propagate", "error")
@@ -68,6 +74,122 @@ class MutationError(ValueError):
     ...
     treeclone.policies.MutationError: ...
     """
+
+
+class MutationWarning(UserWarning):
+    """A function run under ``clone`` changed an input in place without returning it.
+
+    ``clone`` discards such changes, as ``jax.jit`` does: the caller's objects keep their old
+    values (an ``optimizer.update(...)`` whose optimizer is not returned trains nothing).
+    Issued once per trace, naming the function and the key paths; see
+    :func:`set_discarded_mutations` to make it an error or silence it.
+
+    >>> import warnings, jax.numpy as jnp, treeclone
+    >>> def step(state):
+    ...     state["n"] = state["n"] + 1
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     treeclone.jit(step)({"n": jnp.zeros(())})
+    >>> print(caught[0].message)
+    step changed its inputs in place without returning them; under policy 'clone' ...
+      state['n']: replaced
+    ...
+    """
+
+
+DISCARDED_MUTATIONS: tuple[str, ...] = ("warn", "error", "off")
+"""What :func:`set_discarded_mutations` and ``discarded_mutations=`` take."""
+_discarded_default = "warn"
+_discarded_block: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "treeclone_discarded_mutations", default=None
+)
+
+
+def _check_discarded_mode(mode: str) -> str:
+    if mode not in DISCARDED_MUTATIONS:
+        raise ValueError(
+            f"discarded_mutations must be one of {DISCARDED_MUTATIONS}, got {mode!r}"
+        )
+    return mode
+
+
+def set_discarded_mutations(mode: str) -> str:
+    """Set what a function run under ``clone`` that changes an input in place without returning
+    it gets, everywhere (``jit``, ``call`` and each transformation); returns the previous mode.
+
+    ``"warn"`` (the default): a :class:`MutationWarning` at each trace that discards a change;
+    ``"error"``: the :class:`MutationError` ``strict`` raises; ``"off"``: nothing, as
+    ``jax.jit``. ``treeclone.jit(f, discarded_mutations=...)`` chooses for one function and
+    a ``with treeclone.discarded_mutations(...)`` block for the calls inside it, which wins.
+
+    >>> import treeclone
+    >>> previous = treeclone.set_discarded_mutations("error")
+    >>> previous
+    'warn'
+    >>> treeclone.set_discarded_mutations(previous)
+    'error'
+    """
+    global _discarded_default
+    previous, _discarded_default = _discarded_default, _check_discarded_mode(mode)
+    return previous
+
+
+@contextlib.contextmanager
+def discarded_mutations(mode: str) -> Iterator[str]:
+    """Within the block, a discarded in-place change is ``mode`` (``"warn"``, ``"error"`` or
+    ``"off"``: see :func:`set_discarded_mutations`), whatever a function was wrapped with.
+
+    >>> import jax.numpy as jnp, treeclone
+    >>> def grow(xs):
+    ...     xs.append(jnp.ones(()))
+    >>> with treeclone.discarded_mutations("error"):
+    ...     treeclone.call(grow, [])
+    Traceback (most recent call last):
+    ...
+    treeclone.policies.MutationError: grow changed its inputs in place without returning ...
+    """
+    token = _discarded_block.set(_check_discarded_mode(mode))
+    try:
+        yield mode
+    finally:
+        _discarded_block.reset(token)
+
+
+def report_off(mode: str | None) -> bool:
+    """Whether discarded changes go unreported, as the block, ``mode`` or the global say."""
+    return (_discarded_block.get() or mode or _discarded_default) == "off"
+
+
+def report_discarded(fun: Callable[..., Any], lines: list[str], mode: str | None) -> None:
+    """Warn about (or raise for) the changes ``lines`` (``path: what``) that ``fun`` made in
+    place and that ``clone`` discards, as the block's, the function's (``mode``) or the
+    global setting says."""
+    chosen = _discarded_block.get() or mode or _discarded_default
+    if chosen == "off" or not lines:
+        return
+    name = getattr(fun, "__qualname__", None) or repr(fun)
+    text = (
+        f"{name} changed its inputs in place without returning them; under policy 'clone' "
+        "(what jax.jit does) these changes are discarded and the caller's objects keep their "
+        "old values:\n"
+        + "\n".join(f"  {line}" for line in lines)
+        + "\nReturn the changed objects, or use policy='alias' to apply such changes to the "
+        "caller's objects. (treeclone.set_discarded_mutations, or discarded_mutations= on "
+        "treeclone.jit, says 'off' or 'error' instead of this warning.)"
+    )
+    if chosen == "error":
+        raise MutationError(text)
+    code = getattr(inspect.unwrap(fun), "__code__", None)
+    if code is None:
+        warnings.warn(text, MutationWarning, stacklevel=3)
+    else:  # at the user's function: the trace that finds it runs deep inside jax
+        warnings.warn_explicit(
+            text,
+            MutationWarning,
+            code.co_filename,
+            code.co_firstlineno,
+            module=getattr(fun, "__module__", None),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
