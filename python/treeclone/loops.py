@@ -6,9 +6,11 @@ loop's own. Under ``alias`` a call behaves as the Python loop it stands for, run
 caller's objects::
 
     carry = init                        # scan
-    for x in slices(xs):                # x: a fresh slice of each leaf of xs
-        carry, y = f(carry, x)
-        ys.append(y)
+    for i in range(n):
+        x = tree_map(lambda a: a[i], xs)  # the slice: a view of row i of each leaf
+        carry, ys[i] = f(carry, x)
+        for a, row in zip(leaves(xs), leaves(x)):
+            a[i] = row                  # what the body left in the slice is row i
     return carry, stack(ys)
 
 The body may update the carry in place and return it (an optimizer's ``update`` method, a
@@ -738,10 +740,12 @@ def scan(
     Under ``clone`` the call is ``jax.lax.scan``'s own. Under ``alias`` it is the Python loop
     ``for x in slices(xs): carry, y = f(carry, x)`` on the caller's ``init``: the body may
     update the carry in place and return it, and the carry returned is then the caller's same
-    object holding the final state; ``xs`` slices and the stacked ``ys`` are as in
-    ``jax.lax.scan`` (a slice is a fresh tree each iteration: changing it in place reaches
-    nothing). Under ``strict`` a carry container (or slice) changed in place and not returned
-    is a :class:`~treeclone.MutationError`.
+    object holding the final state. Each slice ``x`` is a view of row i of each leaf of
+    ``xs``: what the body does to it in place (a counter, a BatchNorm's statistics in a stack
+    of layers) is written back into the caller's ``xs`` as a new stacked array per changed
+    leaf, as ``nnx.scan`` does for a module scanned over axis 0. ``ys`` are stacked as by
+    ``jax.lax.scan``. Under ``strict`` a carry container (or slice) changed in place and not
+    returned is a :class:`~treeclone.MutationError`, and nothing is written back.
 
     >>> import jax.numpy as jnp, treeclone
     >>> def body(state, x):
