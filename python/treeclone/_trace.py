@@ -889,12 +889,22 @@ def _mutation_lines(bad, pre_def, objs, layout) -> list[str]:
     return lines
 
 
-def mutation_error(fun: Callable[..., Any], lines: list[str]) -> MutationError:
-    """The strict policy's error: one line per unreturned mutation (``path: what``)."""
+_REMEDY = (
+    "Return the mutated object, or use policy='alias' to apply such mutations to the "
+    "caller's objects, or policy='clone' to discard them."
+)
+
+
+def mutation_error(
+    fun: Callable[..., Any], lines: list[str], remedy: str = _REMEDY
+) -> MutationError:
+    """The strict policy's error: one line per unreturned mutation (``path: what``), then
+    ``remedy``, what to do instead (the loops give their own where alias would not apply the
+    change as the default text says)."""
     name = getattr(fun, "__qualname__", None) or repr(fun)
     return MutationError(
         f"{name} mutated its inputs in place without returning them (policy 'strict'):\n"
         + "\n".join(f"  {line}" for line in lines)
-        + "\nReturn the mutated object, or use policy='alias' to apply such mutations to the "
-        "caller's objects, or policy='clone' to discard them."
+        + "\n"
+        + remedy
     )

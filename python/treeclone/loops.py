@@ -6,9 +6,11 @@ loop's own. Under ``alias`` a call behaves as the Python loop it stands for, run
 caller's objects::
 
     carry = init                        # scan
-    for x in slices(xs):                # x: a fresh slice of each leaf of xs
-        carry, y = f(carry, x)
-        ys.append(y)
+    for i in range(n):
+        x = tree_map(lambda a: a[i], xs)  # the slice: a view of row i of each leaf
+        carry, ys[i] = f(carry, x)
+        for a, row in zip(leaves(xs), leaves(x)):
+            a[i] = row                  # what the body left in the slice is row i
     return carry, stack(ys)
 
 The body may update the carry in place and return it (an optimizer's ``update`` method, a
@@ -148,11 +150,16 @@ class _Carry:
 
     ``fun``: the user's body (for messages); ``name``: what messages call the carry
     (``init``, ``init_val``). The carry is flattened as ``(carry, {})``, the tree a one-argument
-    call flattens, so that ``_trace``'s key paths name it."""
+    call flattens, so that ``_trace``'s key paths name it.
 
-    def __init__(self, fun: Any, init: Any, name: str, policy: Policy):
+    Under ``alias`` scan's ``xs`` is one too (``sliced``): its leaves are the stacked arrays,
+    the body's slice is rebuilt from their rows, and the slice as the body leaves it is what
+    the step "returns"; the final rows, stacked by the loop, are written back into the caller's
+    ``xs`` as the carry's final leaves are into ``init`` (rule L7)."""
+
+    def __init__(self, fun: Any, init: Any, name: str, policy: Policy, sliced: bool = False):
         _check_cycle(init, name)
-        self.fun, self.name, self.policy = fun, name, policy
+        self.fun, self.name, self.policy, self.sliced = fun, name, policy, sliced
         self.leaves, self.sdef, self.objs = _native.flatten_shared((init, {}))
         self.info: list[Any] = self.sdef.node_info()
         self.root = self.sdef.num_nodes - 1
@@ -171,7 +178,7 @@ class _Carry:
             except TypeError:
                 raise TypeError(
                     f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
-                    "a valid JAX type, cannot be carried by a loop"
+                    f"a valid JAX type, cannot be {'scanned' if sliced else 'carried'} by a loop"
                 ) from None
         self.avals = tuple(avals)
 
@@ -244,8 +251,9 @@ class _Carry:
             if k is None:
                 continue
             if k != n:
+                what = "put the slice's" if self.sliced else "returned the carry's"
                 raise ValueError(
-                    f"{_qualname(self.fun)} returned the carry's container {self.path(k)} at "
+                    f"{_qualname(self.fun)} {what} container {self.path(k)} at "
                     f"the place of {self.path(n)}. A loop carries each container at its place; "
                     "build a new object there instead, or keep the container where it is."
                 )
@@ -273,6 +281,13 @@ class _Carry:
         for s, (old, new) in enumerate(zip(slots, new_slots, strict=True)):
             a, b = _aval(old), _aval(new)
             if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
+                if self.sliced:
+                    raise TypeError(
+                        f"{_qualname(self.fun)} put a value of type {b.str_short()} at "
+                        f"{self.slot_path(s)} of its slice, where xs's rows have type "
+                        f"{a.str_short()}: a slice is written back into the stacked xs, row by "
+                        "row, so it must keep its shapes and dtypes"
+                    )
                 raise TypeError(
                     f"{_qualname(self.fun)} returned {self.slot_path(s)} with type "
                     f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
@@ -313,7 +328,7 @@ class _Carry:
         if bad:
             lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
             if self.policy.mutations == "error":
-                raise _trace.mutation_error(fun, lines)
+                raise _trace.mutation_error(fun, lines, _CONDITION_REMEDY)
             raise ValueError(
                 f"{_qualname(fun)}, the loop's condition, changed the carry in place:\n"
                 + "\n".join(f"  {line}" for line in lines)
@@ -325,6 +340,14 @@ class _Carry:
     def _check_structure(self, carry: Any, new_carry: Any, new_info: list) -> None:
         if _same_structure(self.info, new_info, self.unstable):
             return
+        if self.sliced:
+            raise ValueError(
+                f"{_qualname(self.fun)} changed the structure of its slice of xs: "
+                f"{_structure_difference(self.name, self.sdef, self.leaves, new_carry)}. Under "
+                "policy 'alias' a slice is written back into the stacked xs, so it must keep "
+                "xs's structure (keys, list lengths, node types and static data, shared "
+                "containers); build a new object to return instead. Nothing was written back."
+            )
         raise ValueError(
             f"{_qualname(self.fun)} returned a carry whose structure differs from "
             f"{self.name}'s: {_structure_difference(self.name, self.sdef, self.leaves, new_carry)}"
@@ -335,7 +358,18 @@ class _Carry:
     def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
         lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
         if self.policy.mutations == "error":
-            raise _trace.mutation_error(self.fun, lines)
+            # Not alias's remedy: under alias this is the ValueError below.
+            raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
+        if self.sliced:
+            raise ValueError(
+                f"{_qualname(self.fun)} changed a container of its slice of xs in place, then "
+                "put a new object at its place in the slice:\n"
+                + "\n".join(f"  {line}" for line in lines)
+                + "\nUnder policy 'alias' what the slice holds at the end of the body is "
+                "written back into xs, so the change to the replaced container would be lost. "
+                "Keep the container (update it in place) or leave it unchanged. Nothing was "
+                "written back."
+            )
         raise ValueError(
             f"{_qualname(self.fun)} changed the carry in place without returning the changed "
             "container at its place in the carry (it returned a new object there, or none):\n"
@@ -347,11 +381,18 @@ class _Carry:
 
     # -- after the loop ---------------------------------------------------------------------------
 
-    def finish(self, final_slots: list, iterations: int | None = None) -> Any:
+    def finish(
+        self,
+        final_slots: list,
+        iterations: int | None = None,
+        undo: list[Callable[[], None]] | None = None,
+    ) -> Any:
         """The carry the loop returns, built from its final leaves; under ``alias`` the
         containers the body updated in place are the caller's, written with the final state
         (all or nothing). ``iterations``: how many times the loop ran, when known before it
-        runs; none is the Python loop that never runs its body, which hands back ``init``."""
+        runs; none is the Python loop that never runs its body, which hands back ``init``.
+        ``undo``: when given, the writes' undo steps go there and a failure is left for the
+        caller to roll back with them (scan writes the carry and ``xs`` as one)."""
         if self.pattern is None or iterations == 0:
             return self.objs[self.info[self.root].children[0]]
         kept, unchanged = self.pattern
@@ -376,15 +417,15 @@ class _Carry:
                 writes.append(n)
             else:
                 built[n] = unflatten_node(e.node_type, e.data, [built[c] for c in e.children])
-        undo: list[Callable[[], None]] = []
+        steps: list[Callable[[], None]] = [] if undo is None else undo
         try:
             for n in writes:
                 step = self._write(n, [built[c] for c in self.info[n].children])
                 if step is not None:
-                    undo.append(step)
+                    steps.append(step)
         except BaseException:
-            for u in reversed(undo):
-                u()
+            if undo is None:
+                _roll_back(steps)
             raise
         return built[self.info[self.root].children[0]]
 
@@ -440,6 +481,30 @@ class _Carry:
         return write_custom(obj, rebuilt, changed_attributes(before, rebuilt))
 
 
+def _roll_back(undo: list[Callable[[], None]]) -> None:
+    for u in reversed(undo):
+        u()
+
+
+# What strict's MutationError offers instead, where alias would not apply the change.
+_UNRETURNED_REMEDY = (
+    "Return the changed container at its place in the carry (policy 'alias' then writes the "
+    "final state into the caller's object), or build a new object there without changing the "
+    "old one; under policy 'alias' this body is a ValueError too, and policy='clone' discards "
+    "the change."
+)
+_CONDITION_REMEDY = (
+    "Change the carry in the body: a JAX while_loop carries only what the body returns, so "
+    "under policy 'alias' a condition that changes it is a ValueError too, and "
+    "policy='clone' discards the change."
+)
+_SLICE_REMEDY = (
+    "Return the changed slice (in the carry or in ys), or use policy='alias', which writes "
+    "what the body leaves in each slice back into the stacked xs (row i of each leaf, as "
+    "nnx.scan does for what it scans over axis 0), or policy='clone' to discard the change."
+)
+
+
 class _ExtraWatch:
     """Under ``strict``: scan's ``xs`` slice, whose containers the body may not change in place
     unless it returns them."""
@@ -464,7 +529,7 @@ class _ExtraWatch:
                 for k in bad
                 for line in _describe(paths.get(k, "?"), self.objs[k], self.snapshot[k])
             ]
-            raise _trace.mutation_error(fun, lines)
+            raise _trace.mutation_error(fun, lines, _SLICE_REMEDY)
 
 
 def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
@@ -566,10 +631,15 @@ class _Entry:
     def __init__(self) -> None:
         self.local = threading.local()
         self.pattern: Any = None
+        self.slices_pattern: Any = None
         self.bodies: tuple = ()
 
     def state(self) -> _Carry:
         return self.local.state
+
+    def slices(self) -> _Carry:
+        """The current call's ``xs`` (scan under alias)."""
+        return self.local.slices
 
     def step(self, *args: Any) -> tuple[list, Any]:
         """The current call's :meth:`_Carry.step`, its pattern kept here as the trace ends:
@@ -577,6 +647,13 @@ class _Entry:
         state = self.state()
         out = state.step(*args)
         self.pattern = state.pattern
+        return out
+
+    def step_slices(self, *args: Any) -> tuple[list, Any]:
+        """:meth:`step` for the current call's ``xs`` slice."""
+        slices = self.slices()
+        out = slices.step(*args)
+        self.slices_pattern = slices.pattern
         return out
 
 
@@ -608,17 +685,22 @@ def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
     return entry
 
 
-def _run(entry: _Entry, state: _Carry, loop: Callable[..., Any]) -> Any:
-    """Run ``loop(*entry.bodies)`` for ``state``'s call; afterwards ``state.pattern`` is what
-    the body's trace found, this call's or (JAX reused a trace) the last one's."""
-    saved = getattr(entry.local, "state", None)
-    entry.local.state = state
+def _run(
+    entry: _Entry, state: _Carry, loop: Callable[..., Any], slices: _Carry | None = None
+) -> Any:
+    """Run ``loop(*entry.bodies)`` for ``state``'s call (and ``slices``, scan's ``xs`` under
+    alias); afterwards ``state.pattern`` is what the body's trace found, this call's or (JAX
+    reused a trace) the last one's, and so is ``slices.pattern``."""
+    saved = getattr(entry.local, "state", None), getattr(entry.local, "slices", None)
+    entry.local.state, entry.local.slices = state, slices
     try:
         out = loop(*entry.bodies)
     finally:
-        entry.local.state = saved
+        entry.local.state, entry.local.slices = saved
     if state.pattern is None:  # JAX reused a trace: what it found
         state.pattern = entry.pattern
+    if slices is not None and slices.pattern is None:
+        slices.pattern = entry.slices_pattern
     return out
 
 
@@ -658,10 +740,12 @@ def scan(
     Under ``clone`` the call is ``jax.lax.scan``'s own. Under ``alias`` it is the Python loop
     ``for x in slices(xs): carry, y = f(carry, x)`` on the caller's ``init``: the body may
     update the carry in place and return it, and the carry returned is then the caller's same
-    object holding the final state; ``xs`` slices and the stacked ``ys`` are as in
-    ``jax.lax.scan`` (a slice is a fresh tree each iteration: changing it in place reaches
-    nothing). Under ``strict`` a carry container (or slice) changed in place and not returned
-    is a :class:`~treeclone.MutationError`.
+    object holding the final state. Each slice ``x`` is a view of row i of each leaf of
+    ``xs``: what the body does to it in place (a counter, a BatchNorm's statistics in a stack
+    of layers) is written back into the caller's ``xs`` as a new stacked array per changed
+    leaf, as ``nnx.scan`` does for a module scanned over axis 0. ``ys`` are stacked as by
+    ``jax.lax.scan``. Under ``strict`` a carry container (or slice) changed in place and not
+    returned is a :class:`~treeclone.MutationError`, and nothing is written back.
 
     >>> import jax.numpy as jnp, treeclone
     >>> def body(state, x):
@@ -679,6 +763,10 @@ def scan(
         _check_cycle(xs, "xs")
         return jax.lax.scan(f, init, xs, length, reverse, unroll, **extra)
     state = _Carry(f, init, "init", chosen)
+    if xs is not None and chosen.mutations == "propagate":
+        return _scan_alias(
+            f, state, _Carry(f, xs, "xs", chosen, sliced=True), length, reverse, unroll, extra
+        )
     _check_cycle(xs, "xs")
     xs_key = _key_of(xs)
 
@@ -686,16 +774,7 @@ def scan(
         xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
 
         def body(slots: list, x: Any) -> tuple[list, Any]:
-            def run(carry: Any) -> tuple[Any, Any]:
-                out = f(carry, x)
-                if not (isinstance(out, tuple) and len(out) == 2):
-                    raise TypeError(
-                        f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
-                        f"{type(out).__name__}"
-                    )
-                return out[0], out[1]
-
-            return entry.step(slots, run, ("xs", x))
+            return entry.step(slots, lambda carry: _pair(f, f(carry, x)), ("xs", x))
 
         def names(p: list[str]) -> list[str]:  # a slice's key paths are xs's
             return entry.state().slot_names(p[0]) + _tree_names(p[1], xs_paths)
@@ -715,6 +794,77 @@ def scan(
     if length is None:
         length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
     return state.finish(list(final), length), ys
+
+
+def _pair(f: Any, out: Any) -> tuple[Any, Any]:
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(
+            f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
+            f"{type(out).__name__}"
+        )
+    return out[0], out[1]
+
+
+def _scan_alias(
+    f: Callable[..., Any],
+    state: _Carry,
+    slices: _Carry,
+    length: int | None,
+    reverse: bool,
+    unroll: int | bool,
+    extra: dict[str, Any],
+) -> tuple[Any, Any]:
+    """``scan`` under ``alias`` with ``xs``: each slice is a view of row i of the stacked
+    ``xs`` (rule L7). The JAX loop scans over ``xs``'s distinct leaves; its body rebuilds the
+    slice from their rows, and besides ``ys`` emits, stacked, the final row of each ``xs``
+    leaf the body changed (found by the trace, the same at every iteration, as nnx.scan's
+    output of a module's state). Those become the caller's leaves after the loop, written as
+    the carry's are, the two all or nothing; a leaf never changed stays the caller's array."""
+
+    def make(entry: _Entry) -> tuple:
+        def body(slots: list, x_slots: list) -> tuple[list, Any]:
+            def run(carry: Any) -> tuple[Any, Any]:
+                def run_x(x: Any) -> tuple[Any, Any]:
+                    return x, _pair(f, f(carry, x))  # the slice as the body leaves it
+
+                new_x, (new_carry, y) = entry.step_slices(x_slots, run_x)
+                return new_carry, (y, new_x)
+
+            new_slots, (y, new_x) = entry.step(slots, run)
+            unchanged = entry.slices().pattern[1]  # type: ignore[index]
+            return new_slots, (y, [v for v, same in zip(new_x, unchanged, strict=True) if not same])
+
+        def names(p: list[str]) -> list[str]:
+            return entry.state().slot_names(p[0]) + entry.slices().slot_names(p[1])
+
+        return (_Body(body, f, "scan", names),)
+
+    options = (length, reverse, unroll, bool(extra))
+    key = ("scan", f, state.sdef, state.policy, state.avals, slices.sdef, slices.avals, options)
+    entry = _entry(key, make)
+    final, (ys, rows) = _run(
+        entry,
+        state,
+        lambda body: jax.lax.scan(
+            body, state.leaves, slices.leaves, length, reverse, unroll, **extra
+        ),
+        slices,
+    )
+    if length is None:
+        length = next((len(x) for x in slices.leaves), None)
+    final_xs = list(slices.leaves)
+    assert slices.pattern is not None
+    changed = [s for s, same in enumerate(slices.pattern[1]) if not same]
+    for s, stacked in zip(changed, rows, strict=True):
+        final_xs[s] = stacked
+    undo: list[Callable[[], None]] = []
+    try:
+        carry = state.finish(list(final), length, undo)
+        slices.finish(final_xs, length, undo)
+    except BaseException:
+        _roll_back(undo)
+        raise
+    return carry, ys
 
 
 def fori_loop(

@@ -312,9 +312,13 @@ def test_strict_unreturned_carry_mutation_is_a_mutation_error_naming_the_path():
         return {"opt": {"count": c["opt"]["count"]}}, None
 
     state = {"opt": {"count": jnp.zeros(())}}
-    with pytest.raises(tc.MutationError, match=r"init\['opt'\]\['count'\]: replaced"):
+    with pytest.raises(tc.MutationError, match=r"init\['opt'\]\['count'\]: replaced") as raised:
         tc.scan(body, state, XS, policy="strict")
     assert float(state["opt"]["count"]) == 0.0
+    # The remedy it offers is true: alias does not apply this body's change either (L6).
+    assert "under policy 'alias' this body is a ValueError too" in str(raised.value)
+    with pytest.raises(ValueError, match="without returning the changed container"):
+        tc.scan(body, state, XS, policy="alias")
 
 
 def test_strict_in_place_and_returned_is_fine_and_the_caller_is_not_written():
@@ -328,18 +332,162 @@ def test_strict_in_place_and_returned_is_fine_and_the_caller_is_not_written():
     assert tc.fori_loop(0, 3, lambda i, c: body(c, i)[0], state, policy="strict")["t"] == 3.0
 
 
-def test_xs_slices_changed_in_place_reach_nothing_under_alias_and_are_an_error_under_strict():
+def python_scan_over_views(f, carry, xs, reverse=False):
+    """The loop ``scan`` stands for under alias, on NumPy: each slice is a view of row i of
+    the stacked ``xs``, so what the body leaves in it is row i of each leaf afterwards."""
+    n = len(jax.tree.leaves(xs)[0])
+    ys = [None] * n
+    for i in range(n - 1, -1, -1) if reverse else range(n):
+        x = jax.tree.map(lambda a, i=i: a[i], xs)
+        carry, ys[i] = f(carry, x)
+        for stacked, row in zip(jax.tree.leaves(xs), jax.tree.leaves(x), strict=True):
+            stacked[i] = row  # the view's write
+    stacked = None if ys[0] is None else jax.tree.map(lambda *v: np.stack(v), *ys)
+    return carry, stacked
+
+
+def writable_copy(tree):
+    return jax.tree.map(np.array, copy.deepcopy(tree))  # np.array: a writable copy
+
+
+def counting_body(c, x):
+    x["count"] = x["count"] + 1  # in place on the slice: row i of xs['count']
+    x["sub"]["k"] = x["sub"]["k"] * c["t"] + x["w"]
+    c["t"] = c["t"] + x["w"]
+    return c, x["count"] * 2
+
+
+def stacked_xs():
+    return {
+        "count": jnp.zeros(4, jnp.int32),
+        "w": jnp.arange(1.0, 5.0),
+        "sub": {"k": jnp.ones((4, 2))},
+    }
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_alias_scan_writes_what_the_body_does_to_its_slice_back_into_xs(reverse):
+    xs, state = stacked_xs(), {"t": jnp.ones(())}
+    sub, w = xs["sub"], xs["w"]
+    twin_xs, twin_state = writable_copy(xs), numpy_copy(state)
+    out, ys = tc.scan(counting_body, state, xs, reverse=reverse, policy="alias")
+    want_out, want_ys = python_scan_over_views(counting_body, twin_state, twin_xs, reverse)
+    assert out is state
+    assert_close(xs, twin_xs)  # every row written, in the order the loop ran
+    assert_close(state, want_out)
+    assert_close(ys, want_ys)
+    assert xs["sub"] is sub and xs["w"] is w  # the caller's containers; w never changed
+    assert not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(xs))
+
+
+def test_alias_scan_writes_the_slice_back_inside_jit_and_for_a_shared_array():
+    @tc.jit(policy="alias")
+    def run(state, xs):
+        tc.scan(counting_body, state, xs, policy="alias")
+
+    xs, state = stacked_xs(), {"t": jnp.ones(())}
+    twin_xs, twin_state = writable_copy(xs), numpy_copy(state)
+    run(state, xs)
+    python_scan_over_views(counting_body, twin_state, twin_xs)
+    assert_close(xs, twin_xs)
+    assert_close(state, twin_state)
+
+    shared = jnp.zeros(3)  # one array at two places of xs: one carried leaf, as for the carry
+
+    def both(c, x):
+        x["a"] = x["a"] + 1
+        x["b"] = x["a"]  # the two places keep one value
+        return c, None
+
+    xs = {"a": shared, "b": shared}
+    tc.scan(both, None, xs, policy="alias")
+    np.testing.assert_array_equal(xs["a"], [1.0, 1.0, 1.0])
+    assert xs["a"] is xs["b"]
+
+
+def test_xs_slices_under_strict_are_an_error_unless_returned_and_clone_leaves_xs_alone():
     def body(c, x):
-        x["a"] = x["a"] * 100  # a fresh slice: nothing to write back to
+        x["a"] = x["a"] * 100
         c["t"] = c["t"] + x["a"]
         return c, None
 
     xs = {"a": XS}
+    with pytest.raises(tc.MutationError, match=r"xs\['a'\]: replaced") as raised:
+        tc.scan(body, {"t": jnp.zeros(())}, xs, policy="strict")
+    # What strict offers instead is what alias does.
+    assert "policy='alias', which writes what the body leaves in each slice back" in str(
+        raised.value
+    )
+    assert xs["a"] is XS
     state = {"t": jnp.zeros(())}
     tc.scan(body, state, xs, policy="alias")
-    assert float(state["t"]) == 1000.0 and xs["a"] is XS
-    with pytest.raises(tc.MutationError, match=r"xs\['a'\]: replaced"):
-        tc.scan(body, {"t": jnp.zeros(())}, xs, policy="strict")
+    assert float(state["t"]) == 1000.0
+    np.testing.assert_array_equal(xs["a"], np.asarray(XS) * 100)
+
+    xs = {"a": XS}
+    out, _ = tc.scan(body, {"t": jnp.zeros(())}, xs)  # clone: JAX's loop, the caller alone
+    assert float(out["t"]) == 1000.0 and xs == {"a": XS} and xs["a"] is XS
+
+    def returned(c, x):  # strict: returned in ys, so allowed, and xs is not written
+        x["a"] = x["a"] + 1
+        return c, x
+
+    xs = {"a": XS}
+    _, ys = tc.scan(returned, None, xs, policy="strict")
+    assert xs["a"] is XS
+    np.testing.assert_array_equal(ys["a"], np.asarray(XS) + 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (lambda x: x.update(extra=x["a"]), ValueError, r"added xs\['extra'\]"),
+        (lambda x: x["l"].append(x["a"]), ValueError, r"added xs\['l'\]\[1\]"),
+        (lambda x: x.update(a=x["a"][None]), TypeError, r"float32\[1\] at xs\['a'\] of its slice"),
+        (
+            lambda x: (x["l"].append(1.0), x.update(l=[x["a"]])),
+            ValueError,
+            r"xs\['l'\]: list resized",
+        ),
+    ],
+)
+def test_a_slice_whose_structure_or_types_change_is_an_error_naming_the_key(change, error, match):
+    def body(c, x):
+        x["a"] = x["a"] + 1  # a change that would be written back ...
+        change(x)  # ... but this one cannot be
+        return c, None
+
+    a, lst = jnp.arange(3.0), [jnp.ones(3)]
+    xs = {"a": a, "l": lst}
+    with pytest.raises(error, match=match):
+        tc.scan(body, None, xs, policy="alias")
+    assert xs == {"a": a, "l": lst} and xs["a"] is a and xs["l"] is lst and len(lst) == 1
+
+
+def test_zero_length_and_a_failed_write_back_leave_xs_as_they_were():
+    xs = {"count": jnp.zeros(0, jnp.int32), "w": jnp.zeros(0), "sub": {"k": jnp.zeros((0, 2))}}
+    count = xs["count"]
+    tc.scan(counting_body, {"t": jnp.ones(())}, xs, policy="alias")
+    assert xs["count"] is count
+
+    class Refuses:
+        def __init__(self, v):
+            self.v = v
+
+    jax.tree_util.register_pytree_node(Refuses, lambda r: ((r.v,), None), lambda _, c: Refuses(*c))
+    tc.register_inplace(Refuses, lambda target, source: (_ for _ in ()).throw(RuntimeError("no")))
+
+    def body(c, x):
+        c["t"] = c["t"] + 1  # written first, then undone with xs's writes
+        x["a"] = x["a"] + 1
+        x["r"].v = x["r"].v + 1
+        return c, None
+
+    a = jnp.zeros(3)
+    state, xs = {"t": jnp.zeros(())}, {"a": a, "r": Refuses(jnp.zeros(3))}
+    with pytest.raises(RuntimeError, match="no"):
+        tc.scan(body, state, xs, policy="alias")
+    assert float(state["t"]) == 0.0 and xs["a"] is a and float(xs["r"].v.sum()) == 0.0
 
 
 # --- errors: clear, named, caller untouched ----------------------------------------------
@@ -412,9 +560,10 @@ def test_while_condition_changing_the_carry_is_an_error():
     body = lambda s: {"x": s["x"] + 1, "peeked": s["peeked"]}  # noqa: E731
     with pytest.raises(ValueError, match=r"(?s)condition, changed the carry.*init_val\['peeked'\]"):
         tc.while_loop(cond, body, state, policy="alias")
-    with pytest.raises(tc.MutationError, match=r"init_val\['peeked'\]: replaced"):
+    with pytest.raises(tc.MutationError, match=r"init_val\['peeked'\]: replaced") as raised:
         tc.while_loop(cond, body, state, policy="strict")
     assert float(state["peeked"]) == 0.0
+    assert "Change the carry in the body" in str(raised.value)  # not "use alias": it errs too
 
 
 def test_bad_body_results_and_cycles_name_the_user_arguments():
