@@ -9,8 +9,9 @@ caller's objects) at every call, plus the leaves the computation must output.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
+import inspect
+import warnings
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from treeclone._jax_compat import (
 from treeclone._jax_compat import flatten_one_level_with_keys as _keyed_children
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import changed_attributes, has_updater, writable, write_custom
-from treeclone.policies import MutationError, Policy, report_discarded, report_off
+from treeclone.policies import MutationError, MutationWarning, Policy, discarded_mode
 
 NoneType = type(None)
 NodeInfo = EntryInfo.Node
@@ -344,6 +345,11 @@ def run(
         bad = [(k, c) for k, c in mutated if k not in returned]
         if bad:
             _raise_mutation_error(fun, bad, pre_def, objs, layout)
+    elif policy.mutations == "discard" and not report_off(None):
+        lost = [(k, c) for k, c in mutated if k not in returned]
+        if lost:
+            lines = _mutation_lines(lost, pre_def, objs, layout)
+            report_discarded(fun, lines, None, repr(policy))
 
     # The results: under "propagate" the whole (inputs, outputs) pair, written back into the
     # caller's containers; else only the outputs, as fresh containers.
@@ -838,6 +844,47 @@ def check_callers(
         for k in touched:
             _restore_shallow_state(callers[k], watched[k])
         _raise_changed_elsewhere(fun, touched, pre_def, objs, layout)
+
+
+def report_off(mode: str | None) -> bool:
+    """Whether discarded changes go unreported, as the block, ``mode`` or the global say."""
+    return discarded_mode(mode) == "off"
+
+
+def report_discarded(
+    fun: Callable[..., Any],
+    lines: list[str],
+    mode: str | None,
+    policy: str = "'clone' (what jax.jit does)",
+) -> None:
+    """Warn about (or raise for) the changes ``lines`` (``path: what``) that ``fun`` made in
+    place and that ``clone`` discards, as the block's, the function's (``mode``) or the
+    global setting says."""
+    chosen = discarded_mode(mode)
+    if chosen == "off" or not lines:
+        return
+    name = getattr(fun, "__qualname__", None) or repr(fun)
+    text = (
+        f"{name} changed its inputs in place without returning them; under policy {policy} "
+        "these changes are discarded and the caller's objects keep their old values:\n"
+        + "\n".join(f"  {line}" for line in lines)
+        + "\nReturn the changed objects, or use policy='alias' to apply such changes to the "
+        "caller's objects. (treeclone.set_discarded_mutations, or discarded_mutations= on "
+        "treeclone.jit, says 'off' or 'error' instead of this warning.)"
+    )
+    if chosen == "error":
+        raise MutationError(text)
+    code = getattr(inspect.unwrap(fun), "__code__", None)
+    if code is None:
+        warnings.warn(text, MutationWarning, stacklevel=3)
+    else:  # at the user's function: the trace that finds it runs deep inside jax
+        warnings.warn_explicit(
+            text,
+            MutationWarning,
+            code.co_filename,
+            code.co_firstlineno,
+            module=getattr(fun, "__module__", None),
+        )
 
 
 def _raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:

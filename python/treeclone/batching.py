@@ -35,7 +35,7 @@ from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, _child_keys, _Paths
-from treeclone.jit import _keystr, _Naming
+from treeclone.jit import _keystr, _Naming, reporting
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["vmap"]
@@ -579,7 +579,7 @@ class _Vmap(_lift.Wrapper):
             "spmd_axis_name": spmd_axis_name,
         }
         # First: bad axes are jax.vmap's own errors, under every policy.
-        self._jax = jax.vmap(fun, in_axes=in_axes, out_axes=out_axes, **self._options)
+        self._jax = jax.vmap(reporting(fun), in_axes=in_axes, out_axes=out_axes, **self._options)
         self._fun, self._policy = fun, policy
         self._in_axes, self._out_axes = in_axes, out_axes
         self._naming = _Naming(fun)

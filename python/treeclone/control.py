@@ -44,7 +44,7 @@ from treeclone._jax_compat import (
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import write_custom as _write_custom
 from treeclone.call import call as _call
-from treeclone.jit import _as_jit_outputs, _Naming
+from treeclone.jit import _as_jit_outputs, _Naming, reporting
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["cond", "switch"]
@@ -141,7 +141,7 @@ def cond(
     operands = _operands(operands, operand)
     if chosen is CLONE:
         _lift.check_call(_Naming(true_fun), operands, {})  # a cycle: rule 14's ValueError
-        return jax.lax.cond(pred, true_fun, false_fun, *operands)
+        return jax.lax.cond(pred, reporting(true_fun), reporting(false_fun), *operands)
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
@@ -189,7 +189,11 @@ def switch(
     if chosen is CLONE:
         if all(callable(b) for b in branches) and len(branches):
             _lift.check_call(_Naming(branches[0]), operands, {})
-        return jax.lax.switch(index, branches, *operands)
+        # ``branches`` stays bound: the reporting functions hold the branches weakly.
+        given = branches
+        if isinstance(branches, (list, tuple)):
+            given = [reporting(b) for b in branches]
+        return jax.lax.switch(index, given, *operands)
     branches = tuple(branches)
     if len(branches) == 1 or (_disabled_and_concrete(index) and branches):
         jax.lax.switch(index, [_noop] * len(branches))  # jax's checks, its messages

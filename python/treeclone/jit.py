@@ -203,6 +203,33 @@ class _Naming:
         ]
 
 
+def reporting(
+    fun: Any,
+    static_nums: frozenset[int] = frozenset(),
+    static_names: frozenset[str] = frozenset(),
+    mode: str | None = None,
+) -> Any:
+    """``fun`` as the clone policy hands it to a JAX transformation: reporting, each time it is
+    traced, the changes it makes in place and does not return (``_trace.ReportingDiscards``;
+    the same object for the same function and options, so JAX's caches find it again).
+
+    >>> import jax, jax.numpy as jnp, warnings
+    >>> from treeclone.jit import reporting
+    >>> def bump(d):
+    ...     d["n"] = d["n"] + 1
+    >>> reporting(bump) is reporting(bump), reporting(bump).__wrapped__ is bump
+    (True, True)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     jax.jit(reporting(bump))({"n": jnp.zeros(())})
+    >>> caught[0].category.__name__
+    'MutationWarning'
+    """
+    return _trace.reporting_discards(
+        fun, lambda f: _Naming(f).name, frozenset(static_nums), frozenset(static_names), mode
+    )
+
+
 def check_cycles(
     naming: _Naming,
     args: tuple,
@@ -399,14 +426,10 @@ class Jitted:
             _check_discarded_mode(discarded_mutations)
         # The clone policy: jax.jit of fun, which reports at each trace what fun changed in
         # place and does not return (discarded: a MutationWarning); cached calls are jax.jit's.
-        reporting = _trace.reporting_discards(
-            fun,
-            lambda _: self._naming.name,
-            self._static_nums,
-            self._static_names,
-            discarded_mutations,
+        self._jax_jitted: Any = jax.jit(
+            reporting(fun, self._static_nums, self._static_names, discarded_mutations),
+            **jit_kwargs,
         )
-        self._jax_jitted: Any = jax.jit(reporting, **jit_kwargs)
         self._donate_nums, self._donate_names = _resolve(
             fun, jit_kwargs.get("donate_argnums"), jit_kwargs.get("donate_argnames")
         )
@@ -1208,4 +1231,4 @@ def jit(
     return Jitted(fun, policy, given, discarded_mutations)
 
 
-__all__: Sequence[str] = ["Jitted", "argument_names", "jit"]
+__all__: Sequence[str] = ["Jitted", "argument_names", "jit", "reporting"]

@@ -45,7 +45,7 @@ from treeclone import _native, _trace
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, unflatten_node
 from treeclone._native import EntryInfo
 from treeclone._writeback import changed_attributes, write_custom
-from treeclone.jit import _Naming
+from treeclone.jit import _Naming, reporting
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["fori_loop", "scan", "while_loop"]
@@ -761,7 +761,7 @@ def scan(
     if chosen is CLONE:
         _check_cycle(init, "init")
         _check_cycle(xs, "xs")
-        return jax.lax.scan(f, init, xs, length, reverse, unroll, **extra)
+        return jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra)
     state = _Carry(f, init, "init", chosen)
     if xs is not None and chosen.mutations == "propagate":
         return _scan_alias(
@@ -892,7 +892,7 @@ def fori_loop(
     chosen = _policy_of(policy)
     if chosen is CLONE:
         _check_cycle(init_val, "init_val")
-        return jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+        return jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll)
     state = _Carry(body_fun, init_val, "init_val", chosen)
 
     def make(entry: _Entry) -> tuple:
@@ -940,7 +940,7 @@ def while_loop(
     chosen = _policy_of(policy)
     if chosen is CLONE:
         _check_cycle(init_val, "init_val")
-        return jax.lax.while_loop(cond_fun, body_fun, init_val)
+        return jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val)
     state = _Carry(body_fun, init_val, "init_val", chosen)
 
     def make(entry: _Entry) -> tuple:

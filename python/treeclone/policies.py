@@ -30,8 +30,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import inspect
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,6 +47,7 @@ __all__ = [
     "MutationWarning",
     "Policy",
     "as_policy",
+    "discarded_mode",
     "discarded_mutations",
     "policy",
     "register_inplace",
@@ -107,9 +106,7 @@ _discarded_block: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def _check_discarded_mode(mode: str) -> str:
     if mode not in DISCARDED_MUTATIONS:
-        raise ValueError(
-            f"discarded_mutations must be one of {DISCARDED_MUTATIONS}, got {mode!r}"
-        )
+        raise ValueError(f"discarded_mutations must be one of {DISCARDED_MUTATIONS}, got {mode!r}")
     return mode
 
 
@@ -155,41 +152,20 @@ def discarded_mutations(mode: str) -> Iterator[str]:
         _discarded_block.reset(token)
 
 
-def report_off(mode: str | None) -> bool:
-    """Whether discarded changes go unreported, as the block, ``mode`` or the global say."""
-    return (_discarded_block.get() or mode or _discarded_default) == "off"
+def discarded_mode(mode: str | None = None) -> str:
+    """What a discarded change gets now, for a function wrapped with ``mode`` (None: not
+    chosen): a ``with discarded_mutations(...)`` block's mode, else ``mode``, else the global
+    one (:func:`set_discarded_mutations`).
 
-
-def report_discarded(fun: Callable[..., Any], lines: list[str], mode: str | None) -> None:
-    """Warn about (or raise for) the changes ``lines`` (``path: what``) that ``fun`` made in
-    place and that ``clone`` discards, as the block's, the function's (``mode``) or the
-    global setting says."""
-    chosen = _discarded_block.get() or mode or _discarded_default
-    if chosen == "off" or not lines:
-        return
-    name = getattr(fun, "__qualname__", None) or repr(fun)
-    text = (
-        f"{name} changed its inputs in place without returning them; under policy 'clone' "
-        "(what jax.jit does) these changes are discarded and the caller's objects keep their "
-        "old values:\n"
-        + "\n".join(f"  {line}" for line in lines)
-        + "\nReturn the changed objects, or use policy='alias' to apply such changes to the "
-        "caller's objects. (treeclone.set_discarded_mutations, or discarded_mutations= on "
-        "treeclone.jit, says 'off' or 'error' instead of this warning.)"
-    )
-    if chosen == "error":
-        raise MutationError(text)
-    code = getattr(inspect.unwrap(fun), "__code__", None)
-    if code is None:
-        warnings.warn(text, MutationWarning, stacklevel=3)
-    else:  # at the user's function: the trace that finds it runs deep inside jax
-        warnings.warn_explicit(
-            text,
-            MutationWarning,
-            code.co_filename,
-            code.co_firstlineno,
-            module=getattr(fun, "__module__", None),
-        )
+    >>> import treeclone
+    >>> from treeclone.policies import discarded_mode
+    >>> discarded_mode(), discarded_mode("off")
+    ('warn', 'off')
+    >>> with treeclone.discarded_mutations("error"):
+    ...     discarded_mode("off")
+    'error'
+    """
+    return _discarded_block.get() or mode or _discarded_default
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec
 
 from treeclone import _lift
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
-from treeclone.jit import _keystr, _Naming
+from treeclone.jit import _keystr, _Naming, reporting
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["shard_map"]
@@ -283,7 +283,7 @@ class _ShardMap(_lift.Wrapper):
             jax.shard_map(fun, **options)  # jax's own TypeError
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
         self._fun, self._policy, self._options = fun, policy, options
-        self._jax = jax.shard_map(fun, **options)
+        self._jax = jax.shard_map(reporting(fun), **options)
         self._naming = _Naming(fun)
         self._runners: dict[Policy, _lift.Runner] = {}
         self._lock = threading.Lock()

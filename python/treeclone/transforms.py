@@ -27,7 +27,7 @@ import numpy as np
 
 from treeclone import _lift
 from treeclone._jax_compat import DebugInfo
-from treeclone.jit import _ArgsBox, _Naming
+from treeclone.jit import _ArgsBox, _Naming, reporting
 from treeclone.policies import CLONE, Policy, _override, as_policy
 
 __all__ = ["checkpoint", "grad", "remat", "value_and_grad"]
@@ -148,7 +148,8 @@ class _Grad(_lift.Wrapper):
         if reduce_axes:  # jax's own error (or meaning, on a JAX that still has it)
             options["reduce_axes"] = reduce_axes
         transform = jax.value_and_grad if with_value else jax.grad
-        self._jax = transform(fun, **options)  # first: a bad option is jax's own error
+        # First: a bad option is jax's own error.
+        self._jax = transform(reporting(fun), **options)
         self._policy = as_policy(policy)
         self._argnums = _check_argnums(argnums)
         self._single = not isinstance(argnums, Sequence)
@@ -389,7 +390,9 @@ class _Checkpoint(_lift.Wrapper):
             clone_options["static_argnums"] = static_argnums
         if static_argnames:
             clone_options["static_argnames"] = static_argnames
-        self._jax = jax.checkpoint(fun, **clone_options)
+        self._jax = jax.checkpoint(
+            reporting(fun, frozenset(static_argnums), frozenset(static_argnames)), **clone_options
+        )
         self._naming = _Naming(fun)
         self._lifted: dict[Policy, tuple[_CheckpointRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
