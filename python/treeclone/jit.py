@@ -28,7 +28,7 @@ from typing import Any, overload
 
 import jax
 
-from treeclone import _jax_compat, _native, _trace
+from treeclone import _jax_compat, _native, _retrace, _trace
 from treeclone._bound import BoundArguments
 
 # jax's description of a traced function, for its messages (None: jax's own naming).
@@ -820,6 +820,7 @@ class _Inner:
             _constrain_outputs(out_shardings) if _specified(out_shardings) else None
         )
         self.local = threading.local()  # .call: the _Call running now in this thread
+        self.retraces = _retrace.History(fun, policy, naming.name)
 
     def __repr__(self) -> str:
         return repr(self._fun())
@@ -895,11 +896,12 @@ class _Inner:
             return out
 
         call = getattr(self.local, "call", None)  # None when traced ahead of time
+        layout = _trace.Layout(num_args, names)
         plan, outputs, next_inputs = _trace.run(
             self._fun(),
             sdef,
             leaves,
-            _trace.Layout(num_args, names),
+            layout,
             self._policy,
             rebuild,
             keep_inputs=keep_inputs,
@@ -907,6 +909,8 @@ class _Inner:
             caller_objects=None if call is None else call.objects,
             track_inputs=True,
         )
+        # Why this trace happened, in the user's words (trace time only: _retrace).
+        self.retraces.traced(box.key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
         if self._policy.mutations != "propagate" and "out" in seen:
