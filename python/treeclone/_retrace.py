@@ -47,7 +47,7 @@ logger = logging.getLogger(_JAX_LOGGER)
 
 # JAX reads the flag as ``config.explain_cache_misses.value`` (a context-aware state); the
 # public ``jax.config`` attribute is the fallback on a release that moved it.
-_flag = _jax_compat.internal("jax._src.config", "explain_cache_misses")
+_flag = _jax_compat.explain_cache_misses
 
 
 def explaining() -> bool:
@@ -367,13 +367,16 @@ class History:
 
 # --- the user's frame ---------------------------------------------------------------------------
 
-# treeclone's and JAX's own files (a module's directory, with the separator: ``.../jax/``
-# does not match ``.../jax_triton/``).
-_INTERNAL = tuple(
+# treeclone's and JAX's own files (a package's directory with the separator, so that
+# ``.../jax/`` does not match ``.../jax_triton/``).
+_TREECLONE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_INTERNAL = (_TREECLONE,) + tuple(
     os.path.dirname(m.__file__) + os.sep
-    for m in (sys.modules["treeclone"], jax, sys.modules.get("jaxlib"))
+    for m in (jax, sys.modules.get("jaxlib"))
     if m is not None and getattr(m, "__file__", None)
 )
+# JAX's own explanation of a miss names the user's call, not treeclone's call of the inner jit.
+_jax_compat.exclude_from_user_frames(_TREECLONE)
 
 
 def _user_stacklevel() -> int:

@@ -45,7 +45,16 @@ _SHARDINGS = ("in_shardings", "out_shardings")
 _MASK_CACHE_SIZE = 64
 
 
-class _ArgsBox:
+class _Described(type):
+    """How the box's type reads in JAX's explanation of a cache miss (``now <...> with 4
+    children``): what it holds, not treeclone's class (treeclone's own explanation, logged
+    with it, names the key paths)."""
+
+    def __repr__(cls) -> str:
+        return "<the arguments' distinct leaves, boxed by treeclone.jit>"
+
+
+class _ArgsBox(metaclass=_Described):
     """A call's distinct leaves, with ``key`` (structure, statics, donation) as static data."""
 
     __slots__ = ("key", "leaves")
@@ -710,6 +719,9 @@ class _Donation:
 
     def __hash__(self) -> int:
         return self.hash
+
+    def __repr__(self) -> str:  # read in JAX's explanation of a cache miss
+        return f"donated leaves {[s for s, k in enumerate(self.keep) if not k]}"
 
 
 class _Call:
