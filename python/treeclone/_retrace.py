@@ -82,7 +82,7 @@ def where(fun: Callable) -> str:
     """
     while hasattr(fun, "func") and not hasattr(fun, "__code__"):  # functools.partial
         fun = fun.func
-    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", repr(fun))
+    name = getattr(fun, "__name__", None) or repr(fun)  # as JAX names it
     code = getattr(getattr(fun, "__wrapped__", fun), "__code__", None)
     if code is None:
         return name
