@@ -33,7 +33,7 @@ import jax
 
 from treeclone import _jax_compat, _native
 from treeclone._native import EntryInfo
-from treeclone._trace import Layout, _Paths, _same_data
+from treeclone._trace import Layout, _holds_tracer, _Paths, _same_data
 
 # Traces in a row, each following from the previous call's write-back, that make the warning.
 RETRACE_STREAK = 5
@@ -128,7 +128,10 @@ def describe(sdef: Any, objs: list, leaves: list, layout: Layout) -> tuple[Descr
         elif isinstance(entry, EntryInfo.Ref):
             out[p] = ("same", paths.paths.get(entry.target, "?"))
         else:
-            out[p] = ("node", entry.node_type, entry.arity, entry.data)
+            data = entry.data
+            # A record outlives its trace, so it keeps no tracer: static data holding one is
+            # recorded as None.
+            out[p] = ("node", entry.node_type, entry.arity, None if _holds_tracer(data) else data)
     return out, slot_paths
 
 
