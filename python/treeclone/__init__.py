@@ -26,6 +26,7 @@ does) or ``"strict"`` (mutating an input without returning it is an error). ``tr
 from treeclone import tree, tree_util
 from treeclone._jax_compat import UnsupportedJaxError
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
+from treeclone._retrace import RetraceWarning
 from treeclone.batching import vmap
 from treeclone.call import call
 from treeclone.control import cond, switch
@@ -57,6 +58,7 @@ __all__: list[str] = [
     "MutationWarning",
     "Policy",
     "PyTreeDef",
+    "RetraceWarning",
     "SharedTreeDef",
     "UnsupportedJaxError",
     "__version__",

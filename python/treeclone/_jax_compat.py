@@ -243,6 +243,19 @@ flatten_axes = internal("jax.api_util", "flatten_axes") or internal(
 )
 # jit's ahead-of-time stages under alias/strict evaluate the inner trace's jaxpr (public).
 jaxpr_as_fun = internal("jax.extend.core", "jaxpr_as_fun")
+# Retracing explanations (_retrace) read JAX's own switch as JAX does (a context-aware state).
+explain_cache_misses = internal("jax._src.config", "explain_cache_misses")
+
+
+def exclude_from_user_frames(path: str) -> None:
+    """Have JAX treat the files under ``path`` as its own when it looks for the user's frame:
+    a tracing-cache miss is then reported at the user's call (``TRACING CACHE MISS at
+    step.py:12``), not at treeclone's call of the inner ``jax.jit``, and JAX's hint that a
+    function "re-defined on the same line" is not made for every function treeclone jits.
+    A JAX without the hook keeps naming treeclone's line; nothing else changes."""
+    register = internal("jax._src.source_info_util", "register_exclusion")
+    if register:
+        register(path)
 
 
 def _opaque_functions(ty: type):
@@ -296,6 +309,8 @@ __all__ = [
     "UNSPECIFIED",
     "UnsupportedJaxError",
     "classify_type",
+    "exclude_from_user_frames",
+    "explain_cache_misses",
     "flatten_axes",
     "flatten_one_level_with_keys",
     "internal",

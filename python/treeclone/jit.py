@@ -28,7 +28,7 @@ from typing import Any, overload
 
 import jax
 
-from treeclone import _jax_compat, _native, _trace
+from treeclone import _jax_compat, _native, _retrace, _trace
 from treeclone._bound import BoundArguments
 
 # jax's description of a traced function, for its messages (None: jax's own naming).
@@ -45,7 +45,16 @@ _SHARDINGS = ("in_shardings", "out_shardings")
 _MASK_CACHE_SIZE = 64
 
 
-class _ArgsBox:
+class _Described(type):
+    """How the box's type reads in JAX's explanation of a cache miss (``now <...> with 4
+    children``): what it holds, not treeclone's class (treeclone's own explanation, logged
+    with it, names the key paths)."""
+
+    def __repr__(cls) -> str:
+        return "<the arguments' distinct leaves, boxed by treeclone.jit>"
+
+
+class _ArgsBox(metaclass=_Described):
     """A call's distinct leaves, with ``key`` (structure, statics, donation) as static data."""
 
     __slots__ = ("key", "leaves")
@@ -751,6 +760,9 @@ class _Donation:
     def __hash__(self) -> int:
         return self.hash
 
+    def __repr__(self) -> str:  # read in JAX's explanation of a cache miss
+        return f"donated leaves {[s for s, k in enumerate(self.keep) if not k]}"
+
 
 class _Call:
     """One call under a policy: what goes to the inner jit, and what naming it needs."""
@@ -860,6 +872,7 @@ class _Inner:
             _constrain_outputs(out_shardings) if _specified(out_shardings) else None
         )
         self.local = threading.local()  # .call: the _Call running now in this thread
+        self.retraces = _retrace.History(fun, policy, naming.name)
 
     def __repr__(self) -> str:
         return repr(self._fun())
@@ -935,11 +948,12 @@ class _Inner:
             return out
 
         call = getattr(self.local, "call", None)  # None when traced ahead of time
+        layout = _trace.Layout(num_args, names)
         plan, outputs, next_inputs = _trace.run(
             self._fun(),
             sdef,
             leaves,
-            _trace.Layout(num_args, names),
+            layout,
             self._policy,
             rebuild,
             keep_inputs=keep_inputs,
@@ -947,6 +961,8 @@ class _Inner:
             caller_objects=None if call is None else call.objects,
             track_inputs=True,
         )
+        # Why this trace happened, in the user's words (trace time only: _retrace).
+        self.retraces.traced(box.key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
         if self._policy.mutations != "propagate" and "out" in seen:
