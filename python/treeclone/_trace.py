@@ -9,12 +9,14 @@ caller's objects) at every call, plus the leaves the computation must output.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import inspect
+import threading
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -194,6 +196,27 @@ def _describe(
     return changes
 
 
+_running = threading.local()  # .stack: per call of run now running here, its rebuilt objects
+
+
+@contextlib.contextmanager
+def running_on(objs: Sequence[Any]) -> Iterator[None]:
+    """While the block runs, ``objs`` (containers rebuilt for a function) are
+    :func:`made_for_a_call`: a treeclone transformation writes them back itself."""
+    stack = _running.__dict__.setdefault("stack", [])
+    stack.append({id(o) for o in objs})
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def made_for_a_call(obj: Any) -> bool:
+    """Whether ``obj`` is a container ``run`` rebuilt for a function running now in this
+    thread (its ids are those of live objects: ``run`` holds them)."""
+    return any(id(obj) in ids for ids in getattr(_running, "stack", ()))
+
+
 def run(
     fun: Callable[..., Any],
     pre_def: Any,
@@ -249,7 +272,8 @@ def run(
         }
     watched = {} if caller_objects is None else watch_callers(caller_objects, objs, pre_info)
     args, kwargs = rebuild_args(*layout.split(root))
-    out = fun(*args, **kwargs)
+    with running_on(objs):
+        out = fun(*args, **kwargs)
     if transform_out is not None:
         out = transform_out(out)
     if watched:

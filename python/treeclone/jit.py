@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 import jax
+from jax.core import Tracer
 
 from treeclone import _jax_compat, _native, _retrace, _trace
 from treeclone._bound import BoundArguments
@@ -76,10 +77,21 @@ class _TraceInfo:
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
     the ``jax.Array`` ``jax.jit`` would return for it (see :func:`_as_jit_outputs`); empty
-    under alias, whose result is plain Python's. Compared by identity, as the plan is.
+    under alias, whose result is plain Python's. ``writes``: under alias, for each output
+    written back into an argument, ``(output index, argument, key path)``, the argument as a
+    position among the dynamic ones or a keyword's name (see :func:`_check_enclosing_writes`).
+    Compared by identity, as the plan is.
     """
 
-    __slots__ = ("next_inputs", "out_sources", "out_tree", "paths", "plan", "returned_inputs")
+    __slots__ = (
+        "next_inputs",
+        "out_sources",
+        "out_tree",
+        "paths",
+        "plan",
+        "returned_inputs",
+        "writes",
+    )
 
     def __init__(
         self,
@@ -95,6 +107,7 @@ class _TraceInfo:
         self.out_sources = out_sources
         self.next_inputs = next_inputs
         self.returned_inputs: tuple[int, ...] = ()
+        self.writes: tuple[tuple[int, int | str, str], ...] = ()
 
 
 class _ResultBox:
@@ -510,6 +523,8 @@ class Jitted:
         finally:
             local.call = None
         info = result.info
+        if info.writes and not _jax_compat.trace_state_clean():
+            _check_enclosing_writes(self._fun, call, info.writes, result.leaves)
         leaves = _as_jit_outputs(call.leaves, info.returned_inputs)
         out = info.plan.apply(leaves, call.objects, result.leaves)
         if bound is not None:
@@ -965,6 +980,10 @@ class _Inner:
         self.retraces.traced(box.key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
+        if self._policy.mutations == "propagate" and outputs and "args" in seen:
+            info.writes = _written(
+                outputs, *seen["args"], [self._naming.name(i) for i in positions]
+            )
         if self._policy.mutations != "propagate" and "out" in seen:
             # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
             # (rule 12a); alias gives plain Python's, the caller's own object.
@@ -1001,6 +1020,65 @@ class _Inner:
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
         return _TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def _written(
+    outputs: list, args: tuple, kwargs: dict, names: Sequence[str]
+) -> tuple[tuple[int, int | str, str], ...]:
+    """``(output index, argument, key path)`` for each output of a trace that the function left
+    in its (rebuilt) arguments ``args``/``kwargs``: what the write-back puts into the caller's
+    objects. ``argument`` is a position in ``args`` or a name in ``kwargs``."""
+    index: dict[int, int] = {}
+    for o, x in enumerate(outputs):
+        index.setdefault(id(x), o)
+    found = []
+    for where, name, value in [
+        *((j, names[j], a) for j, a in enumerate(args)),
+        *((k, k, v) for k, v in kwargs.items()),
+    ]:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            o = index.get(id(leaf))
+            if o is not None:
+                found.append((o, where, name + _keystr(path)))
+    return tuple(found)
+
+
+def _check_enclosing_writes(
+    fun: Callable, call: _Call, writes: Sequence[tuple[int, int | str, str]], outputs: list
+) -> None:
+    """Inside an enclosing JAX transformation (its values are tracers), rule 25a's ValueError,
+    before anything is written, when a traced output would be written into an argument whose
+    leaves are all concrete: an object from outside the transformation (closed over, or passed
+    through as ``jax.grad`` passes the arguments it does not differentiate), which would keep
+    the tracer once the transformation returns, or a copy the transformation made and drops
+    (``jax.vmap``'s unbatched arguments): either way the caller would not get the value. An
+    argument without leaves (``metrics = {}`` made inside) cannot be told apart and is
+    written."""
+    outside: dict[int | str, bool] = {}
+    for o, where, path in writes:
+        if not isinstance(outputs[o], Tracer):
+            continue
+        if where not in outside:
+            value = call.args[where] if isinstance(where, int) else call.kwargs[where]
+            held = _native.leaves(value)
+            outside[where] = (
+                bool(held)
+                and not _trace.made_for_a_call(value)  # a treeclone transformation's own
+                and not any(isinstance(x, Tracer) for x in held)
+            )
+        if outside[where]:
+            raise ValueError(
+                f"{_fun_name(fun)} (policy alias) was called inside a JAX transformation "
+                "(jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...) and would write a traced "
+                f"value of it into {path}, whose argument holds none of that transformation's "
+                "values: an object from outside it would keep a tracer once it returns, and a "
+                "copy it made of its argument is dropped, so the caller would not get the "
+                "value either way. Nothing was written. Use treeclone's transformation there "
+                "(treeclone.grad, treeclone.vmap, treeclone.jit, treeclone.scan, "
+                "treeclone.checkpoint, with policy='alias') and pass that object to it as an "
+                "argument (a loop's carry): it writes concrete values back into the caller's "
+                "objects. Or return the value."
+            )
 
 
 def _as_jit_outputs(leaves: list, slots: Sequence[int]) -> list:
