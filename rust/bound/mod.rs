@@ -86,11 +86,7 @@ impl<'a> Plain<'a> {
         let at = value.as_ptr() as usize;
         self.found.insert(at);
         let ty = value.get_type();
-        let plain = value.is_instance_of::<PyList>()
-            || value.is_instance_of::<PyDict>()
-            || value.is_instance_of::<PyTuple>()
-            || value.is_instance_of::<PySet>()
-            || value.is_instance_of::<PyFrozenSet>();
+        let plain = is_plain(value);
         // A namedtuple or a registered subclass is still its base's kind of container; only
         // the tree's own containers (watched on their own) are skipped.
         if !plain || self.tree.contains(&at) || !self.seen.insert(at) {
@@ -131,6 +127,25 @@ impl<'a> Plain<'a> {
     }
 }
 
+/// Whether `value` is a container whose items `Plain` watches.
+fn is_plain(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyList>()
+        || value.is_instance_of::<PyDict>()
+        || value.is_instance_of::<PyTuple>()
+        || value.is_instance_of::<PySet>()
+        || value.is_instance_of::<PyFrozenSet>()
+}
+
+/// Whether every plain container among `new` was among `old` (by identity): the watches of
+/// what they hold can then be kept as they are.
+fn same_plain<'py>(
+    new: impl Iterator<Item = Bound<'py, PyAny>>,
+    old: &[Bound<'py, PyAny>],
+) -> bool {
+    new.into_iter()
+        .all(|v| !is_plain(&v) || old.iter().any(|o| o.is(&v)))
+}
+
 /// An iterable's items, in iteration order.
 fn iter_items(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Py<PyAny>>> {
     obj.try_iter()?.map(|i| i.map(Bound::unbind)).collect()
@@ -166,6 +181,44 @@ fn stored_dict<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 }
 
 impl Watched {
+    /// Record again what the object holds now, in place. The watches of the plain containers
+    /// under its attributes are kept when its attributes still hold the same ones (a
+    /// write-back sets attributes, it does not change what such containers hold; if something
+    /// else did, the kept watch reports it at the next `unchanged`).
+    fn refresh(&mut self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<()> {
+        match self {
+            Watched::Slots(obj, slots, _) => {
+                let descrs = slots.iter().map(|(d, _)| d.bind(py).clone()).collect();
+                let values = slot_values(obj.bind(py), descrs)?;
+                let old: Vec<_> = slots
+                    .iter()
+                    .filter_map(|(_, v)| v.as_ref().map(|v| v.bind(py).clone()))
+                    .collect();
+                let new = values
+                    .iter()
+                    .filter_map(|(_, v)| v.as_ref().map(|v| v.bind(py).clone()));
+                if same_plain(new, &old) {
+                    *slots = values;
+                    return Ok(());
+                }
+            }
+            Watched::Attributes(owner, attrs, items, _) => {
+                let now = stored_dict(owner.bind(py))?;
+                if now.is(&*attrs) {
+                    let old: Vec<_> = items.iter().map(|(_, v)| v.bind(py).clone()).collect();
+                    let dict = attrs.bind(py);
+                    if same_plain(dict.values().iter(), &old) {
+                        *items = dict_items(dict);
+                        return Ok(());
+                    }
+                }
+            }
+            _ => {}
+        }
+        *self = self.again(py, tree)?;
+        Ok(())
+    }
+
     /// The same object watched again, with what it holds now (plain containers under
     /// attributes found again from the attributes' values now).
     fn again(&self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<Watched> {
@@ -541,7 +594,7 @@ impl Snapshot {
         let nodes: HashSet<usize> = nodes.into_iter().collect();
         for (w, owner) in self.watched.iter_mut().zip(&self.owners) {
             if nodes.contains(owner) {
-                *w = w.again(py, &self.tree)?;
+                w.refresh(py, &self.tree)?;
             }
         }
         Ok(())
