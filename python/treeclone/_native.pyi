@@ -116,8 +116,7 @@ class Snapshot:
     """The contents, by identity, of the containers among some objects (jit_partial)."""
 
     @staticmethod
-    def take(objects: list[Any], containers: list[int]) -> Snapshot: ...
-    def again(self) -> Snapshot: ...
+    def take(objects: list[Any], sdef: SharedTreeDef) -> Snapshot: ...
     def refresh(self, nodes: list[int]) -> None: ...
     def unchanged(self) -> bool: ...
     @property
@@ -150,12 +149,16 @@ class Origin:
         reordered: bool = True,
         attrs: Any = None,
         direct: list[tuple[str, int]] | None = None,
+        by_entry: bool = False,
+        old_keys: tuple[Any, ...] | None = None,
     ) -> None: ...
     node: int
     old_children: list[int]
     same_data: bool
     writable: bool
     key_order: tuple[Any, ...] | None
+    by_entry: bool
+    old_keys: tuple[Any, ...] | None
 
 class CallPlan:
     """What a traced call returns and writes back, applied at every call."""

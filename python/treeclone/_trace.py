@@ -315,10 +315,14 @@ def run(
         obj, ty = post_objs[n], entry.node_type
         attrs, keys, outside = None, (pre_info[k].data, entry.data) if ty is dict else None, []
         direct = None
+        # Rule 17: a list's or dict's items are written entry by entry, those the function
+        # changed only; ``old_keys``: a dict's keys at call start, in child order.
+        by_entry, old_keys = ty in (list, dict), pre_info[k].data if ty is dict else None
         if ty not in (list, dict) and writable(obj) and not has_updater(obj):
             if _holds_tracer(entry.data):
                 _raise_traced_static_data(fun, k, pre_def, objs, layout)
             attrs, keys, after = _custom_changes(pre_info[k], entry, objs, post_objs)
+            by_entry, old_keys = _entrywise(pre_info[k], objs)
             direct = _direct_writes(attrs, after, [post_objs[c] for c in entry.children])
             outside = [
                 name
@@ -344,6 +348,8 @@ def run(
             and _reordered(keys and keys[0], key_order),
             attrs=attrs,
             direct=direct,
+            by_entry=by_entry,
+            old_keys=None if old_keys is None else tuple(old_keys),
         )
         for j, c in enumerate(entry.children):
             # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
@@ -627,6 +633,29 @@ def _custom_changes(
         return None, None, None
     keys = (list(before), list(after)) if isinstance(before, dict) else None
     return changed_attributes(before, after), keys, after
+
+
+def _entrywise(pre: NodeInfo, objs: list) -> tuple[bool, tuple | None]:
+    """Whether a dict or list subclass node can be written entry by entry (rule 17): rebuilt
+    from the caller's contents by its unflatten, its item ``j`` is its child ``j`` itself (a
+    dict's keys then name the children in order, returned). False for any other node, or
+    one whose unflatten converts or reorders its children."""
+    if not issubclass(pre.node_type, (dict, list)):
+        return False, None
+    children = [objs[c] for c in pre.children]
+    try:
+        rebuilt = unflatten_node(pre.node_type, pre.data, children)
+    except Exception:
+        return False, None
+    if isinstance(rebuilt, dict):
+        items, keys = list(rebuilt.values()), tuple(rebuilt)
+    elif isinstance(rebuilt, list):
+        items, keys = list(rebuilt), None
+    else:
+        return False, None
+    if len(items) != len(children) or any(a is not b for a, b in zip(items, children, strict=True)):
+        return False, None
+    return True, keys
 
 
 def _direct_writes(

@@ -773,6 +773,8 @@ def _join_origins(origins: list) -> Any:
         reordered=any(o.reordered for o in origins),
         attrs=attrs,
         direct=direct,
+        by_entry=all(o.by_entry for o in origins),
+        old_keys=first.old_keys,
     )
 
 

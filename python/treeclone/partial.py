@@ -59,7 +59,7 @@ class _BoundArguments:
             self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
             self.joined: dict[Any, SharedTreeDef] = {}
             self.takers: dict[tuple[int, ...], Callable[[list], list]] = {}
-        self.snapshot = Snapshot.take(self.objects, self.containers)
+        self.snapshot = Snapshot.take(self.objects, self.sdef)
         # Objects a call's arguments must not share with the bound ones: the containers, and
         # the leaves as they are now (``leaf_ids``, made again after a write-back changed them).
         self.ids = {id(self.objects[i]) for i in self.containers}

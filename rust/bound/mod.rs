@@ -1,17 +1,33 @@
 //! `Snapshot`: what the containers of `jit_partial`'s bound arguments hold, by identity, so
 //! that a call can tell cheaply whether anything changed them since they were flattened.
 //!
-//! Each container's items (a list's or dict's) and instance attributes (its `__dict__`) are
-//! recorded as the objects they are. A call compares them, in Rust, without running Python
-//! code: a leaf or child replaced, a key or attribute added or removed, a list resized all
-//! show. Objects with `__slots__` have their slots read through their member descriptors. A
-//! registered node whose state is in none of these cannot be checked this way: the snapshot
-//! says so (`checkable`), and the bound arguments are flattened again at each call instead.
+//! Each container's items (a list's or dict's) and instance attributes are recorded as the
+//! objects they are. A call compares them, in Rust: a leaf or child replaced, a key or
+//! attribute added or removed, a list resized all show. For every container that is not an
+//! exact list or dict, the snapshot also records its type (`__class__` can be reassigned), its
+//! `__dict__` itself (it can be replaced wholesale), its slots (read through their member
+//! descriptors), a dict subclass's key order (an `OrderedDict`'s `move_to_end` leaves its
+//! items as they were), and the contents of the plain containers (lists, dicts, sets, tuples,
+//! nested) its attributes hold that are not nodes of the tree: a registered flatten may read
+//! its children or its aux data from them (`self._store["w"]`, nnx's `_var_metadata`).
+//!
+//! A registered node is checkable only when each of its children is found among what is
+//! watched: an attribute's value, an item of its own or of a watched plain container, or a
+//! tuple, list or dict built of such (`return ([self.a, self.b],), None`). A child found
+//! nowhere (computed, converted, or read through another object's attributes) means the
+//! flatten reads state the snapshot does not see: `checkable` is then false, and the bound
+//! arguments are flattened again at each call instead.
 
+use crate::node::NodeKind;
+use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
-use std::collections::HashMap;
+use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple, PyType};
+use std::collections::{HashMap, HashSet};
+
+/// How deep plain containers held by attributes are followed; deeper (or cyclic) ones make
+/// the snapshot uncheckable.
+const PLAIN_DEPTH: usize = 16;
 
 /// A slot's member descriptor and the value it held (None: unset).
 type SlotValue = (Py<PyAny>, Option<Py<PyAny>>);
@@ -20,15 +36,192 @@ type SlotValue = (Py<PyAny>, Option<Py<PyAny>>);
 enum Watched {
     List(Py<PyAny>, Vec<Py<PyAny>>),
     Dict(Py<PyAny>, Vec<(Py<PyAny>, Py<PyAny>)>),
-    /// An object's `__dict__` and its items.
-    Attributes(Py<PyDict>, Vec<(Py<PyAny>, Py<PyAny>)>),
-    /// An object, and for each of its slots the member descriptor and the value (None: unset).
-    Slots(Py<PyAny>, Vec<SlotValue>),
+    /// A set's items, in iteration order.
+    Set(Py<PyAny>, Vec<Py<PyAny>>),
+    /// A dict subclass's keys in iteration order: an `OrderedDict` keeps its order outside
+    /// the items `Dict` compares.
+    Order(Py<PyAny>, Vec<Py<PyAny>>),
+    /// An object's type (`obj.__class__ = Other` changes its flatten).
+    Type(Py<PyAny>, Py<PyType>),
+    /// An object, its `__dict__` and that dict's items, and the plain containers those hold.
+    Attributes(
+        Py<PyAny>,
+        Py<PyDict>,
+        Vec<(Py<PyAny>, Py<PyAny>)>,
+        Vec<Watched>,
+    ),
+    /// An object, for each of its slots the member descriptor and the value (None: unset),
+    /// and the plain containers those hold.
+    Slots(Py<PyAny>, Vec<SlotValue>, Vec<Watched>),
+}
+
+/// The plain containers among some values, watched, with their contents (for the found
+/// check of `Snapshot::take`).
+struct Plain<'a> {
+    /// Tree containers (watched on their own): not watched again.
+    tree: &'a HashSet<usize>,
+    watched: Vec<Watched>,
+    /// Addresses of everything reached (values and the contents of plain containers), while
+    /// the watches hold them.
+    found: HashSet<usize>,
+    /// Plain containers already watched (shared, or a cycle).
+    seen: HashSet<usize>,
+    /// False when the containers nest deeper than `PLAIN_DEPTH`.
+    complete: bool,
+}
+
+impl<'a> Plain<'a> {
+    fn new(tree: &'a HashSet<usize>) -> Self {
+        Plain {
+            tree,
+            watched: Vec::new(),
+            found: HashSet::new(),
+            seen: HashSet::new(),
+            complete: true,
+        }
+    }
+
+    /// Record `value`, and watch it (and what it holds) if it is a plain container.
+    fn add(&mut self, value: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
+        let at = value.as_ptr() as usize;
+        self.found.insert(at);
+        let ty = value.get_type();
+        let plain = is_plain(value);
+        // A namedtuple or a registered subclass is still its base's kind of container; only
+        // the tree's own containers (watched on their own) are skipped.
+        if !plain || self.tree.contains(&at) || !self.seen.insert(at) {
+            return Ok(());
+        }
+        if depth >= PLAIN_DEPTH {
+            self.complete = false;
+            return Ok(());
+        }
+        let obj = value.clone().unbind();
+        let mut items: Vec<Bound<'_, PyAny>> = Vec::new();
+        if let Ok(list) = value.cast::<PyList>() {
+            self.watched.push(Watched::List(obj, list_items(list)));
+            items.extend(list.iter());
+        } else if let Ok(dict) = value.cast::<PyDict>() {
+            self.watched.push(Watched::Dict(obj, dict_items(dict)));
+            if !ty.is(value.py().get_type::<PyDict>()) {
+                let keys = iter_items(value)?;
+                self.watched
+                    .push(Watched::Order(value.clone().unbind(), keys));
+            }
+            for (k, v) in dict.iter() {
+                items.push(k);
+                items.push(v);
+            }
+        } else if value.is_instance_of::<PySet>() {
+            let set_items = iter_items(value)?;
+            items.extend(set_items.iter().map(|i| i.bind(value.py()).clone()));
+            self.watched.push(Watched::Set(obj, set_items));
+        } else {
+            // A tuple or frozenset: immutable, only what it holds is watched.
+            items.extend(value.try_iter()?.collect::<PyResult<Vec<_>>>()?);
+        }
+        for item in &items {
+            self.add(item, depth + 1)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `value` is a container whose items `Plain` watches.
+fn is_plain(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyList>()
+        || value.is_instance_of::<PyDict>()
+        || value.is_instance_of::<PyTuple>()
+        || value.is_instance_of::<PySet>()
+        || value.is_instance_of::<PyFrozenSet>()
+}
+
+/// Whether every plain container among `new` was among `old` (by identity): the watches of
+/// what they hold can then be kept as they are.
+fn same_plain<'py>(
+    new: impl Iterator<Item = Bound<'py, PyAny>>,
+    old: &[Bound<'py, PyAny>],
+) -> bool {
+    new.into_iter()
+        .all(|v| !is_plain(&v) || old.iter().any(|o| o.is(&v)))
+}
+
+/// An iterable's items, in iteration order.
+fn iter_items(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Py<PyAny>>> {
+    obj.try_iter()?.map(|i| i.map(Bound::unbind)).collect()
+}
+
+/// Whether `items` are `now`'s items, by identity, in order.
+fn same_items(now: &Bound<'_, PyAny>, items: &[Py<PyAny>]) -> PyResult<bool> {
+    let mut it = now.try_iter()?;
+    for old in items {
+        match it.next() {
+            Some(item) => {
+                if !item?.is(old) {
+                    return Ok(false);
+                }
+            }
+            None => return Ok(false),
+        }
+    }
+    Ok(it.next().is_none())
+}
+
+/// The object's `__dict__` as the interpreter stores it (`PyObject_GenericGetDict`: no
+/// Python code, past a class's `__getattribute__`).
+fn stored_dict<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `obj` is alive and the GIL is held; the result is a new reference or NULL with
+    // an exception set, which `from_owned_ptr_or_err` takes over.
+    unsafe {
+        Bound::from_owned_ptr_or_err(
+            obj.py(),
+            pyo3::ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut()),
+        )
+    }
 }
 
 impl Watched {
-    /// The same object watched again, with what it holds now.
-    fn again(&self, py: Python<'_>) -> PyResult<Watched> {
+    /// Record again what the object holds now, in place. The watches of the plain containers
+    /// under its attributes are kept when its attributes still hold the same ones (a
+    /// write-back sets attributes, it does not change what such containers hold; if something
+    /// else did, the kept watch reports it at the next `unchanged`).
+    fn refresh(&mut self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<()> {
+        match self {
+            Watched::Slots(obj, slots, _) => {
+                let descrs = slots.iter().map(|(d, _)| d.bind(py).clone()).collect();
+                let values = slot_values(obj.bind(py), descrs)?;
+                let old: Vec<_> = slots
+                    .iter()
+                    .filter_map(|(_, v)| v.as_ref().map(|v| v.bind(py).clone()))
+                    .collect();
+                let new = values
+                    .iter()
+                    .filter_map(|(_, v)| v.as_ref().map(|v| v.bind(py).clone()));
+                if same_plain(new, &old) {
+                    *slots = values;
+                    return Ok(());
+                }
+            }
+            Watched::Attributes(owner, attrs, items, _) => {
+                let now = stored_dict(owner.bind(py))?;
+                if now.is(&*attrs) {
+                    let old: Vec<_> = items.iter().map(|(_, v)| v.bind(py).clone()).collect();
+                    let dict = attrs.bind(py);
+                    if same_plain(dict.values().iter(), &old) {
+                        *items = dict_items(dict);
+                        return Ok(());
+                    }
+                }
+            }
+            _ => {}
+        }
+        *self = self.again(py, tree)?;
+        Ok(())
+    }
+
+    /// The same object watched again, with what it holds now (plain containers under
+    /// attributes found again from the attributes' values now).
+    fn again(&self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<Watched> {
         Ok(match self {
             Watched::List(obj, _) => {
                 let items = obj.bind(py).cast::<PyList>().map(list_items)?;
@@ -38,12 +231,29 @@ impl Watched {
                 let items = obj.bind(py).cast::<PyDict>().map(dict_items)?;
                 Watched::Dict(obj.clone_ref(py), items)
             }
-            Watched::Attributes(attrs, _) => {
-                Watched::Attributes(attrs.clone_ref(py), dict_items(attrs.bind(py)))
+            Watched::Set(obj, _) => Watched::Set(obj.clone_ref(py), iter_items(obj.bind(py))?),
+            Watched::Order(obj, _) => Watched::Order(obj.clone_ref(py), iter_items(obj.bind(py))?),
+            Watched::Type(obj, _) => {
+                Watched::Type(obj.clone_ref(py), obj.bind(py).get_type().unbind())
             }
-            Watched::Slots(obj, slots) => {
+            Watched::Attributes(owner, _, _, _) => {
+                let owner = owner.bind(py);
+                let attrs = stored_dict(owner)?.cast_into::<PyDict>()?;
+                let items = dict_items(&attrs);
+                let mut plain = Plain::new(tree);
+                for (_, v) in attrs.iter() {
+                    plain.add(&v, 0)?;
+                }
+                Watched::Attributes(owner.clone().unbind(), attrs.unbind(), items, plain.watched)
+            }
+            Watched::Slots(obj, slots, _) => {
                 let descrs = slots.iter().map(|(d, _)| d.bind(py).clone()).collect();
-                Watched::Slots(obj.clone_ref(py), slot_values(obj.bind(py), descrs)?)
+                let values = slot_values(obj.bind(py), descrs)?;
+                let mut plain = Plain::new(tree);
+                for v in values.iter().filter_map(|(_, v)| v.as_ref()) {
+                    plain.add(v.bind(py), 0)?;
+                }
+                Watched::Slots(obj.clone_ref(py), values, plain.watched)
             }
         })
     }
@@ -58,8 +268,16 @@ impl Watched {
                 .bind(py)
                 .cast::<PyDict>()
                 .is_ok_and(|d| same_dict(d, items)),
-            Watched::Attributes(attrs, items) => same_dict(attrs.bind(py), items),
-            Watched::Slots(obj, slots) => {
+            Watched::Set(obj, items) | Watched::Order(obj, items) => {
+                same_items(obj.bind(py), items)?
+            }
+            Watched::Type(obj, ty) => obj.bind(py).get_type().is(ty),
+            Watched::Attributes(owner, attrs, items, plain) => {
+                stored_dict(owner.bind(py))?.is(attrs)
+                    && same_dict(attrs.bind(py), items)
+                    && all_unchanged(py, plain)?
+            }
+            Watched::Slots(obj, slots, plain) => {
                 for (descr, value) in slots {
                     let now = read_slot(obj.bind(py), descr.bind(py))?;
                     let same = match (&now, value) {
@@ -71,10 +289,19 @@ impl Watched {
                         return Ok(false);
                     }
                 }
-                true
+                all_unchanged(py, plain)?
             }
         })
     }
+}
+
+fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
+    for w in watched {
+        if !w.unchanged(py)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The value of the slot whose member descriptor is `descr` on `obj`, or None when unset:
@@ -204,30 +431,69 @@ pub struct Snapshot {
     watched: Vec<Watched>,
     /// The node (index into the objects taken) each watched entry belongs to.
     owners: Vec<usize>,
+    /// The addresses of the tree's mutable containers (each held by a watch above, so none
+    /// can be reused meanwhile): plain containers under attributes skip them.
+    tree: HashSet<usize>,
     /// False when some container's state is out of reach (see the module comment).
     #[pyo3(get)]
     checkable: bool,
 }
 
+/// Whether the child at entry `c` is found among `found` (see the module comment): itself,
+/// or a tuple, list, dict or None built of found objects.
+fn found_child(
+    def: &SharedTreeDef,
+    objects: &Bound<'_, PyList>,
+    c: usize,
+    found: &HashSet<usize>,
+) -> PyResult<bool> {
+    let obj = objects.get_item(c)?;
+    if obj.is_none() || found.contains(&(obj.as_ptr() as usize)) {
+        return Ok(true);
+    }
+    let Some(Entry::Node(node)) = def.entries.get(c) else {
+        return Ok(false);
+    };
+    match node.kind {
+        NodeKind::Tuple | NodeKind::List | NodeKind::Dict(_) | NodeKind::NamedTuple(_) => {
+            for child in def.child_indices(c)? {
+                if !found_child(def, objects, child, found)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
 #[pymethods]
 impl Snapshot {
-    /// Record the containers among `objects` (a flatten's objects, leaves included: those are
-    /// skipped). Tuples, namedtuples and None are immutable and need no record; their items
-    /// are among `objects` themselves.
+    /// Record the containers among `objects` (a flatten's objects, one per entry of `def`,
+    /// its structure). Tuples, namedtuples and None are immutable and need no record; their
+    /// items are among `objects` themselves.
     #[staticmethod]
-    fn take(objects: &Bound<'_, PyList>, containers: Vec<usize>) -> PyResult<Self> {
+    fn take(objects: &Bound<'_, PyList>, def: &Bound<'_, SharedTreeDef>) -> PyResult<Self> {
         let py = objects.py();
+        let def = def.get();
         let mut watched = Vec::new();
         let mut owners = Vec::new();
         let mut checkable = true;
-        // Slot descriptors by type: many objects share a few types (an nnx model's Variables).
-        // Each entry holds its type, so no address in the map can be reused meanwhile.
-        let mut slots_of: HashMap<usize, (Py<PyType>, Vec<Py<PyAny>>)> = HashMap::new();
-        for i in containers {
+        let mut nodes = Vec::new();
+        let mut tree = HashSet::new();
+        for (i, entry) in def.entries.iter().enumerate() {
+            let Entry::Node(node) = entry else { continue };
             let obj = objects.get_item(i)?;
             if obj.is_instance_of::<PyTuple>() || obj.is_none() {
                 continue;
             }
+            tree.insert(obj.as_ptr() as usize);
+            nodes.push((i, obj, matches!(node.kind, NodeKind::Custom(..))));
+        }
+        // Slot descriptors by type: many objects share a few types (an nnx model's Variables).
+        // Each entry holds its type, so no address in the map can be reused meanwhile.
+        let mut slots_of: HashMap<usize, (Py<PyType>, Vec<Py<PyAny>>)> = HashMap::new();
+        for (i, obj, custom) in nodes {
             // An exact list or dict has neither a `__dict__` nor slots: no lookups (each would
             // raise and clear an AttributeError).
             if let Ok(list) = obj.cast_exact::<PyList>() {
@@ -240,25 +506,45 @@ impl Snapshot {
                 owners.resize(watched.len(), i);
                 continue;
             }
+            // First, so that a reassigned `__class__` is seen before its slots are read.
+            let ty = obj.get_type();
+            watched.push(Watched::Type(obj.clone().unbind(), ty.clone().unbind()));
             let mut known = false;
+            // What the node's flatten may read its children from.
+            let mut found = HashSet::new();
             if let Ok(list) = obj.cast::<PyList>() {
                 watched.push(Watched::List(obj.clone().unbind(), list_items(list)));
+                found.extend(list.iter().map(|v| v.as_ptr() as usize));
                 known = true;
             } else if let Ok(dict) = obj.cast::<PyDict>() {
                 watched.push(Watched::Dict(obj.clone().unbind(), dict_items(dict)));
+                watched.push(Watched::Order(obj.clone().unbind(), iter_items(&obj)?));
+                found.extend(dict.values().iter().map(|v| v.as_ptr() as usize));
                 known = true;
             }
-            if let Ok(attrs) = obj.getattr(pyo3::intern!(py, "__dict__")) {
+            // The instance dict the interpreter stores (a class may answer `obj.__dict__`
+            // with something else: nnx's `Variable` makes one up; its state is in slots).
+            if let Ok(attrs) = stored_dict(&obj) {
                 match attrs.cast_into::<PyDict>() {
                     Ok(attrs) => {
                         let items = dict_items(&attrs);
-                        watched.push(Watched::Attributes(attrs.unbind(), items));
+                        let mut plain = Plain::new(&tree);
+                        for (_, v) in attrs.iter() {
+                            plain.add(&v, 0)?;
+                        }
+                        checkable &= plain.complete;
+                        found.extend(plain.found);
+                        watched.push(Watched::Attributes(
+                            obj.clone().unbind(),
+                            attrs.unbind(),
+                            items,
+                            plain.watched,
+                        ));
                         known = true;
                     }
-                    Err(_) => checkable = false, // a mappingproxy or the like
+                    Err(_) => checkable = false,
                 }
             }
-            let ty = obj.get_type();
             let descrs = match slots_of.get(&(ty.as_ptr() as usize)) {
                 Some((_, descrs)) => descrs.iter().map(|d| d.bind(py).clone()).collect(),
                 None => {
@@ -269,34 +555,34 @@ impl Snapshot {
                 }
             };
             if !descrs.is_empty() {
-                watched.push(Watched::Slots(
-                    obj.clone().unbind(),
-                    slot_values(&obj, descrs)?,
-                ));
+                let values = slot_values(&obj, descrs)?;
+                let mut plain = Plain::new(&tree);
+                for v in values.iter().filter_map(|(_, v)| v.as_ref()) {
+                    plain.add(v.bind(py), 0)?;
+                }
+                checkable &= plain.complete;
+                found.extend(plain.found);
+                watched.push(Watched::Slots(obj.clone().unbind(), values, plain.watched));
                 known = true;
             }
             if !known {
                 checkable = false;
+            }
+            if custom && checkable {
+                for c in def.child_indices(i)? {
+                    if !found_child(def, objects, c, &found)? {
+                        checkable = false;
+                        break;
+                    }
+                }
             }
             owners.resize(watched.len(), i);
         }
         Ok(Snapshot {
             watched,
             owners,
+            tree,
             checkable,
-        })
-    }
-
-    /// The same objects watched again, with what they hold now.
-    fn again(&self, py: Python<'_>) -> PyResult<Snapshot> {
-        Ok(Snapshot {
-            watched: self
-                .watched
-                .iter()
-                .map(|w| w.again(py))
-                .collect::<PyResult<_>>()?,
-            owners: self.owners.clone(),
-            checkable: self.checkable,
         })
     }
 
@@ -305,10 +591,10 @@ impl Snapshot {
     /// change only makes the next `unchanged` false: a flatten too many, never a change
     /// missed.
     fn refresh(&mut self, py: Python<'_>, nodes: Vec<usize>) -> PyResult<()> {
-        let nodes: std::collections::HashSet<usize> = nodes.into_iter().collect();
+        let nodes: HashSet<usize> = nodes.into_iter().collect();
         for (w, owner) in self.watched.iter_mut().zip(&self.owners) {
             if nodes.contains(owner) {
-                *w = w.again(py)?;
+                w.refresh(py, &self.tree)?;
             }
         }
         Ok(())
@@ -316,11 +602,6 @@ impl Snapshot {
 
     /// Whether every watched object still holds exactly what it held.
     fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
-        for w in &self.watched {
-            if !w.unchanged(py)? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        all_unchanged(py, &self.watched)
     }
 }

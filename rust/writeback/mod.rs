@@ -7,7 +7,7 @@ use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PySlice, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PySet, PySlice, PyString, PyTuple};
 
 /// Where a result leaf comes from.
 #[pyclass(frozen, module = "treeclone._native")]
@@ -40,6 +40,13 @@ pub struct Origin {
     /// node's unflatten stores child `j` in attribute `name`, as nnx's `Variable` and modules
     /// do): `(name, j)` for each, set directly, without rebuilding the node or calling Python.
     direct: Option<Vec<(Py<PyString>, usize)>>,
+    /// Whether the node's items can be written entry by entry (rule 17): a list's item `j`
+    /// at call start is `old_children[j]`; a dict's value for `old_keys[j]` is
+    /// `old_children[j]`. Only the entries the function changed are then written. False: the
+    /// whole container is refilled (a subclass whose unflatten converts its items).
+    by_entry: bool,
+    /// A dict's (or dict subclass's) keys at call start, in the order of `old_children`.
+    old_keys: Option<Py<PyTuple>>,
 }
 
 #[pymethods]
@@ -47,7 +54,7 @@ impl Origin {
     #[new]
     #[pyo3(signature = (
         *, node, old_children, same_data, writable, key_order=None, reordered=true, attrs=None,
-        direct=None
+        direct=None, by_entry=false, old_keys=None
     ))]
     #[allow(clippy::too_many_arguments)] // keyword-only, each one a named field
     fn new(
@@ -59,6 +66,8 @@ impl Origin {
         reordered: bool,
         attrs: Option<Py<PyTuple>>,
         direct: Option<Vec<(Py<PyString>, usize)>>,
+        by_entry: bool,
+        old_keys: Option<Py<PyTuple>>,
     ) -> Self {
         Origin {
             node,
@@ -69,6 +78,8 @@ impl Origin {
             reordered,
             attrs,
             direct,
+            by_entry,
+            old_keys,
         }
     }
 }
@@ -97,6 +108,10 @@ pub struct CallPlan {
     /// By entry: where a subtree the trace proved unchanged starts, `(its root entry, the
     /// caller's node it is)`; `apply` hands the caller's object over without visiting it.
     skips: Vec<Option<(usize, usize)>>,
+    /// By entry of the caller's structure: its leaf slot, for a leaf (the caller's current
+    /// leaf is `input_leaves[slot]`, which `jit_partial` keeps up to date where its objects
+    /// list is not); empty without `input_def`.
+    input_slots: Vec<Option<usize>>,
 }
 
 #[pymethods]
@@ -124,6 +139,18 @@ impl CallPlan {
             Some(input) => unchanged_subtrees(d, input.get(), &sources, &origins)?,
             None => vec![None; d.entries.len()],
         };
+        let input_slots = match &input_def {
+            Some(input) => input
+                .get()
+                .entries
+                .iter()
+                .map(|e| match e {
+                    Entry::Leaf(slot) => Some(*slot),
+                    _ => None,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(CallPlan {
             def,
             sources,
@@ -131,6 +158,7 @@ impl CallPlan {
             result_child,
             write_custom,
             skips,
+            input_slots,
         })
     }
 
@@ -195,7 +223,7 @@ impl CallPlan {
                             let mut unchanged = o.same_data && o.old_children.len() == node.arity;
                             if unchanged {
                                 for (new, &old) in stack[start..].iter().zip(&o.old_children) {
-                                    if !new.is(input_objects.get_item(old)?) {
+                                    if !new.is(self.old_child(input_leaves, input_objects, old)?) {
                                         unchanged = false;
                                         break;
                                     }
@@ -225,7 +253,7 @@ impl CallPlan {
             stack.push(obj);
         }
         let root = stack.pop().expect("one root");
-        self.write_all(py, writes)?;
+        self.write_all(py, writes, input_leaves, input_objects)?;
         match self.result_child {
             None => Ok(root),
             Some(i) => root.get_item(i),
@@ -293,6 +321,20 @@ enum Undo<'py> {
         Bound<'py, PyAny>,
         Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
     ),
+    /// A list written entry by entry: the items set, with their old values, and the tail
+    /// replaced when it was resized (where it starts, the new tail's length, the old tail).
+    ListEntries(
+        Bound<'py, PyAny>,
+        Vec<(usize, Bound<'py, PyAny>)>,
+        Option<(usize, usize, Bound<'py, PyAny>)>,
+    ),
+    /// A dict written entry by entry: the keys set or deleted, with their old values (None:
+    /// absent), and its keys in order before.
+    MappingEntries(
+        Bound<'py, PyAny>,
+        Vec<(Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)>,
+        Vec<Bound<'py, PyAny>>,
+    ),
     /// What `write_custom` returned.
     Call(Bound<'py, PyAny>),
     /// An object and the attributes set directly, with their old values (None: it had none).
@@ -307,6 +349,29 @@ impl Undo<'_> {
         match self {
             Undo::List(l, old) => set_list_items(&l, old.as_any()),
             Undo::Mapping(d, old) => set_mapping_items(&d, old),
+            Undo::ListEntries(l, set, tail) => {
+                if let Some((start, len, old)) = tail {
+                    let slice = PySlice::new(l.py(), start as isize, (start + len) as isize, 1);
+                    l.set_item(slice, old)?;
+                }
+                for (j, v) in set.into_iter().rev() {
+                    l.set_item(j, v)?;
+                }
+                Ok(())
+            }
+            Undo::MappingEntries(d, ops, order) => {
+                for (k, v) in ops.into_iter().rev() {
+                    match v {
+                        Some(v) => d.set_item(k, v)?,
+                        None => {
+                            if raw_get(&d, &k)?.is_some() {
+                                d.del_item(k)?;
+                            }
+                        }
+                    }
+                }
+                put_in_order(&d, &order)
+            }
             Undo::Call(f) => f.call0().map(|_| ()),
             Undo::Attributes(obj, old) => restore_attributes(&obj, old),
         }
@@ -314,10 +379,49 @@ impl Undo<'_> {
 }
 
 impl CallPlan {
-    fn write_all<'py>(&self, py: Python<'py>, writes: Vec<Write<'_, 'py>>) -> PyResult<()> {
+    /// What the caller's tree held at entry `old` when the call started.
+    fn old_child<'py>(
+        &self,
+        input_leaves: &Bound<'py, PyList>,
+        input_objects: &Bound<'py, PyList>,
+        old: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match self.input_slots.get(old) {
+            Some(Some(slot)) => input_leaves.get_item(*slot),
+            _ => input_objects.get_item(old),
+        }
+    }
+
+    /// For an origin written entry by entry: the caller's children at call start, by place.
+    fn old_children<'py>(
+        &self,
+        origin: &Origin,
+        input_leaves: &Bound<'py, PyList>,
+        input_objects: &Bound<'py, PyList>,
+    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+        if !origin.by_entry {
+            return Ok(None);
+        }
+        let old = origin
+            .old_children
+            .iter()
+            .map(|&c| self.old_child(input_leaves, input_objects, c))
+            .collect::<PyResult<_>>()?;
+        Ok(Some(old))
+    }
+
+    fn write_all<'py>(
+        &self,
+        py: Python<'py>,
+        writes: Vec<Write<'_, 'py>>,
+        input_leaves: &Bound<'py, PyList>,
+        input_objects: &Bound<'py, PyList>,
+    ) -> PyResult<()> {
         let mut done: Vec<Undo<'py>> = Vec::with_capacity(writes.len());
         for (obj, node, origin, children) in writes {
-            let written = write_one(py, &obj, node, origin, children, self, &mut done);
+            let written = self
+                .old_children(origin, input_leaves, input_objects)
+                .and_then(|old| write_one(&obj, node, origin, children, old, self, &mut done));
             if let Err(err) = written {
                 // Put back what was written, newest first; the first error is the one
                 // reported, so a failing undo is only attached as context.
@@ -418,6 +522,148 @@ fn write_list<'py>(list: &Bound<'py, PyAny>, items: &Bound<'py, PyAny>) -> PyRes
     Ok(Undo::List(list.clone(), old))
 }
 
+/// Give the list (or list subclass) `list` the items `new` where they differ from `old`, its
+/// items at call start, by identity (rule 17): the indices the function changed are set one
+/// by one, and a resized list gets its tail from the shorter length on replaced by one slice
+/// assignment; everything else is left as it is now. Returns how to undo it.
+fn write_list_entries<'py>(
+    list: &Bound<'py, PyAny>,
+    new: &[Bound<'py, PyAny>],
+    old: &[Bound<'py, PyAny>],
+) -> PyResult<Undo<'py>> {
+    let py = list.py();
+    let common = new.len().min(old.len());
+    let mut set = Vec::new();
+    let mut tail = None;
+    let mut apply = || -> PyResult<()> {
+        for j in 0..common {
+            if !new[j].is(&old[j]) {
+                let before = list.get_item(j)?;
+                list.set_item(j, &new[j])?;
+                set.push((j, before));
+            }
+        }
+        if new.len() != old.len() {
+            let slice = PySlice::new(py, common as isize, old.len() as isize, 1);
+            let before = list.get_item(&slice)?;
+            list.set_item(&slice, PyList::new(py, &new[common..])?)?;
+            tail = Some((common, new.len() - common, before));
+        }
+        Ok(())
+    };
+    let result = apply();
+    let undo = Undo::ListEntries(list.clone(), set, tail);
+    match result {
+        Ok(()) => Ok(undo),
+        Err(e) => {
+            undo.run()?;
+            Err(e)
+        }
+    }
+}
+
+/// The value stored for `key` in the dict (or dict subclass) `dict`, read as stored (no
+/// `__getitem__`, no `__missing__`), or None.
+fn raw_get<'py>(
+    dict: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    dict.cast::<PyDict>()?.get_item(key)
+}
+
+/// Put the dict's keys in `order` (those it still holds; keys it holds that `order` lacks
+/// follow, in their order), moving each key with its value as it is now.
+fn put_in_order<'py>(dict: &Bound<'py, PyAny>, order: &[Bound<'py, PyAny>]) -> PyResult<()> {
+    let py = dict.py();
+    let now = PyList::new(py, dict.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+    let wanted = PyList::empty(py);
+    let placed = PySet::empty(py)?;
+    for k in order {
+        if raw_get(dict, k)?.is_some() && !placed.contains(k)? {
+            wanted.append(k)?;
+            placed.add(k)?;
+        }
+    }
+    for k in now.iter() {
+        if !placed.contains(&k)? {
+            wanted.append(&k)?;
+        }
+    }
+    if now.as_any().eq(&wanted)? {
+        return Ok(());
+    }
+    for k in wanted.iter() {
+        let v = dict.call_method1("pop", (&k,))?;
+        dict.set_item(&k, v)?;
+    }
+    Ok(())
+}
+
+/// Give the dict (or dict subclass) `dict` the items `new` where they differ from what it
+/// held at call start (`old_keys[j]` held `old[j]`), by identity (rule 17): keys the function
+/// removed are deleted, keys it set to another object or added are set (new keys in
+/// `key_order`, after the others), and nothing else is touched. Kept keys keep their place;
+/// when the function `reordered` the keys (a dict kind it sees in its own order), they are then
+/// moved into `key_order`. Returns how to undo it.
+fn write_mapping_entries<'py>(
+    dict: &Bound<'py, PyAny>,
+    new: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    key_order: Option<&Bound<'py, PyTuple>>,
+    reordered: bool,
+    old_keys: &Bound<'py, PyTuple>,
+    old: &[Bound<'py, PyAny>],
+) -> PyResult<Undo<'py>> {
+    let py = dict.py();
+    let before: Vec<Bound<'py, PyAny>> = dict.try_iter()?.collect::<PyResult<_>>()?;
+    let lookup = PyDict::new(py);
+    for (k, v) in &new {
+        lookup.set_item(k, v)?;
+    }
+    let was = PyDict::new(py);
+    for (k, v) in old_keys.iter().zip(old) {
+        was.set_item(k, v)?;
+    }
+    let order: Vec<Bound<'py, PyAny>> = match key_order {
+        Some(order) => order.iter().collect(),
+        None => new.iter().map(|(k, _)| k.clone()).collect(),
+    };
+    let mut ops = Vec::new();
+    let mut apply = || -> PyResult<()> {
+        for k in old_keys.iter() {
+            if !lookup.contains(&k)? {
+                if let Some(value) = raw_get(dict, &k)? {
+                    dict.del_item(&k)?;
+                    ops.push((k, Some(value)));
+                }
+            }
+        }
+        for k in &order {
+            let Some(v) = lookup.get_item(k)? else {
+                continue;
+            };
+            if was.get_item(k)?.is_some_and(|o| o.is(&v)) {
+                continue;
+            }
+            let value = raw_get(dict, k)?;
+            dict.set_item(k, v)?;
+            ops.push((k.clone(), value));
+        }
+        if reordered {
+            put_in_order(dict, &order)?;
+        }
+        Ok(())
+    };
+    let result = apply();
+    let undo = Undo::MappingEntries(dict.clone(), ops, before);
+    match result {
+        Ok(()) => Ok(undo),
+        Err(e) => {
+            undo.run()?;
+            Err(e)
+        }
+    }
+}
+
 /// Make a dict (or dict subclass, through its own methods) hold exactly `items`, in order.
 fn set_mapping_items<'py>(
     dict: &Bound<'py, PyAny>,
@@ -498,20 +744,33 @@ fn write_mapping<'py>(
 /// Give `obj` the contents `children` (and the node data of `node`) in place, pushing onto
 /// `done` how to undo each step taken (also when a later step fails).
 fn write_one<'py>(
-    py: Python<'py>,
     obj: &Bound<'py, PyAny>,
     node: &Node,
     origin: &Origin,
     children: Vec<Bound<'py, PyAny>>,
+    old: Option<Vec<Bound<'py, PyAny>>>,
     plan: &CallPlan,
     done: &mut Vec<Undo<'py>>,
 ) -> PyResult<()> {
+    let py = obj.py();
     let key_order = origin.key_order.as_ref().map(|o| o.bind(py));
+    let old_keys = origin.old_keys.as_ref().map(|k| k.bind(py));
+    // The entries to compare with, for a container written entry by entry (rule 17).
+    let list_old = old.as_deref();
+    let dict_old = old.as_deref().zip(old_keys);
     match &node.kind {
-        NodeKind::List => done.push(write_list(obj, PyList::new(py, children)?.as_any())?),
+        NodeKind::List => done.push(match list_old {
+            Some(old) => write_list_entries(obj, &children, old)?,
+            None => write_list(obj, PyList::new(py, children)?.as_any())?,
+        }),
         NodeKind::Dict(keys) => {
             let new = keys.bind(py).iter().zip(children).collect();
-            done.push(write_mapping(obj, new, key_order, origin.reordered)?);
+            done.push(match dict_old {
+                Some((old, old_keys)) => {
+                    write_mapping_entries(obj, new, key_order, origin.reordered, old_keys, old)?
+                }
+                None => write_mapping(obj, new, key_order, origin.reordered)?,
+            });
         }
         NodeKind::Custom(..) if origin.direct.is_some() => {
             let direct = origin.direct.as_deref().unwrap_or_default();
@@ -523,14 +782,21 @@ fn write_one<'py>(
             // A registered dict or list subclass (OrderedDict, defaultdict, ...): its items
             // are written as a dict's or a list's, then its attributes as any object's.
             if obj.is_instance_of::<PyDict>() && fresh.is_instance_of::<PyDict>() {
-                done.push(write_mapping(
-                    obj,
-                    mapping_items(&fresh)?,
-                    key_order,
-                    origin.reordered,
-                )?);
+                let new = mapping_items(&fresh)?;
+                done.push(match dict_old {
+                    Some((old, old_keys)) => {
+                        write_mapping_entries(obj, new, key_order, origin.reordered, old_keys, old)?
+                    }
+                    None => write_mapping(obj, new, key_order, origin.reordered)?,
+                });
             } else if obj.is_instance_of::<PyList>() && fresh.is_instance_of::<PyList>() {
-                done.push(write_list(obj, &fresh)?);
+                done.push(match list_old {
+                    Some(old) => {
+                        let new: Vec<_> = fresh.try_iter()?.collect::<PyResult<_>>()?;
+                        write_list_entries(obj, &new, old)?
+                    }
+                    None => write_list(obj, &fresh)?,
+                });
             }
             let attrs = origin.attrs.as_ref().map(|a| a.bind(py));
             let undo = plan.write_custom.bind(py).call1((obj, fresh, attrs))?;

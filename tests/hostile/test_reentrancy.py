@@ -89,9 +89,10 @@ def _snapshot(x):
         i for i, e in enumerate(sdef.node_info())
         if isinstance(e, treeclone._native.EntryInfo.Node)
     ]
-    snapshot = treeclone._native.Snapshot.take(objects, nodes)
+    snapshot = treeclone._native.Snapshot.take(objects, sdef)
     snapshot.unchanged()
-    snapshot.again().unchanged()
+    snapshot.refresh(nodes)
+    snapshot.unchanged()
 
 def _poke(x):
     if isinstance(x, dict):

@@ -14,7 +14,15 @@ import profiles
 import pytest
 import treeclone as tc
 from hypothesis import HealthCheck, given, settings
-from mutation_programs import containers, describe, programs, run_as_alias, run_program, trees
+from mutation_programs import (
+    between_programs,
+    bound_trees,
+    containers,
+    describe,
+    programs,
+    run_as_alias,
+    run_program,
+)
 from node_kinds import Scaled
 
 
@@ -248,11 +256,14 @@ SETTINGS = settings(
 
 
 @SETTINGS
-@given(trees, programs, programs)
+@given(bound_trees, programs, between_programs)
 def test_alias_equals_plain_python_with_changes_inside_and_between_calls(tree, inside, between):
     """Each round runs ``inside`` in the function, then ``between`` on the caller's objects;
     every original container must end as its plain-Python twin does (seeing dicts sorted inside
-    the function, as the function does: ``run_as_alias``)."""
+    the function, as the function does: ``run_as_alias``). Between calls, besides what the
+    function may do, dicts are reordered in place (``OrderedDict.move_to_end``), ``__dict__``
+    replaced, ``__class__`` reassigned, and the dict a ``Stored`` node's flatten reads
+    changed."""
     expected = copy.deepcopy(tree)
     expected_nodes = containers(expected)
     mine = copy.deepcopy(tree)
@@ -392,3 +403,176 @@ def test_a_written_back_leaf_passed_again_is_the_bound_object():
     p(written)  # bound and donated: kept, as treeclone.jit keeps it
     assert not written.is_deleted()
     np.testing.assert_array_equal(s["w"], [4.0, 4.0])
+
+
+# Between-call changes a by-identity look at the items alone would miss (docs/semantics.md,
+# "jit_partial", "Changes made between calls are used, never lost"): each is compared with plain
+# Python and with treeclone.jit on the same objects.
+
+
+class Stored:
+    """A registered node whose flatten reads its children from a plain dict in an attribute
+    (the dict is not a node of the tree)."""
+
+    def __init__(self, w, b):
+        self._store = {"w": w, "b": b}
+
+
+jax.tree_util.register_pytree_node(
+    Stored,
+    lambda s: ((s._store["w"], s._store["b"]), None),
+    lambda _, children: Stored(*children),
+)
+
+
+def _weighted(s, x):
+    return s._store["w"] * x + s._store["b"]
+
+
+def _three_ways(fun, make, change, *args):
+    """``fun(bound, *args)`` after ``change(bound)``, through jit_partial (called once
+    before the change), treeclone.jit and plain Python, each on its own objects."""
+    ours, theirs, plain = make(), make(), make()
+    p = tc.jit_partial(fun, ours)
+    p(*args)
+    for obj in (ours, theirs, plain):
+        change(obj)
+    return (
+        values(p(*args)),
+        values(tc.jit(fun, policy="alias")(theirs, *args)),
+        values(fun(plain, *args)),
+    )
+
+
+def test_an_entry_of_a_dict_read_by_a_registered_flatten_changed_between_calls_is_used():
+    def change(s):
+        s._store["w"] = jnp.full(2, 5.0)
+
+    ours, theirs, plain = _three_ways(
+        _weighted, lambda: Stored(jnp.ones(2), jnp.zeros(2)), change, 2.0
+    )
+    assert ours == theirs == plain == [10.0, 10.0]
+
+
+class Nested:
+    """A registered node reading a child from a list inside a dict held by an attribute."""
+
+    def __init__(self, w):
+        self.config = {"layers": [w], "name": "n"}
+
+
+jax.tree_util.register_pytree_node(
+    Nested,
+    lambda n: ((n.config["layers"][0],), n.config["name"]),
+    lambda name, children: Nested(children[0]),
+)
+
+
+def test_an_item_of_a_nested_container_read_by_a_registered_flatten_is_used():
+    def change(n):
+        n.config["layers"][0] = jnp.full(2, 3.0)
+
+    ours, theirs, plain = _three_ways(
+        lambda n, x: n.config["layers"][0] * x, lambda: Nested(jnp.ones(2)), change, 2.0
+    )
+    assert ours == theirs == plain == [6.0, 6.0]
+
+
+def test_an_ordereddict_reordered_between_calls_is_used():
+    import collections
+
+    def make():
+        return collections.OrderedDict([("a", jnp.ones(1)), ("b", jnp.full(1, 2.0))])
+
+    def change(d):
+        d.move_to_end("a")
+
+    ours, theirs, plain = _three_ways(lambda d, x: [v * x for v in d.values()], make, change, 1.0)
+    assert ours == theirs == plain == [[2.0], [1.0]]
+
+
+class Plain:
+    def __init__(self, w):
+        self.w = w
+
+
+jax.tree_util.register_pytree_node(Plain, lambda p: ((p.w,), None), lambda _, c: Plain(c[0]))
+
+
+def test_a_replaced___dict___between_calls_is_used():
+    def change(obj):
+        obj.__dict__ = {"w": jnp.full(2, 7.0)}
+
+    ours, theirs, plain = _three_ways(lambda o, x: o.w * x, lambda: Plain(jnp.ones(2)), change, 1.0)
+    assert ours == theirs == plain == [7.0, 7.0]
+
+
+class Doubled(Plain):
+    """A subclass registered with its own flatten: its static data differs."""
+
+
+jax.tree_util.register_pytree_node(
+    Doubled, lambda p: ((p.w,), "doubled"), lambda _, c: Doubled(c[0])
+)
+
+
+def test_a_reassigned___class___between_calls_is_used():
+    def fun(o, x):
+        return o.w * x * (2 if type(o) is Doubled else 1)
+
+    def change(obj):
+        obj.__class__ = Doubled
+
+    ours, theirs, plain = _three_ways(fun, lambda: Plain(jnp.ones(2)), change, 1.0)
+    assert ours == theirs == plain == [2.0, 2.0]
+
+
+class Holder:
+    def __init__(self, w):
+        self.w = w
+
+
+class Indirect:
+    """A registered node whose flatten reads its child through another object's attribute:
+    out of the snapshot's reach, so the bound arguments are flattened at every call."""
+
+    flattens = 0
+
+    def __init__(self, w):
+        self.holder = Holder(w)
+
+
+def _flatten_indirect(i):
+    Indirect.flattens += 1
+    return (i.holder.w,), None
+
+
+jax.tree_util.register_pytree_node(Indirect, _flatten_indirect, lambda _, c: Indirect(c[0]))
+
+
+def test_a_flatten_reading_state_out_of_reach_is_flattened_at_every_call():
+    def change(i):
+        i.holder.w = jnp.full(2, 4.0)
+
+    ours, theirs, plain = _three_ways(
+        lambda i, x: i.holder.w * x, lambda: Indirect(jnp.ones(2)), change, 1.0
+    )
+    assert ours == theirs == plain == [4.0, 4.0]
+    obj = Indirect(jnp.ones(2))
+    p = tc.jit_partial(lambda i, x: i.holder.w * x, obj)
+    p(1.0)
+    before = Indirect.flattens
+    p(1.0)
+    assert Indirect.flattens > before  # never trusted
+
+
+def test_nnx_variable_metadata_changed_in_place_between_calls_is_used():
+    """An nnx Variable's metadata (a dict in a slot) is its static data: changed in place
+    between calls, the next call's flatten has it, as treeclone.jit's does."""
+    v = nnx.Param(jnp.ones(2))
+    seen = []
+    p = tc.jit_partial(lambda v: seen.append(v.get_metadata().get("tag")), v)
+    p()
+    v._var_metadata["tag"] = "new"
+    p()
+    assert seen == [None, "new"]

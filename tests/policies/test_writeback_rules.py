@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
+import itertools
 import re
 
 import jax
@@ -554,3 +556,99 @@ def test_alias_hands_back_untouched_subtrees_with_their_sharing(mode):
     runner(mode, write_through_the_reference, "alias")(t)
     assert t["frozen"]["inner"] is t["again"]
     assert as_lists(t["frozen"]["inner"]["w"]) == [2.0, 2.0]
+
+
+# Rule 17, entry by entry: a write-back sets the keys, indices and attributes the function
+# changed and nothing else, so what another thread writes meanwhile into the same containers
+# is never reverted to the value read at call start.
+
+
+@jax.tree_util.register_pytree_node_class
+class Pair:
+    def __init__(self, acc, ext):
+        self.acc, self.ext = acc, ext
+
+    def tree_flatten(self):
+        return (self.acc, self.ext), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+# How each container kind is made, read and written: ``acc`` is what the function updates,
+# ``ext`` what the other thread writes.
+KINDS = {
+    "dict": (
+        lambda: {"acc": jnp.zeros(()), "ext": 0},
+        lambda s: s["ext"],
+        lambda s, i: s.__setitem__("ext", i),
+    ),
+    "list": (lambda: [jnp.zeros(()), 0], lambda s: s[1], lambda s, i: s.__setitem__(1, i)),
+    "node": (lambda: Pair(jnp.zeros(()), 0), lambda s: s.ext, lambda s, i: setattr(s, "ext", i)),
+    "ordereddict": (
+        lambda: collections.OrderedDict(acc=jnp.zeros(()), ext=0),
+        lambda s: s["ext"],
+        lambda s, i: s.__setitem__("ext", i),
+    ),
+}
+
+
+def _accumulate(s, x):
+    if isinstance(s, Pair):
+        s.acc = s.acc + x
+    elif isinstance(s, list):
+        s[0] = s[0] + x
+    else:
+        s["acc"] = s["acc"] + x
+
+
+def run_against_a_writer(kind, steps, caller):
+    """Run ``steps`` calls of ``_accumulate`` on one state (through ``caller``: "partial" or
+    "jit") while a thread writes 1, 2, 3, ... into its ``ext`` entry; returns the values of
+    ``ext`` read after each step, the thread's last write, the final value and ``acc``."""
+    import sys
+    import threading
+
+    make, read, write = KINDS[kind]
+    state = make()
+    stop, last = threading.Event(), [0]
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            write(state, i)
+            last[0] = i
+
+    step = (
+        tc.jit_partial(_accumulate, state)
+        if caller == "partial"
+        else functools.partial(tc.jit(_accumulate, policy="alias"), state)
+    )
+    step(1.0)  # traced before the thread starts
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    seen = []
+    try:
+        for _ in range(steps):
+            step(1.0)
+            seen.append(read(state))
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        sys.setswitchinterval(interval)
+    acc = state.acc if kind == "node" else state["acc"] if kind != "list" else state[0]
+    return seen, last[0], read(state), float(acc)
+
+
+@pytest.mark.parametrize("caller", ["partial", "jit"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_writer_threads_entries_are_never_reverted_by_a_write_back(kind, caller):
+    steps = 3000
+    seen, last, final, acc = run_against_a_writer(kind, steps, caller)
+    assert acc == steps + 1  # every step's own update is written
+    assert all(a <= b for a, b in itertools.pairwise(seen)), "ext went backwards"
+    assert final == last

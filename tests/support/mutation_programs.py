@@ -11,7 +11,7 @@ import copy
 import jax
 import numpy as np
 from hypothesis import strategies as st
-from node_kinds import Model, MyDict, MyList, Noted
+from node_kinds import Model, ModelCopy, MyDict, MyList, Noted, Stored
 
 DICTS = (dict, collections.OrderedDict, MyDict, "defaultdict")
 LISTS = (list, MyList)
@@ -43,8 +43,23 @@ def _extend(inner):
 # The root is a mutable container (the argument the program mutates).
 trees = _mutable(st.recursive(leaf, _extend, max_leaves=8))
 
+
+def _extend_bound(inner):
+    return st.one_of(_extend(inner), inner.map(Stored))
+
+
+# ``trees`` with ``Stored`` nodes too (jit_partial's between-call changes).
+bound_trees = _mutable(st.recursive(leaf, _extend_bound, max_leaves=8))
+
 OPS = ["set", "add", "delete", "append", "pop", "detach", "reattach"]
 programs = st.lists(st.tuples(st.integers(0, 50), st.sampled_from(OPS), keys), max_size=5)
+# Changes made to the caller's objects between calls only (not by a traced function): a dict
+# reordered in place (``move_to_end`` on an OrderedDict), a ``__dict__`` replaced, a
+# ``__class__`` reassigned (``Model`` <-> ``ModelCopy``).
+BETWEEN_OPS = [*OPS, "reorder", "redict", "reclass"]
+between_programs = st.lists(
+    st.tuples(st.integers(0, 50), st.sampled_from(BETWEEN_OPS), keys), max_size=5
+)
 
 
 def children(node):
@@ -56,6 +71,8 @@ def children(node):
         return [node.x]
     if isinstance(node, Model):
         return [node.w]
+    if isinstance(node, Stored):
+        return [node._store["w"]]
     return []
 
 
@@ -67,7 +84,7 @@ def containers(tree):
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, (dict, list, Noted, Model)):
+        if isinstance(node, (dict, list, Noted, Model, Stored)):
             out.append(node)
         agenda.extend(children(node))
     return out
@@ -90,10 +107,27 @@ def run_program(tree, program):
         node = found[choice % len(found)]
         leaves = jax.tree.leaves(tree)
         value = (leaves[0] if leaves else np.zeros(2, np.float32)) + 1
-        if isinstance(node, Noted):
+        if op == "reclass":
+            if isinstance(node, Model):
+                node.__class__ = Model if type(node) is ModelCopy else ModelCopy
+        elif op == "redict" and isinstance(node, (Noted, Model)):
+            field = "x" if isinstance(node, Noted) else "w"
+            node.__dict__ = {**vars(node), field: value}
+        elif op == "reorder" and isinstance(node, dict):
+            if node:
+                first = list(node)[choice % len(node)]
+                if isinstance(node, collections.OrderedDict):
+                    node.move_to_end(first)
+                else:
+                    node[first] = node.pop(first)
+        elif op in ("reorder", "redict", "reclass"):
+            continue
+        elif isinstance(node, Noted):
             node.x = value
         elif isinstance(node, Model):
             node.w = value
+        elif isinstance(node, Stored):
+            node._store["w"] = value
         elif op in ("detach", "reattach"):
             slots = list(node) if isinstance(node, dict) else list(range(len(node)))
             if not slots:
@@ -188,7 +222,7 @@ def describe(node, index):
         state["history"] = list(node.history)
     state["children"] = [
         ("container", index.get(id(c), "new"), type(c))
-        if isinstance(c, (dict, list, tuple, Noted, Model))
+        if isinstance(c, (dict, list, tuple, Noted, Model, Stored))
         else np.asarray(c).tolist()
         for c in children(node)
     ]

@@ -2,7 +2,11 @@
 
 - ``MyDict`` / ``MyList``: a dict and a list subclass registered as nodes;
 - ``Model``: a registered class with state its flatten does not carry (``history``);
-- ``Noted``: a dataclass registered with a ``drop_fields`` field (``note``).
+- ``ModelCopy``: a subclass of ``Model`` registered the same way (``__class__`` reassigned
+  between the two changes nothing but the type);
+- ``Noted``: a dataclass registered with a ``drop_fields`` field (``note``);
+- ``Stored``: a registered class whose flatten reads its child from a plain dict held in an
+  attribute (``self._store["w"]``), which is not a node of the tree.
 """
 
 from __future__ import annotations
@@ -45,6 +49,23 @@ class Model:
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(*children)
+
+
+@jax.tree_util.register_pytree_node_class
+class ModelCopy(Model):
+    """``Model`` under another name, registered the same way."""
+
+
+class Stored:
+    """Its child lives in a plain dict held by an attribute, read there by its flatten."""
+
+    def __init__(self, w):
+        self._store = {"w": w}
+
+
+jax.tree_util.register_pytree_node(
+    Stored, lambda s: ((s._store["w"],), None), lambda _, children: Stored(children[0])
+)
 
 
 @dataclasses.dataclass
