@@ -29,7 +29,7 @@ from typing import Any, overload
 import jax
 from jax.core import Tracer
 
-from treeclone import _jax_compat, _native, _retrace, _trace
+from treeclone import _jax_compat, _native, _retrace, _trace, tree_util
 from treeclone._bound import BoundArguments
 
 # jax's description of a traced function, for its messages (None: jax's own naming).
@@ -1036,7 +1036,8 @@ def _written(
         *((j, names[j], a) for j, a in enumerate(args)),
         *((k, k, v) for k, v in kwargs.items()),
     ]:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+        # treeclone's flatten: JAX's recurses natively and fails on a deep argument.
+        for path, leaf in tree_util.tree_flatten_with_path(value)[0]:
             o = index.get(id(leaf))
             if o is not None:
                 found.append((o, where, name + _keystr(path)))
