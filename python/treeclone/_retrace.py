@@ -266,14 +266,54 @@ def _donation_differences(old: Record, new: Record) -> list[tuple[str, str]]:
 # --- the record of a function's traces ---------------------------------------------------------
 
 
+class _StandIn:
+    """A leaf of a recorded structure rebuilt for its description: only its aval."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: Any):
+        self.aval = aval
+
+
+def _avals(leaves: list) -> tuple:
+    """Each leaf's aval (a tracer's at trace time; None for a value without one): what the
+    cache key does not hold about the leaves, and no reference to a tracer."""
+    return tuple(getattr(x, "aval", None) for x in leaves)
+
+
 class Record:
-    """One trace: its cache key, its arguments' descriptors, and (under a policy that writes
-    back) the descriptors of the arguments as the function left them."""
+    """One trace: its cache key, its leaves' avals and layout, and (under a policy that writes
+    back) the structure and avals of the arguments as the function left them. Cheap to make;
+    the descriptors by key path are worked out only when a message needs them."""
 
-    __slots__ = ("after", "key", "slot_paths", "where")
+    __slots__ = ("_described", "after", "avals", "key", "layout")
 
-    def __init__(self, key: tuple, where: Descriptors, slot_paths: list, after: Descriptors | None):
-        self.key, self.where, self.slot_paths, self.after = key, where, slot_paths, after
+    def __init__(self, key: tuple, avals: tuple, layout: Layout, after: tuple | None):
+        self.key, self.avals, self.layout, self.after = key, avals, layout, after
+        self._described: dict[bool, tuple[Descriptors, list]] = {}
+
+    def described(self, after: bool = False) -> tuple[Descriptors, list]:
+        """The descriptors and first key path per slot of the arguments as given (or, with
+        ``after``, as the function left them)."""
+        found = self._described.get(after)
+        if found is None:
+            sdef, avals = self.after if after else (self.key[0], self.avals)  # type: ignore[misc]
+            stand_ins = [_StandIn(a) for a in avals]
+            _, objs = sdef.unflatten_nodes(stand_ins)
+            found = self._described[after] = describe(sdef, objs, stand_ins, self.layout)
+        return found
+
+    @property
+    def where(self) -> Descriptors:
+        return self.described()[0]
+
+    @property
+    def slot_paths(self) -> list:
+        return self.described()[1]
+
+    def left_its_own_structure(self) -> bool:
+        """Whether the function left its arguments in another structure than it was given."""
+        return self.after is not None and self.after != (self.key[0], self.avals)
 
 
 class History:
@@ -302,15 +342,11 @@ class History:
     def _traced(
         self, key: tuple, leaves: list, layout: Layout, args_after: tuple[tuple, dict] | None
     ) -> None:
-        sdef = key[0]
-        _, objs = sdef.unflatten_nodes(leaves)
-        now, slot_paths = describe(sdef, objs, leaves, layout)
         after = None
         if args_after is not None and self.policy.mutations == "propagate":
-            root = (*args_after[0], args_after[1])
-            after_leaves, after_def, after_objs = _native.flatten_shared(root)
-            after = describe(after_def, after_objs, after_leaves, layout)[0]
-        record = Record(key, now, slot_paths, after)
+            after_leaves, after_def, _ = _native.flatten_shared((*args_after[0], args_after[1]))
+            after = (after_def, _avals(after_leaves))
+        record = Record(key, _avals(leaves), layout, after)
         previous = self.records[-1] if self.records else None
         if previous is not None and explaining():
             changes = min(
@@ -340,20 +376,26 @@ class History:
         return "\n".join(lines)
 
     def _count(self, previous: Record, record: Record) -> None:
-        """Count a trace whose new structure is the one the previous call's write-back left
-        (every path that differs is as the function left it, and the function changed it);
-        warn once when ``RETRACE_STREAK`` such traces come in a row."""
-        after = previous.after
-        changes = differences(previous.where, record.where) if after is not None else []
-        own = bool(changes) and all(
-            _same(after.get(p), record.where.get(p))  # type: ignore[union-attr]
-            and not _same(previous.where.get(p), after.get(p))  # type: ignore[union-attr]
-            for p, _ in changes
-        )
-        own = own and previous.key[1] == record.key[1]
+        """Count a trace whose new structure is the one the previous call's write-back left:
+        the function changed its arguments' structure, and every key path that differs now is
+        as it left it (the same static arguments); warn once when ``RETRACE_STREAK`` such
+        traces come in a row. Only a function that changes its own structure pays for the
+        descriptors (an exact match needs none)."""
+        own = previous.left_its_own_structure() and previous.key[1] == record.key[1]
+        if own and previous.after != (record.key[0], record.avals):
+            # Not exactly what it left (the appended value may be shared with an argument
+            # that is new at this call): compare the paths that differ.
+            after = previous.described(after=True)[0]
+            changes = differences(previous.where, record.where)
+            own = bool(changes) and all(
+                _same(after.get(p), record.where.get(p))
+                and not _same(previous.where.get(p), after.get(p))
+                for p, _ in changes
+            )
         self.streak = self.streak + 1 if own else 0
         if own and self.streak >= RETRACE_STREAK and not self.warned:
             self.warned = True
+            changes = differences(previous.where, record.where)
             what = "; ".join(f"{p}: {text}" for p, text in changes)
             warnings.warn(
                 f"treeclone.jit: {self.fun_where} was traced and compiled again on each of its "
