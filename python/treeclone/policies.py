@@ -291,26 +291,52 @@ class ArgPolicies:
 
     @property
     def name(self) -> None:
-        """Not a preset (for messages that name a policy)."""
+        """Not a preset (for messages that name a policy).
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({0: "alias"}, lambda a, b: None).name is None
+        True
+        """
         return None
 
     @property
     def mutations(self) -> str:
-        """The mutations of the policy a call runs under when every policy given is used."""
+        """The mutations of the policy a call runs under when every policy given is used.
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({0: "strict"}, lambda a, b: None).mutations
+        'error'
+        """
         return _combined(self.policies()).mutations
 
     @property
     def identity(self) -> str:
-        """Always ``"preserve"``: a call mixing policies keeps one object per object."""
+        """Always ``"preserve"``: a call mixing policies keeps one object per object.
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({0: "alias"}, lambda a, b: None).identity
+        'preserve'
+        """
         return "preserve"
 
     def policies(self) -> list[Policy]:
-        """Every policy this names, the default first."""
+        """Every policy this names, the default first.
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({"b": "alias"}, lambda a, b: None).policies()
+        [Policy.clone, Policy.alias, Policy.alias]
+        """
         return [self.default, *(p for _, p in self.positions), *(p for _, p in self.names)]
 
     def per_argument(self, positions: Sequence[int], names: Sequence[str]) -> tuple[Policy, ...]:
         """The policy of each argument of a call: the positional ones at ``positions`` (their
-        places in the call), then the keyword arguments ``names``."""
+        places in the call), then the keyword arguments ``names``.
+
+        >>> import treeclone
+        >>> spec = treeclone.policies.as_policy_spec({"b": "alias"}, lambda a, b: None)
+        >>> spec.per_argument([0], ["b"])
+        (Policy.clone, Policy.alias)
+        """
         by_position, by_name = dict(self.positions), dict(self.names)
         return tuple(by_position.get(i, self.default) for i in positions) + tuple(
             by_name.get(k, self.default) for k in names
