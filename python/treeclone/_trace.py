@@ -230,6 +230,7 @@ def run(
     track_inputs: bool = False,
     result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
     parts: dict[str, Any] | None = None,
+    arg_policies: Sequence[Policy] | None = None,
 ) -> tuple[Any, list, tuple[tuple[int, ...], tuple[int, ...]] | bool | None]:
     """Call ``fun`` on the tree of ``pre_def`` rebuilt from ``in_leaves``.
 
@@ -251,9 +252,20 @@ def run(
     ``parts``, when given, receives what the plan is made of (``def``, ``leaves`` per slot of
     it, ``origins`` per node, ``result_child``), for a caller that joins several traces'
     plans into one (``treeclone.cond``).
+    ``arg_policies``, when given, is the policy of each argument (the positional ones, then the
+    keyword ones in the kwargs dict's order) of a call that mixes them; ``policy`` is then the
+    call's as a whole (``policies._combined``): each container follows its argument's.
     """
     root, objs = pre_def.unflatten_nodes(in_leaves)
     pre_info = pre_def.node_info()
+    # node -> its argument's policy, for a call mixing them (None: ``policy`` for all).
+    node_policy = None
+    if arg_policies is not None:
+        node_policy = _node_policies(fun, pre_def, pre_info, objs, layout, arg_policies)
+
+    def policy_of(k: int) -> Policy:
+        return policy if node_policy is None else node_policy.get(k, policy)
+
     unstable = _unstable_static_data(root, pre_info)
     own_attributes = {
         k: set(vars(o))
@@ -264,11 +276,14 @@ def run(
     # caller's own objects inside the function too; under strict what it does to them, and to
     # the plain data they hold, is checked directly (``_static_snapshot``).
     statics = {}
-    if policy.mutations == "error":
+    if policy.mutations == "error" or node_policy is not None:
         statics = {
             k: _static_snapshot(o)
             for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
-            if isinstance(e, NodeInfo) and e.arity == 0 and e.data is o
+            if isinstance(e, NodeInfo)
+            and e.arity == 0
+            and e.data is o
+            and policy_of(k).mutations == "error"
         }
     watched = {} if caller_objects is None else watch_callers(caller_objects, objs, pre_info)
     args, kwargs = rebuild_args(*layout.split(root))
@@ -306,6 +321,7 @@ def run(
     returned = _returned_nodes(post_info, post_objs, container_index)
     mutated: list[tuple[int, list]] = []
     origin_of: dict[int, Origin] = {}
+    origin_node: dict[int, int] = {}  # result node -> input node, for the origins made below
     for n, entry in enumerate(post_info):
         if not isinstance(entry, NodeInfo) or entry.node_type is NoneType:
             continue
@@ -351,6 +367,7 @@ def run(
             by_entry=by_entry,
             old_keys=None if old_keys is None else tuple(old_keys),
         )
+        origin_node[n] = k
         for j, c in enumerate(entry.children):
             # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
             # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
@@ -361,25 +378,43 @@ def run(
                 and _equal_empty_nodes(pre_info[old[j]], post_info[c])
             ):
                 origin_of[c] = Origin(node=old[j], old_children=[], same_data=True, writable=False)
+                origin_node[c] = k
         changes = _describe(
             pre_info[k], entry, objs, post_objs, (pre_info, post_info), keys, k not in unstable
         )
         for name in outside:
-            if policy.mutations == "propagate":
+            if policy_of(k).mutations == "propagate":
                 _raise_outside_attribute(fun, k, name, pre_def, objs, layout)
             changes.append((None, f"attribute {name!r} set outside the pytree", None))
         if changes:
             mutated.append((k, changes))
 
-    if policy.mutations == "error":
-        bad = [(k, c) for k, c in mutated if k not in returned]
+    if node_policy is None:
+        if policy.mutations == "error":
+            bad = [(k, c) for k, c in mutated if k not in returned]
+            if bad:
+                _raise_mutation_error(fun, bad, pre_def, objs, layout)
+        elif policy.mutations == "discard" and not report_off(None):
+            lost = [(k, c) for k, c in mutated if k not in returned]
+            if lost:
+                lines = _mutation_lines(lost, pre_def, objs, layout)
+                report_discarded(fun, lines, None, repr(policy))
+    else:
+        # Each argument's own rule: strict's are checked, clone's discarded (and reported),
+        # and only alias's containers keep an origin, the caller's object written into.
+        bad = [
+            (k, c) for k, c in mutated if k not in returned and policy_of(k).mutations == "error"
+        ]
         if bad:
             _raise_mutation_error(fun, bad, pre_def, objs, layout)
-    elif policy.mutations == "discard" and not report_off(None):
-        lost = [(k, c) for k, c in mutated if k not in returned]
-        if lost:
+        lost = [
+            (k, c) for k, c in mutated if k not in returned and policy_of(k).mutations == "discard"
+        ]
+        if lost and not report_off(None):
             lines = _mutation_lines(lost, pre_def, objs, layout)
-            report_discarded(fun, lines, None, repr(policy))
+            report_discarded(fun, lines, None, "'clone' (chosen for these arguments)")
+        for n in [n for n, k in origin_node.items() if policy_of(k).mutations != "propagate"]:
+            del origin_of[n]  # fresh containers, as under their own policy
 
     # The results: under "propagate" the whole (inputs, outputs) pair, written back into the
     # caller's containers; else only the outputs, as fresh containers.
@@ -417,9 +452,59 @@ def run(
         parts["result_child"] = result_child
     if not track_inputs:
         return plan, outputs, None
+    if node_policy is not None and any(policy_of(k).mutations != "propagate" for k, _ in mutated):
+        # What the function did to an argument left alone is in ``root`` but not in the
+        # caller's objects: jit_partial flattens its bound arguments again.
+        return plan, outputs, False
     written = sorted(k for k, _ in mutated)
     before = (pre_def, pre_info, objs)
     return plan, outputs, _next_inputs(policy, root, before, in_leaves, pool_index, written)
+
+
+def _node_policies(
+    fun: Callable[..., Any],
+    pre_def: Any,
+    info: list,
+    objs: list,
+    layout: Layout,
+    arg_policies: Sequence[Policy],
+) -> dict[int, Policy]:
+    """The policy of each container of the arguments: its argument's. A container reachable
+    from two arguments with different policies has no single answer (written back for one,
+    left alone for the other): a ValueError naming both key paths."""
+    root_children = info[-1].children
+    tops = list(root_children[: layout.num_args])
+    if len(root_children) > layout.num_args:  # the kwargs dict: its children are arguments
+        tops += info[root_children[layout.num_args]].children
+    found: dict[int, Policy] = {}
+    owner: dict[int, int] = {}
+    refs: list[tuple[int, int]] = []  # (Ref entry, argument whose tree holds it)
+    for a, (top, chosen) in enumerate(zip(tops, arg_policies, strict=True)):
+        size = info[top].size if isinstance(info[top], NodeInfo) else 1
+        for n in range(top - size + 1, top + 1):
+            entry = info[n]
+            if isinstance(entry, NodeInfo):
+                found[n], owner[n] = chosen, a
+            elif isinstance(entry, EntryInfo.Ref):
+                refs.append((n, a))
+    for n, a in refs:  # a container met again: in its first place's tree, or another's
+        target = info[n].target
+        first = owner.get(target)
+        if first is not None and arg_policies[first] != arg_policies[a]:
+            paths = _Paths(pre_def, objs, layout).paths
+            name = getattr(fun, "__qualname__", None) or repr(fun)
+            raise ValueError(
+                f"{name}: the {type(objs[target]).__name__} at {paths.get(target, '?')} "
+                f"(policy {_policy_name(arg_policies[first])}) is also at "
+                f"{paths.get(n, '?')} (policy {_policy_name(arg_policies[a])}): one container "
+                "cannot be both written back and left alone. Pass it through one argument, "
+                "or give both arguments one policy."
+            )
+    return found
+
+
+def _policy_name(policy: Policy) -> str:
+    return repr(policy.name) if policy.name is not None else repr(policy)
 
 
 def _returned_nodes(post_info: list, post_objs: list, container_index: dict[int, int]) -> set[int]:

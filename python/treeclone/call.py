@@ -10,10 +10,15 @@ import numpy as np
 from treeclone import _native, _trace
 from treeclone._jax_compat import keystr
 from treeclone.jit import _Naming, argument_names, check_cycles, reporting
-from treeclone.policies import Policy, as_policy
+from treeclone.policies import ArgPolicies, PolicySpec, _combined, as_policy_spec
 
 
-def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **kwargs: Any):
+def call(
+    fun: Callable[..., Any],
+    *args: Any,
+    policy: PolicySpec | ArgPolicies = "clone",
+    **kwargs: Any,
+) -> Any:
     """``fun(*args, **kwargs)`` run eagerly (no jit) under ``policy``.
 
     The same rules as ``treeclone.jit``: under ``clone`` the function runs on fresh copies of
@@ -24,7 +29,8 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     Mutable array leaves (NumPy arrays) are containers too: the function works on copies, so
     ``x += 1`` never reaches the caller under ``clone``, is written into the caller's array
     under ``alias`` once the call has succeeded, and is an error under ``strict`` unless the
-    array is returned.
+    array is returned. ``policy`` may also be a dict giving a policy per argument, as for
+    :func:`treeclone.jit` (``{"params": "alias", ...: "clone"}``).
 
     >>> import numpy as np, treeclone
     >>> x = np.zeros(2)
@@ -35,12 +41,23 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     >>> treeclone.call(bump, x, policy="alias"); x.tolist()
     [1.0, 1.0]
     """
-    chosen = as_policy(policy)
+    spec = as_policy_spec(policy, fun)
     try:
         _native.check((args, kwargs))
     except ValueError:
         check_cycles(_Naming(fun), args, kwargs)  # the same text as jit's, naming the argument
         raise
+    names = sorted(kwargs)
+    # A policy per argument: the call runs under their combination (_trace.run), each
+    # argument's containers and arrays under its own.
+    arg_policies = None
+    if isinstance(spec, ArgPolicies):
+        per_argument = spec.per_argument(range(len(args)), names)
+        chosen = _combined(per_argument)
+        if len(set(per_argument)) > 1:
+            arg_policies = per_argument
+    else:
+        chosen = spec
     if chosen.identity == "duplicate":
         leaves, treedef = _native.flatten((args, kwargs))
         fresh_args, fresh_kwargs = treedef.unflatten([_copy_if_mutable(x) for x in leaves])
@@ -52,6 +69,7 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
     work = [_copy_if_mutable(x) for x in leaves]
     changed = _Changed(leaves, work)
     layout = _trace.Layout(len(args), argument_names(fun, range(len(args))))
+    seen: list[Any] = []  # the function's result
     plan, outputs, _ = _trace.run(
         fun,
         sdef,
@@ -62,18 +80,45 @@ def call(fun: Callable[..., Any], *args: Any, policy: str | Policy = "clone", **
         # strict hands a changed array back as the function's copy; alias writes it into the
         # caller's array below, so the caller's own array is handed back.
         keep_inputs=changed if chosen.mutations == "error" else None,
+        transform_out=lambda out: seen.append(out) or out,
         caller_objects=objects,
+        arg_policies=arg_policies,
     )
-    result = plan.apply(leaves, objects, outputs)
-    if chosen.mutations == "error":
-        returned = {id(x) for x in _native.leaves(result)}
-        lost = [s for s in changed.slots() if id(work[s]) not in returned]
+    slot_mutations = _slot_mutations(sdef, len(args), arg_policies, chosen.mutations)
+    strict = [s for s in changed.slots() if slot_mutations(s) == "error"]
+    if strict:  # checked before anything is written back
+        returned = {id(x) for x in _native.leaves(seen[0])}
+        lost = [s for s in strict if id(work[s]) not in returned]
         if lost:
             _raise_array_mutation(fun, root, leaves, lost, layout)
-    elif chosen.mutations == "propagate":
+    result = plan.apply(leaves, objects, outputs)
+    if chosen.mutations == "propagate":
         for s in changed.slots():
-            np.copyto(leaves[s], work[s])
+            if slot_mutations(s) == "propagate":
+                np.copyto(leaves[s], work[s])
     return result
+
+
+def _slot_mutations(
+    sdef: Any, num_args: int, arg_policies: Sequence[Any] | None, mutations: str
+) -> Callable[[int], str]:
+    """The mutations of each leaf slot's argument (``mutations``: every slot's, when the
+    arguments share one policy). A NumPy array in an alias argument and in another is the
+    alias one's."""
+    if arg_policies is None:
+        return lambda s: mutations
+    root = sdef.num_nodes - 1
+    per_child = sdef.child_slots(root)
+    slots = list(per_child[:num_args])
+    if len(per_child) > num_args:
+        slots += sdef.child_slots(sdef.children_of(root)[num_args])
+    found: dict[int, str] = {}
+    rank = {"discard": 0, "error": 1, "propagate": 2}
+    for policy, own in zip(arg_policies, slots, strict=True):
+        for s in own:
+            if rank[policy.mutations] >= rank[found.get(s, "discard")]:
+                found[s] = policy.mutations
+    return lambda s: found.get(s, "discard")
 
 
 def _copy_if_mutable(x: Any) -> Any:

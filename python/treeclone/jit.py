@@ -37,7 +37,16 @@ from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
 from treeclone._jax_compat import DebugInfo as _DebugInfo
 from treeclone._jax_compat import fun_sourceinfo as _fun_sourceinfo
 from treeclone._jax_compat import jaxpr_as_fun as _jaxpr_as_fun
-from treeclone.policies import CLONE, Policy, _check_discarded_mode, _override, as_policy
+from treeclone.policies import (
+    CLONE,
+    ArgPolicies,
+    Policy,
+    PolicySpec,
+    _check_discarded_mode,
+    _combined,
+    _override,
+    as_policy_spec,
+)
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
 _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -427,7 +436,7 @@ class Jitted:
     def __init__(
         self,
         fun: Callable,
-        policy: str | Policy,
+        policy: PolicySpec | ArgPolicies,
         jit_kwargs: dict[str, Any],
         discarded_mutations: str | None = None,
     ):
@@ -438,7 +447,7 @@ class Jitted:
         # wrapper does), first, so that nothing copied from fun replaces what is set below.
         functools.update_wrapper(self, fun)
         self._fun = fun
-        self._policy = as_policy(policy)
+        self._policy = as_policy_spec(policy, fun)
         self._kwargs = dict(jit_kwargs)
         self._static_nums, self._static_names = _resolve(
             fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
@@ -462,8 +471,9 @@ class Jitted:
     # --- policies -----------------------------------------------------------------------------
 
     @property
-    def policy(self) -> Policy:
-        """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it).
+    def policy(self) -> Policy | ArgPolicies:
+        """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it),
+        or the policy of each argument (:class:`treeclone.policies.ArgPolicies`).
 
         >>> import treeclone
         >>> treeclone.jit(abs, policy="strict").policy
@@ -471,7 +481,7 @@ class Jitted:
         """
         return self._policy
 
-    def with_policy(self, policy: str | Policy) -> Jitted:
+    def with_policy(self, policy: PolicySpec | ArgPolicies) -> Jitted:
         """The same jitted function under another policy (sharing compiled code).
 
         >>> import treeclone
@@ -481,7 +491,7 @@ class Jitted:
         """
         other = object.__new__(Jitted)
         other.__dict__.update(self.__dict__)
-        other._policy = as_policy(policy)
+        other._policy = as_policy_spec(policy, self._fun)
         return other
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -513,7 +523,11 @@ class Jitted:
     # --- the policy path ----------------------------------------------------------------------
 
     def _call_policy(
-        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
+        self,
+        policy: Policy | ArgPolicies,
+        args: tuple,
+        kwargs: dict,
+        bound: BoundArguments | None = None,
     ) -> Any:
         call = self._prepare(policy, args, kwargs, bound)
         local = call.inner.local
@@ -532,7 +546,11 @@ class Jitted:
         return out
 
     def _prepare(
-        self, policy: Policy, args: tuple, kwargs: dict, bound: BoundArguments | None = None
+        self,
+        policy: Policy | ArgPolicies,
+        args: tuple,
+        kwargs: dict,
+        bound: BoundArguments | None = None,
     ) -> _Call:
         """Everything about one call up to running the inner jit. With ``bound``, the first
         arguments are ``jit_partial``'s, flattened already: only the others are flattened."""
@@ -870,7 +888,12 @@ class _Inner:
     """
 
     def __init__(
-        self, fun: Callable, policy: Policy, kwargs: dict, naming: _Naming, weak: bool
+        self,
+        fun: Callable,
+        policy: Policy | ArgPolicies,
+        kwargs: dict,
+        naming: _Naming,
+        weak: bool,
     ) -> None:
         # Held weakly when shared between wrappers (the registry must not keep fun alive);
         # every caller holds fun itself.
@@ -920,6 +943,16 @@ class _Inner:
             fixed = {i for i, *_ in statics[1]}
             positions = [i for i in range(statics[0]) if i not in fixed]
         names = [self._naming.name(i) for i in positions]
+        # A policy per argument: the call runs under their combination, each argument's
+        # containers under its own (_trace.run).
+        policy, arg_policies = self._policy, None
+        if isinstance(policy, ArgPolicies):
+            kwargs_node = sdef.children_of(sdef.num_nodes - 1)[-1]
+            keywords = sdef.node_info()[kwargs_node].data or ()
+            per_argument = policy.per_argument(positions, list(keywords))
+            policy = _combined(per_argument)
+            if len(set(per_argument)) > 1:
+                arg_policies = per_argument
         if self._in_shardings is not None:
             leaves = _constrain_inputs(sdef, leaves, num_args, self._in_shardings)
 
@@ -969,22 +1002,23 @@ class _Inner:
             sdef,
             leaves,
             layout,
-            self._policy,
+            policy,
             rebuild,
             keep_inputs=keep_inputs,
             transform_out=transform_out,
             caller_objects=None if call is None else call.objects,
             track_inputs=True,
+            arg_policies=arg_policies,
         )
         # Why this trace happened, in the user's words (trace time only: _retrace).
         self.retraces.traced(box.key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
-        if self._policy.mutations == "propagate" and outputs and "args" in seen:
+        if policy.mutations == "propagate" and outputs and "args" in seen:
             info.writes = _written(
-                outputs, *seen["args"], [self._naming.name(i) for i in positions]
+                outputs, *seen["args"], [self._naming.name(i) for i in positions], arg_policies
             )
-        if self._policy.mutations != "propagate" and "out" in seen:
+        if policy.mutations != "propagate" and "out" in seen:
             # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
             # (rule 12a); alias gives plain Python's, the caller's own object.
             # treeclone's own flatten: JAX's recurses natively and fails on a deep result
@@ -1023,19 +1057,29 @@ class _Inner:
 
 
 def _written(
-    outputs: list, args: tuple, kwargs: dict, names: Sequence[str]
+    outputs: list,
+    args: tuple,
+    kwargs: dict,
+    names: Sequence[str],
+    per_argument: Sequence[Policy] | None = None,
 ) -> tuple[tuple[int, int | str, str], ...]:
     """``(output index, argument, key path)`` for each output of a trace that the function left
     in its (rebuilt) arguments ``args``/``kwargs``: what the write-back puts into the caller's
-    objects. ``argument`` is a position in ``args`` or a name in ``kwargs``."""
+    objects. ``argument`` is a position in ``args`` or a name in ``kwargs``. With a policy
+    per argument (``per_argument``, in the same order), only the arguments written back."""
     index: dict[int, int] = {}
     for o, x in enumerate(outputs):
         index.setdefault(id(x), o)
     found = []
-    for where, name, value in [
+    arguments = [
         *((j, names[j], a) for j, a in enumerate(args)),
         *((k, k, v) for k, v in kwargs.items()),
-    ]:
+    ]
+    if per_argument is not None:
+        arguments = [
+            a for a, p in zip(arguments, per_argument, strict=True) if p.mutations == "propagate"
+        ]
+    for where, name, value in arguments:
         # treeclone's flatten: JAX's recurses natively and fails on a deep argument.
         for path, leaf in tree_util.tree_flatten_with_path(value)[0]:
             o = index.get(id(leaf))
@@ -1101,7 +1145,11 @@ def _as_jit_outputs(leaves: list, slots: Sequence[int]) -> list:
 
 
 def _make_inner(
-    fun: Callable, policy: Policy, kwargs: dict[str, Any], naming: _Naming, weak: bool
+    fun: Callable,
+    policy: Policy | ArgPolicies,
+    kwargs: dict[str, Any],
+    naming: _Naming,
+    weak: bool,
 ) -> tuple[_Inner, Any]:
     """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves."""
     inner = _Inner(fun, policy, kwargs, naming, weak)
@@ -1216,7 +1264,7 @@ def jit(
     fun: Callable[..., Any],
     /,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
     in_shardings: Any = ...,
     out_shardings: Any = ...,
     static_argnums: int | Sequence[int] | None = None,
@@ -1236,7 +1284,7 @@ def jit(
     fun: None = None,
     /,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
     in_shardings: Any = ...,
     out_shardings: Any = ...,
     static_argnums: int | Sequence[int] | None = None,
@@ -1255,7 +1303,7 @@ def jit(
     fun: Callable[..., Any] | None = None,
     /,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
     in_shardings: Any = _UNSPECIFIED,
     out_shardings: Any = _UNSPECIFIED,
     static_argnums: int | Sequence[int] | None = None,

@@ -26,7 +26,7 @@ from typing import Any
 from treeclone import _native
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
 from treeclone.jit import Jitted, _Naming, _take, check_cycles, jit
-from treeclone.policies import Policy, _override, as_policy
+from treeclone.policies import ArgPolicies, Policy, PolicySpec, _override, as_policy_spec
 
 _SCALARS = (int, float, bool, complex)
 # Joined structures kept per bound state (one per structure of the call's own arguments).
@@ -125,7 +125,7 @@ class JitPartial:
         self._bound = _BoundArguments(bound, jitted._naming)
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> Policy | ArgPolicies:
         """The policy calls use (unless a ``with treeclone.policy(...)`` block overrides it).
 
         >>> import treeclone
@@ -167,7 +167,7 @@ class JitPartial:
         return f"<treeclone.jit_partial of {self._jitted._fun!r} (policy {self.policy!r})>"
 
 
-def _check_policy(policy: Policy) -> None:
+def _check_policy(policy: Policy | ArgPolicies) -> None:
     if policy.identity != "preserve":
         raise ValueError(
             f"jit_partial needs a policy that preserves identity (alias, strict, or "
@@ -180,7 +180,7 @@ def jit_partial(
     fun: Callable[..., Any],
     /,
     *bound: Any,
-    policy: str | Policy = "alias",
+    policy: PolicySpec = "alias",
     **jit_options: Any,
 ) -> JitPartial:
     """``treeclone.jit(fun, policy=..., ...)`` with ``bound`` as its first arguments, flattened
@@ -191,6 +191,8 @@ def jit_partial(
 
     Changes made to the bound objects between calls are seen (docs/semantics.md,
     "jit_partial"); the policy must preserve identity (``alias``, the default, or ``strict``).
+    A dict gives a policy per argument, as for :func:`treeclone.jit`; the arguments it does
+    not name are ``alias`` (this function's default) unless its ``...`` says otherwise.
 
     >>> import jax.numpy as jnp, treeclone
     >>> def accumulate(state, x):
@@ -206,9 +208,9 @@ def jit_partial(
     >>> add(5.0)
     Array(5., dtype=float32)
     """
-    policy = as_policy(policy)
-    _check_policy(policy)
-    return JitPartial(jit(fun, policy=policy, **jit_options), bound)
+    chosen = as_policy_spec(policy, fun, default="alias")
+    _check_policy(chosen)
+    return JitPartial(jit(fun, policy=chosen, **jit_options), bound)
 
 
 __all__ = ["JitPartial", "jit_partial"]

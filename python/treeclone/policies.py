@@ -30,7 +30,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from treeclone import _writeback
@@ -38,6 +39,7 @@ from treeclone import _writeback
 __all__ = [
     "ALIAS",
     "CLONE",
+    "ArgPolicies",
     "IDENTITY",
     "MUTATIONS",
     "PRESETS",
@@ -47,6 +49,7 @@ __all__ = [
     "MutationWarning",
     "Policy",
     "as_policy",
+    "as_policy_spec",
     "discarded_mode",
     "discarded_mutations",
     "policy",
@@ -246,6 +249,194 @@ def as_policy(policy: str | Policy) -> Policy:
     if isinstance(policy, str) and policy in PRESETS:
         return PRESETS[policy]
     raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(PRESETS)} or a Policy")
+
+
+# What a mixed call runs with when some argument is ... (the strongest of its policies).
+_DISCARD_PRESERVE = Policy("discard", "preserve")
+
+
+def _combined(policies: Sequence[Policy]) -> Policy:
+    """The policy a call whose arguments have ``policies`` runs under as a whole: ``alias``
+    when one of them writes back, else ``strict`` when one of them checks, else
+    ``Policy('discard', 'preserve')``; identity is preserved for every argument."""
+    mutations = {p.mutations for p in policies}
+    if "propagate" in mutations:
+        return ALIAS
+    if "error" in mutations:
+        return STRICT
+    return _DISCARD_PRESERVE
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgPolicies:
+    """A policy per argument: ``positions`` and ``names`` map each named argument to its
+    policy (every position completed with its parameter's name and back, from the
+    signature, as ``jax.jit`` completes ``static_argnums``/``static_argnames``), ``default``
+    is the policy of the others. Made by :func:`as_policy_spec` from a dict such as
+    ``{"model": "alias", "optimizer": "alias", ...: "clone"}``.
+
+    >>> import treeclone
+    >>> def step(model, optimizer, batch, cfg):
+    ...     pass
+    >>> spec = treeclone.policies.as_policy_spec({"model": "alias", 1: "alias"}, step)
+    >>> spec
+    ArgPolicies({0: 'alias', 1: 'alias', 'model': 'alias', 'optimizer': 'alias', ...: 'clone'})
+    >>> spec.per_argument([0, 1, 2], ["cfg"])
+    (Policy.alias, Policy.alias, Policy.clone, Policy.clone)
+    """
+
+    positions: tuple[tuple[int, Policy], ...]
+    names: tuple[tuple[str, Policy], ...]
+    default: Policy
+
+    @property
+    def name(self) -> None:
+        """Not a preset (for messages that name a policy).
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({0: "alias"}, lambda a, b: None).name is None
+        True
+        """
+        return None
+
+    @property
+    def mutations(self) -> str:
+        """The mutations of the policy a call runs under when every policy given is used.
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({0: "strict"}, lambda a, b: None).mutations
+        'error'
+        """
+        return _combined(self.policies()).mutations
+
+    @property
+    def identity(self) -> str:
+        """Always ``"preserve"``: a call mixing policies keeps one object per object.
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({0: "alias"}, lambda a, b: None).identity
+        'preserve'
+        """
+        return "preserve"
+
+    def policies(self) -> list[Policy]:
+        """Every policy this names, the default first.
+
+        >>> import treeclone
+        >>> treeclone.policies.as_policy_spec({"b": "alias"}, lambda a, b: None).policies()
+        [Policy.clone, Policy.alias, Policy.alias]
+        """
+        return [self.default, *(p for _, p in self.positions), *(p for _, p in self.names)]
+
+    def per_argument(self, positions: Sequence[int], names: Sequence[str]) -> tuple[Policy, ...]:
+        """The policy of each argument of a call: the positional ones at ``positions`` (their
+        places in the call), then the keyword arguments ``names``.
+
+        >>> import treeclone
+        >>> spec = treeclone.policies.as_policy_spec({"b": "alias"}, lambda a, b: None)
+        >>> spec.per_argument([0], ["b"])
+        (Policy.clone, Policy.alias)
+        """
+        by_position, by_name = dict(self.positions), dict(self.names)
+        return tuple(by_position.get(i, self.default) for i in positions) + tuple(
+            by_name.get(k, self.default) for k in names
+        )
+
+    def __repr__(self) -> str:
+        def show(p: Policy) -> str:
+            return repr(p.name) if p.name is not None else repr(p)
+
+        items = [f"{k!r}: {show(p)}" for k, p in (*self.positions, *self.names)]
+        return "ArgPolicies({" + ", ".join([*items, f"...: {show(self.default)}"]) + "})"
+
+
+PolicySpec = str | Policy | Mapping[Any, str | Policy]
+"""What ``policy=`` takes: a policy for every argument, or a dict of them per argument."""
+
+
+def as_policy_spec(
+    policy: PolicySpec | ArgPolicies, fun: Callable[..., Any], default: str | Policy = "clone"
+) -> Policy | ArgPolicies:
+    """``policy=`` of ``fun`` made canonical: a :class:`Policy` (:func:`as_policy`), or for a
+    dict, the :class:`ArgPolicies` it says. The dict's keys are argument positions (``int``,
+    negative ones counted from the end of the positional parameters) and names (``str``),
+    and ``...`` for every other argument (``default`` when absent: ``clone`` for ``jit`` and
+    ``call``). Checked at once against ``fun``'s signature: an unknown name, a position
+    beyond the parameters (unless ``fun`` takes ``*args``), or a position and its name given
+    two policies are ValueErrors. A dict whose policies are all one policy is that policy.
+
+    >>> import treeclone
+    >>> from treeclone.policies import as_policy_spec
+    >>> def step(params, batch):
+    ...     pass
+    >>> as_policy_spec({"params": "alias", ...: "alias"}, step)
+    Policy.alias
+    >>> as_policy_spec({"parms": "alias"}, step)
+    Traceback (most recent call last):
+    ...
+    ValueError: policy names 'parms', which is not an argument of step (params, batch)
+    >>> as_policy_spec({0: "alias", "params": "strict"}, step)
+    Traceback (most recent call last):
+    ...
+    ValueError: policy gives argument 0 (params) two policies: Policy.alias and Policy.strict
+    """
+    if isinstance(policy, ArgPolicies):
+        return policy
+    if not isinstance(policy, Mapping):
+        return as_policy(policy)
+    fallback = as_policy(default)
+    by_position: dict[int, Policy] = {}
+    by_name: dict[str, Policy] = {}
+    for key, value in policy.items():
+        chosen = as_policy(value)
+        if key is Ellipsis:
+            fallback = chosen
+        elif isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise TypeError(
+                f"policy's keys are argument positions (int), names (str) and ... (every "
+                f"other argument), got {key!r}"
+            )
+        elif isinstance(key, int):
+            by_position[key] = chosen
+        else:
+            by_name[key] = chosen
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = None
+    if params is not None:
+        name = getattr(fun, "__qualname__", None) or repr(fun)
+        shown = f"{name} ({', '.join(p.name for p in params)})"
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        positional = [p.name for p in params if p.kind in kinds]
+        keywords = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+        var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        for i in list(by_position):
+            j = i + len(positional) if i < 0 else i
+            if j < 0 or (j >= len(positional) and not var_positional):
+                raise ValueError(f"policy names argument {i}, but {shown} has no such position")
+            by_position[j] = by_position.pop(i)
+        for k in by_name:
+            if k not in keywords and k not in positional and not var_keyword:
+                raise ValueError(f"policy names {k!r}, which is not an argument of {shown}")
+        # A position and its name are one argument (as static_argnums and static_argnames).
+        for j, k in enumerate(positional):
+            if j in by_position and k in by_name and by_position[j] is not by_name[k]:
+                raise ValueError(
+                    f"policy gives argument {j} ({k}) two policies: {by_position[j]!r} and "
+                    f"{by_name[k]!r}"
+                )
+            if j in by_position:
+                by_name.setdefault(k, by_position[j])
+            elif k in by_name:
+                by_position[j] = by_name[k]
+    elif any(i < 0 for i in by_position):
+        raise ValueError("a negative position in policy needs fun's signature, which is unknown")
+    spec = ArgPolicies(tuple(sorted(by_position.items())), tuple(sorted(by_name.items())), fallback)
+    if all(p is fallback for p in spec.policies()):
+        return fallback
+    return spec
 
 
 _override: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
