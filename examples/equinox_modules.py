@@ -4,9 +4,12 @@
 
 An ``eqx.nn.MLP`` holds its activation functions as pytree leaves. ``treeclone.jit``, under
 every policy, treats them as ``jax.jit`` does: passing the whole Module is a ``TypeError``
-naming the leaf (``model.activation``). Split the Module with ``eqx.partition`` into its
+naming the leaf (``model.activation``). With ``traced="arrays"`` (equinox's rule: arrays are
+traced, every other leaf is static, as under ``eqx.filter_jit``) the whole Module is an
+argument and the step written for ``eqx.filter_jit`` runs unchanged, giving its results under
+every policy, tracing once. Without it, split the Module with ``eqx.partition`` into its
 arrays (traced) and the rest (a hashable static argument), and ``eqx.combine`` them inside
-the step: the loop then gives ``eqx.filter_jit``'s results under every policy, tracing once.
+the step.
 """
 
 import re
@@ -85,3 +88,22 @@ for policy in ("clone", "alias", "strict"):
     )
     print(f"partitioned loop, {policy}: same as eqx.filter_jit: {same}, traced {traces} time(s)")
     assert same and traces == 1
+
+
+# Or pass the whole Module, with equinox's rule: eqx_step's own function, unchanged.
+for policy in ("clone", "alias", "strict"):
+    train = treeclone.jit(eqx_step.__wrapped__, policy=policy, traced="arrays")
+    m, opt_state = model, tx.init(params)
+    for _ in range(5):
+        m, opt_state, loss = train(m, opt_state, x, y)
+    same = all(
+        np.allclose(a, b, rtol=1e-4, atol=1e-6)
+        for a, b in zip(
+            jax.tree.leaves(eqx.filter((m, opt_state, loss), eqx.is_array)),
+            jax.tree.leaves(eqx.filter((ref_model, ref_opt_state, ref_loss), eqx.is_array)),
+            strict=True,
+        )
+    )
+    kept = m.activation is model.activation
+    print(f"traced='arrays', {policy}: same as eqx.filter_jit: {same}, activation kept: {kept}")
+    assert same and kept

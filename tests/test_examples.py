@@ -59,6 +59,9 @@ EXPECTED = {
         "partitioned loop, clone: same as eqx.filter_jit: True, traced 1 time(s)",
         "partitioned loop, alias: same as eqx.filter_jit: True, traced 1 time(s)",
         "partitioned loop, strict: same as eqx.filter_jit: True, traced 1 time(s)",
+        "traced='arrays', clone: same as eqx.filter_jit: True, activation kept: True",
+        "traced='arrays', alias: same as eqx.filter_jit: True, activation kept: True",
+        "traced='arrays', strict: same as eqx.filter_jit: True, activation kept: True",
     ],
 }
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 import jax
+import numpy as np
 from jax.core import Tracer
 
 from treeclone import _jax_compat, _native, _retrace, _trace, tree_util
@@ -99,6 +100,7 @@ class _TraceInfo:
         "paths",
         "plan",
         "returned_inputs",
+        "static_outputs",
         "writes",
     )
 
@@ -117,6 +119,7 @@ class _TraceInfo:
         self.next_inputs = next_inputs
         self.returned_inputs: tuple[int, ...] = ()
         self.writes: tuple[tuple[int, int | str, str], ...] = ()
+        self.static_outputs: tuple[tuple[int, Any], ...] = ()
 
 
 class _ResultBox:
@@ -439,6 +442,7 @@ class Jitted:
         policy: PolicySpec | ArgPolicies,
         jit_kwargs: dict[str, Any],
         discarded_mutations: str | None = None,
+        traced: str | Callable[[Any], bool] | None = None,
     ):
         """Use :func:`jit`; ``jit_kwargs`` are passed to ``jax.jit`` as they are."""
         if not callable(fun):
@@ -465,7 +469,16 @@ class Jitted:
             fun, jit_kwargs.get("donate_argnums"), jit_kwargs.get("donate_argnames")
         )
         self._in_shardings_given = _specified(jit_kwargs.get("in_shardings"))
-        self._inner, self._shared = _inner_cache(fun, _hashable_options(self._kwargs))
+        self._traced = _leaf_rule(traced)
+        if self._traced is not None and self._in_shardings_given:
+            raise ValueError(
+                "treeclone.jit: in_shardings with traced= is not supported (a static leaf has "
+                "no sharding); give the arrays their shardings with jax.device_put instead"
+            )
+        options = _hashable_options(self._kwargs)
+        self._inner, self._shared = _inner_cache(
+            fun, None if options is None else (options, self._traced)
+        )
         self._masks: dict[tuple, _Donation] = {}
 
     # --- policies -----------------------------------------------------------------------------
@@ -497,7 +510,7 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*args, **kwargs)``, compiled, under the policy (see :func:`jit`)."""
         policy = _override.get() or self._policy
-        if policy is CLONE:  # presets are canonical objects (as_policy)
+        if policy is CLONE and self._traced is None:  # presets are canonical (as_policy)
             # jaxlib's flatten, met with a cycle, leaves the interpreter's recursion counter
             # exhausted (every later call raises RecursionError): look first, at a fraction of
             # a flatten's cost (docs/benchmarks.md, jit call path: clone against jax.jit).
@@ -537,12 +550,17 @@ class Jitted:
         finally:
             local.call = None
         info = result.info
+        outputs = result.leaves
+        if info.static_outputs:  # what the function made that is static under ``traced``
+            outputs = list(outputs)
+            for i, value in info.static_outputs:
+                outputs[i] = value
         if info.writes and not _jax_compat.trace_state_clean():
-            _check_enclosing_writes(self._fun, call, info.writes, result.leaves)
+            _check_enclosing_writes(self._fun, call, info.writes, outputs)
         leaves = _as_jit_outputs(call.leaves, info.returned_inputs)
-        out = info.plan.apply(leaves, call.objects, result.leaves)
+        out = info.plan.apply(leaves, call.objects, outputs)
         if bound is not None:
-            bound.advance(result.info.next_inputs, call.leaves, result.leaves)
+            bound.advance(result.info.next_inputs, call.leaves, outputs)
         return out
 
     def _prepare(
@@ -557,7 +575,7 @@ class Jitted:
         entry = self._inner.get(policy)
         if entry is None:
             entry = self._inner[policy] = _make_inner(
-                self._fun, policy, self._kwargs, self._naming, weak=self._shared
+                self._fun, policy, self._kwargs, self._naming, self._shared, self._traced
             )
         if kwargs and self._in_shardings_given:
             raise ValueError("pjit does not support kwargs when in_shardings is specified.")
@@ -580,11 +598,12 @@ class Jitted:
         if self._donate_nums or self._donate_names:
             n = len(positions) if statics is None else statics[0]
             donation = self._mask(sdef, n, positions, kwargs)
-        key = (sdef, statics, donation)
-        if donation is None:
-            box, donated = _ArgsBox(leaves, key), None
-        else:
-            box, donated = _ArgsBox(donation.kept(leaves), key), donation.donated(leaves)
+        static = None
+        if self._traced is not None:
+            static = _StaticLeaves.of(leaves, self._traced, args, kwargs, self._naming)
+        key = (sdef, statics, donation, static)
+        kept, donated = _box_order(leaves, donation, static)
+        box = _ArgsBox(kept, key)
         inner, jitted = entry
         return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
 
@@ -683,6 +702,13 @@ class Jitted:
         stage returned is that of a stand-in for ``fun`` (its name, signature and options)
         which evaluates that trace and rebuilds ``fun``'s own result: the same computation as
         ``jax.jit(fun)``'s, without running ``fun`` a second time."""
+        if self._traced is not None:
+            # jax.jit's stages take only arrays; a stand-in that keeps static leaves out of
+            # them is not built yet.
+            raise NotImplementedError(
+                f"treeclone.jit(..., traced=...).{method} is not supported: call the function "
+                "(it traces and compiles as jax.jit does), or use eqx.filter_jit's stages"
+            )
         policy = _override.get() or self._policy
         if policy is not CLONE and _jaxpr_as_fun:  # (a JAX without it: jax.jit's stages)
             call = self._prepare(policy, args, kwargs)
@@ -761,6 +787,135 @@ class Jitted:
 
     def __repr__(self) -> str:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
+
+
+# --- leaves left static by a rule (jit's ``traced=``) -------------------------------------------
+
+
+def is_array(x: Any) -> bool:
+    """Equinox's rule (``eqx.is_array``): JAX and NumPy arrays (and NumPy scalars) are traced,
+    every other leaf is static. A tracer is a ``jax.Array``; so is a JAX Ref here.
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> from treeclone.jit import is_array
+    >>> [is_array(x) for x in (jnp.ones(2), np.ones(2), np.float32(1), 1.0, "relu", abs)]
+    [True, True, True, False, False, False]
+    """
+    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or _jax_compat.is_ref(x)
+
+
+_LEAF_RULES: dict[str, Callable[[Any], bool]] = {"arrays": is_array, "equinox": is_array}
+
+
+def _leaf_rule(traced: str | Callable[[Any], bool] | None) -> Callable[[Any], bool] | None:
+    """The predicate of ``jit(traced=...)``: None (every leaf traced, as jax.jit), a rule's
+    name, or the user's own predicate."""
+    if traced is None or callable(traced):
+        return traced
+    if isinstance(traced, str) and traced in _LEAF_RULES:
+        return _LEAF_RULES[traced]
+    raise ValueError(
+        f"traced must be None, one of {sorted(_LEAF_RULES)} or a predicate on a leaf, "
+        f"got {traced!r}"
+    )
+
+
+class _StaticLeaves:
+    """The leaves of a call that ``traced=`` leaves static: their slots and values, each keyed
+    with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
+    the inner jit's cache key, so a static leaf that changes (compared with ``==``, as equinox
+    compares them) is a new trace."""
+
+    __slots__ = ("entries", "hash", "slots")
+
+    def __init__(self, entries: tuple[tuple[int, type, Any], ...]):
+        self.entries = entries
+        self.slots = frozenset(s for s, *_ in entries)
+        self.hash = hash(entries)
+
+    @classmethod
+    def of(
+        cls,
+        leaves: list,
+        traced: Callable[[Any], bool],
+        args: tuple,
+        kwargs: dict,
+        naming: _Naming,
+    ) -> _StaticLeaves | None:
+        """Those of ``leaves`` that ``traced`` leaves static (None: none); a static leaf that
+        cannot be hashed is a TypeError naming its argument and key path."""
+        entries = tuple((s, type(x), x) for s, x in enumerate(leaves) if not traced(x))
+        if not entries:
+            return None
+        try:
+            return cls(entries)
+        except TypeError:
+            for _, ty, x in entries:
+                try:
+                    hash(x)
+                except TypeError:
+                    raise TypeError(
+                        f"{_leaf_path(x, args, kwargs, naming)}: a static leaf under traced= "
+                        f"(not traced: a {ty.__name__}) must be hashable, as a static argument "
+                        "must be: it is part of the compiled code's cache key. Make it a "
+                        "pytree node or an array, or give traced= a rule that traces it."
+                    ) from None
+            raise
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or (isinstance(other, _StaticLeaves) and other.entries == self.entries)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __repr__(self) -> str:
+        return f"static leaves {[s for s, *_ in self.entries]}"
+
+
+def _leaf_path(leaf: Any, args: tuple, kwargs: dict, naming: _Naming) -> str:
+    """The first key path of ``leaf`` in the call's arguments, as jit names them."""
+    for i, value in [*((naming.name(i), a) for i, a in enumerate(args)), *kwargs.items()]:
+        for path, x in tree_util.tree_flatten_with_path(value)[0]:
+            if x is leaf:
+                return str(i) + _keystr(path)
+    return "an argument"
+
+
+def _is_static(static: _StaticLeaves | None, slot: int) -> bool:
+    return static is not None and slot in static.slots
+
+
+def _box_order(
+    leaves: list, donation: _Donation | None, static: _StaticLeaves | None
+) -> tuple[list, list | None]:
+    """A call's distinct leaves (or anything per leaf, their names) as the inner jit takes
+    them: the kept ones (the box) and the donated ones (None: no donation), without the
+    static ones."""
+    if static is None:
+        if donation is None:
+            return leaves, None
+        return donation.kept(leaves), donation.donated(leaves)
+    keep = None if donation is None else donation.keep
+    kept = [x for s, x in enumerate(leaves) if s not in static.slots and (keep is None or keep[s])]
+    if keep is None:
+        return kept, None
+    return kept, [x for s, x in enumerate(leaves) if s not in static.slots and not keep[s]]
+
+
+def _from_box_order(
+    kept: Sequence, donated: Sequence | None, keep: Sequence[bool] | None, static: Any
+) -> list:
+    """The inverse of :func:`_box_order`: every distinct leaf in its slot, the static ones
+    (``static``: a ``_StaticLeaves`` or None) put back as they are."""
+    if keep is None and static is None:
+        return list(kept)
+    values = {} if static is None else {s: x for s, _, x in static.entries}
+    n = len(kept) + len(donated or ()) + len(values)
+    it_kept, it_donated = iter(kept), iter(donated or ())
+    return [
+        values[s] if s in values else next(it_kept if keep is None or keep[s] else it_donated)
+        for s in range(n)
+    ]
 
 
 def _take(indices: list[int]) -> Callable[[list], list]:
@@ -894,11 +1049,13 @@ class _Inner:
         kwargs: dict,
         naming: _Naming,
         weak: bool,
+        traced: Callable[[Any], bool] | None = None,
     ) -> None:
         # Held weakly when shared between wrappers (the registry must not keep fun alive);
         # every caller holds fun itself.
         self._fun: Callable[[], Any] = weakref.ref(fun) if weak else (lambda: fun)
         self._policy = policy
+        self._traced = traced
         self._naming = naming
         self.__name__ = _fun_name(fun)
         self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
@@ -922,20 +1079,16 @@ class _Inner:
         if call is None or _DebugInfo is None:
             return None
         try:
-            names = call.slot_names(self._naming)
-            if call.donation is not None:  # the box's leaves, then the donated ones
-                names = call.donation.kept(names) + call.donation.donated(names)
+            kept, donated = _box_order(call.slot_names(self._naming), *call.box.key[2:])
+            names = kept + (donated or [])  # the box's leaves, then the donated ones
             return _DebugInfo("jit", self._sourceinfo, tuple(names), _INITIAL_RESULT_PATHS)
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
 
     def __call__(self, box: _ArgsBox, donated: list | None) -> _ResultBox:
-        sdef, statics, donation = box.key
+        sdef, statics, donation, static = box.key
         keep = None if donation is None else donation.keep
-        leaves = list(box.leaves)
-        if keep is not None:
-            it_kept, it_donated = iter(box.leaves), iter(donated or ())
-            leaves = [next(it_kept) if k else next(it_donated) for k in keep]
+        leaves = _from_box_order(box.leaves, donated, keep, static)
         num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         if statics is None:
             positions = list(range(num_args))
@@ -966,8 +1119,8 @@ class _Inner:
         consumed: list[int] = []
         if self._in_shardings is not None:
             consumed = list(range(len(leaves)))
-        elif keep is not None:
-            consumed = [s for s, k in enumerate(keep) if not k]
+        elif keep is not None:  # donated (a static leaf is not an input of the computation)
+            consumed = [s for s, k in enumerate(keep) if not k and not _is_static(static, s)]
         if consumed:
             keep_inputs = [True] * len(leaves)
         seen: dict[str, Any] = {}
@@ -1027,8 +1180,23 @@ class _Inner:
             info.returned_inputs = tuple(
                 s
                 for s, x in enumerate(leaves)
-                if id(x) in returned and (keep_inputs is None or keep_inputs[s])
+                if id(x) in returned
+                and (keep_inputs is None or keep_inputs[s])
+                and not _is_static(static, s)  # handed back as it is, as equinox does
             )
+        if self._traced is not None:
+            # What the function made that the rule leaves static (a new string, a function,
+            # a Python number) is not an output of the computation: it comes back as it is,
+            # as from equinox's filter_jit; a traced value always is one.
+            info.static_outputs = tuple(
+                (i, x)
+                for i, x in enumerate(outputs)
+                if not isinstance(x, Tracer) and not self._traced(x)
+            )
+            if info.static_outputs:
+                outputs = list(outputs)
+                for i, _ in info.static_outputs:
+                    outputs[i] = None
         return _ResultBox(info, outputs)
 
     def _describe(
@@ -1150,9 +1318,11 @@ def _make_inner(
     kwargs: dict[str, Any],
     naming: _Naming,
     weak: bool,
+    traced: Callable[[Any], bool] | None = None,
 ) -> tuple[_Inner, Any]:
-    """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves."""
-    inner = _Inner(fun, policy, kwargs, naming, weak)
+    """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves;
+    ``traced``: the rule that leaves the other leaves static (``jit(traced=...)``)."""
+    inner = _Inner(fun, policy, kwargs, naming, weak, traced)
     options = {k: v for k, v in kwargs.items() if k not in _ARG_OPTIONS + _SHARDINGS}
     if kwargs.get("donate_argnums") is not None or kwargs.get("donate_argnames") is not None:
         options["donate_argnums"] = (1,)
@@ -1278,6 +1448,7 @@ def jit(
     abstracted_axes: Any | None = None,
     compiler_options: dict[str, Any] | None = None,
     discarded_mutations: str | None = None,
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Jitted: ...
 @overload
 def jit(
@@ -1298,6 +1469,7 @@ def jit(
     abstracted_axes: Any | None = None,
     compiler_options: dict[str, Any] | None = None,
     discarded_mutations: str | None = None,
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Jitted]: ...
 def jit(
     fun: Callable[..., Any] | None = None,
@@ -1317,6 +1489,7 @@ def jit(
     abstracted_axes: Any | None = None,
     compiler_options: dict[str, Any] | None = None,
     discarded_mutations: str | None = None,
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Jitted | Callable[[Callable[..., Any]], Jitted]:
     """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
     or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
@@ -1329,6 +1502,15 @@ def jit(
     without returning it (a change ``clone`` discards) warns (``treeclone.MutationWarning``);
     ``discarded_mutations="error"`` or ``"off"`` chooses otherwise for this function
     (:func:`treeclone.set_discarded_mutations` for all).
+
+    ``traced`` decides, leaf by leaf, what is traced: None (``jax.jit``'s rule: every leaf,
+    and a leaf that is not a JAX type is its TypeError), ``"arrays"`` (equinox's rule, also
+    named ``"equinox"``: JAX and NumPy arrays are traced, every other leaf, a function, a
+    string, a Python number, is static, as under ``eqx.filter_jit``), or a predicate on a
+    leaf. A static leaf is part of the cache key (a new value, a new trace) and is handed to
+    the function as it is; what the function returns that the rule leaves static comes back
+    as it is.
+
 
     >>> import jax.numpy as jnp, treeclone
     >>> def append_double(xs, x):
@@ -1352,6 +1534,11 @@ def jit(
     Traceback (most recent call last):
     ...
     TypeError: jit() got some positional-only arguments passed as keyword arguments: 'fun'
+    >>> def apply(model, x):
+    ...     return model["activation"](x * model["scale"]), model["name"]
+    >>> model = {"activation": jnp.tanh, "scale": 2.0, "name": "mlp"}
+    >>> treeclone.jit(apply, traced="arrays")(model, jnp.zeros(2))
+    (Array([0., 0.], dtype=float32), 'mlp')
     """
     given = _given(
         {
@@ -1370,8 +1557,8 @@ def jit(
         }
     )
     if fun is None:
-        return lambda f: Jitted(f, policy, given, discarded_mutations)
-    return Jitted(fun, policy, given, discarded_mutations)
+        return lambda f: Jitted(f, policy, given, discarded_mutations, traced)
+    return Jitted(fun, policy, given, discarded_mutations, traced)
 
 
 __all__: Sequence[str] = ["Jitted", "argument_names", "jit", "reporting"]

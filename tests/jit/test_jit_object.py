@@ -221,6 +221,7 @@ def test_signature_of_the_class_itself() -> None:
         "policy",
         "jit_kwargs",
         "discarded_mutations",
+        "traced",
     ]
 
 
@@ -304,7 +305,7 @@ def test_signature_has_jax_jits_keywords() -> None:
         # The same defaults (the sharding options' "not given" prints as jax.jit's does).
         assert repr(ours[name].default) == repr(parameter.default), name
     extra = set(ours) - set(theirs)
-    assert extra <= {"policy", "discarded_mutations", "abstracted_axes"}
+    assert extra <= {"policy", "discarded_mutations", "traced", "abstracted_axes"}
     assert ours["policy"].default == "clone"
     assert ours["discarded_mutations"].default is None  # the global setting (or a block's)
     assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in ours.values())

@@ -1,0 +1,211 @@
+"""``traced=``: which leaves jit traces, the others static, with equinox's rule by name
+(docs/semantics.md, "Leaves that are not arrays"). Results are compared with
+``eqx.filter_jit`` on equinox's own model types, and with plain Python under ``alias``."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import treeclone as tc
+
+POLICIES = ["clone", "alias", "strict"]
+
+
+class _Net(eqx.Module):
+    """A custom Module with an ``eqx.nn.MLP``, a function field and a string field."""
+
+    mlp: eqx.nn.MLP
+    act: Any
+    name: str
+
+    def __init__(self, key: jax.Array):
+        self.mlp = eqx.nn.MLP(3, 2, 8, 2, activation=jax.nn.tanh, key=key)
+        self.act = jax.nn.softplus
+        self.name = "net"
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.act(self.mlp(x))
+
+
+_X = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+_Y = jnp.linspace(0.0, 1.0, 8).reshape(4, 2)
+_OPT = optax.adamw(1e-2)
+
+
+def _train_step(model: _Net, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
+    """An equinox training step as written for eqx.filter_jit."""
+
+    def loss_fn(m: _Net) -> jax.Array:
+        return jnp.mean((jax.vmap(m)(x) - y) ** 2)
+
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+    updates, opt_state = _OPT.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+
+def _assert_same(ours: Any, theirs: Any) -> None:
+    """Equal arrays, and the very same (or equal) static leaves, in the same structure."""
+    a, a_def = jax.tree_util.tree_flatten(ours)
+    b, b_def = jax.tree_util.tree_flatten(theirs)
+    assert a_def == b_def
+    for x, y in zip(a, b, strict=True):
+        if eqx.is_array(y):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+        else:
+            assert x is y or x == y, (x, y)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_equinox_training_step_equals_filter_jit(policy: str) -> None:
+    model = _Net(jax.random.key(0))
+    opt_state = _OPT.init(eqx.filter(model, eqx.is_array))
+
+    def step(*args: Any) -> tuple:  # its own function: jit's caches are per function
+        return _train_step(*args)
+
+    theirs_step = eqx.filter_jit(_train_step)
+    ours_step = tc.jit(step, policy=policy, traced="arrays")
+    ours, theirs = (model, opt_state), (model, opt_state)
+    losses = []
+    for _ in range(3):
+        *ours, loss_ours = ours_step(*ours, _X, _Y)
+        *theirs, loss_theirs = theirs_step(*theirs, _X, _Y)
+        np.testing.assert_allclose(loss_ours, loss_theirs, rtol=1e-6)
+        losses.append(float(loss_ours))
+        _assert_same(ours, theirs)
+    assert losses[0] > losses[-1]  # it trains
+    assert ours[0].act is jax.nn.softplus and ours[0].name == "net"
+    assert ours_step._cache_size() == 1  # the static leaves are the same each step
+
+
+class _BNNet(eqx.Module):
+    linear: eqx.nn.Linear
+    norm: eqx.nn.BatchNorm
+
+    def __init__(self, key: jax.Array):
+        self.linear = eqx.nn.Linear(3, 4, key=key)
+        self.norm = eqx.nn.BatchNorm(4, axis_name="batch")
+
+    def __call__(self, x: jax.Array, state: eqx.nn.State) -> tuple:
+        return self.norm(self.linear(x), state)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batchnorm_with_state_equals_filter_jit(policy: str) -> None:
+    model, state = eqx.nn.make_with_state(_BNNet)(jax.random.key(1))
+
+    def forward(m: _BNNet, s: eqx.nn.State, x: jax.Array) -> tuple:
+        out, s = jax.vmap(m, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(x, s)
+        return out.sum(), s
+
+    ours = tc.jit(forward, policy=policy, traced="equinox")(model, state, _X)
+    theirs = eqx.filter_jit(forward)(model, state, _X)
+    _assert_same(ours, theirs)
+
+
+def test_a_static_leaf_that_changes_is_a_new_trace_as_under_equinox() -> None:
+    def f(cfg: dict, x: jax.Array) -> jax.Array:
+        return x * cfg["scale"]
+
+    jitted = tc.jit(f, policy="alias", traced="arrays")
+    for scale in (2.0, 2.0, 3.0, 3, 2.0):
+        np.testing.assert_allclose(jitted({"scale": scale}, jnp.ones(2)), 2 * [scale])
+    # 2.0 and 3.0 and 3 (an int: keyed with its type, as jax.jit keys a static argument).
+    assert jitted._cache_size() == 3
+
+
+def test_an_unhashable_static_leaf_is_an_error_naming_its_key_path() -> None:
+    class Config:  # a class with __eq__ and no __hash__: unhashable
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Config)
+
+        __hash__ = None  # type: ignore[assignment]
+
+    with pytest.raises(TypeError, match=r"state\['cfg'\]: a static leaf under traced="):
+        tc.jit(lambda state: state["w"] * 2, traced="arrays")({"w": jnp.ones(2), "cfg": Config()})
+
+
+def test_without_traced_a_function_leaf_is_jax_jits_error() -> None:
+    model = _Net(jax.random.key(0))
+    with pytest.raises(TypeError):
+        tc.jit(lambda m, x: jax.vmap(m)(x))(model, _X)
+    with pytest.raises(TypeError):
+        jax.jit(lambda m, x: jax.vmap(m)(x))(model, _X)
+    with pytest.raises(ValueError, match="traced must be None, one of"):
+        tc.jit(abs, traced="everything")
+
+
+def test_alias_writes_back_a_static_leaf_the_function_replaced_as_plain_python() -> None:
+    def rename(cfg: dict, x: jax.Array) -> jax.Array:
+        cfg["name"] = cfg["name"] + "-trained"
+        cfg["activation"] = jax.nn.relu
+        cfg["w"] = cfg["w"] + x
+        return cfg["w"].sum()
+
+    ours = {"name": "mlp", "activation": jnp.tanh, "w": jnp.zeros(2)}
+    plain = {"name": "mlp", "activation": jnp.tanh, "w": np.zeros(2)}
+    tc.jit(rename, policy="alias", traced="arrays")(ours, jnp.ones(2))
+    rename(plain, np.ones(2))
+    assert ours["name"] == plain["name"] == "mlp-trained"
+    assert ours["activation"] is plain["activation"] is jax.nn.relu
+    np.testing.assert_allclose(ours["w"], plain["w"])
+    # Under strict the same unreturned change is an error naming the static leaf's place.
+    cfg = {"name": "mlp", "activation": jnp.tanh, "w": jnp.zeros(2)}
+    with pytest.raises(tc.MutationError, match=r"cfg\['name'\]: replaced"):
+        tc.jit(rename, policy="strict", traced="arrays")(cfg, jnp.ones(2))
+    assert cfg["name"] == "mlp"
+
+
+def test_static_results_come_back_as_they_are_and_clone_discards_loudly() -> None:
+    def describe(cfg: dict) -> tuple:
+        cfg["seen"] = True  # discarded under clone: a MutationWarning
+        return cfg["name"].upper(), len(cfg["name"]), cfg["activation"]
+
+    cfg = {"name": "mlp", "activation": jnp.tanh}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = tc.jit(describe, traced="arrays")(cfg)
+    assert out == ("MLP", 3, jnp.tanh) and out[2] is jnp.tanh
+    assert "seen" not in cfg
+    assert any(issubclass(w.category, tc.MutationWarning) for w in caught)
+    assert out == eqx.filter_jit(describe)({"name": "mlp", "activation": jnp.tanh})
+
+
+def test_a_predicate_decides_and_jit_partial_takes_it() -> None:
+    def traced_floats(x: Any) -> bool:  # integer arrays and everything else static: hashed
+        return isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating)
+
+    def step(state: dict, x: jax.Array) -> jax.Array:
+        state["w"] = state["w"] * x
+        return state["w"].sum() + state["n"]
+
+    state = {"w": jnp.ones(2), "n": 3, "tag": "run-1"}
+    p = tc.jit_partial(step, state, traced=traced_floats)
+    for _ in range(2):
+        assert float(p(jnp.full(2, 2.0))) == float(state["w"].sum()) + 3
+    np.testing.assert_allclose(state["w"], [4.0, 4.0])
+    assert state["n"] == 3 and state["tag"] == "run-1"
+
+
+def test_donation_with_static_leaves() -> None:
+    def step(state: dict) -> dict:
+        return {"w": state["w"] + 1, "name": state["name"]}
+
+    jitted = tc.jit(step, policy="alias", traced="arrays", donate_argnums=0)
+    out = jitted({"w": jnp.ones(3), "name": "x"})
+    np.testing.assert_allclose(out["w"], 2.0)
+    assert out["name"] == "x"
+
+
+def test_the_ahead_of_time_stages_are_refused_clearly() -> None:
+    jitted = tc.jit(lambda c, x: c["act"](x), policy="alias", traced="arrays")
+    for method in ("lower", "trace", "eval_shape"):
+        with pytest.raises(NotImplementedError, match=f"traced=...\\).{method} is not supported"):
+            getattr(jitted, method)({"act": jnp.tanh}, jnp.ones(2))
