@@ -33,6 +33,7 @@ from treeclone.bench.workloads import mlp_data, overhead_model_class
 BEGIN = "<!-- transforms-table:begin -->"
 END = "<!-- transforms-table:end -->"
 JAX, ALIAS, NNX = "jax", "treeclone[alias]", "flax.nnx"
+LIBRARY = NNX  # the model library's own transformation: nnx's, or equinox's in its row
 SIZES = (32, 64, 64, 10)
 
 
@@ -213,7 +214,56 @@ class ScanMlpAdam(Case):
         }
 
 
-CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm, VmapMlp, ScanMlpAdam]
+class EquinoxJitStep(Case):
+    name = "eqx_jit_mlp_adamw"
+    what = (
+        "a cached jitted training step (not eager) of an eqx.nn.MLP (3-64-64-2, tanh, batch "
+        "32, optax adamw) holding its activation functions as leaves: jax.jit on the arrays "
+        "(eqx.partition, the rest a static argument), treeclone.jit(traced='arrays') and "
+        "eqx.filter_jit on the whole Module"
+    )
+
+    def contenders(self):
+        import equinox as eqx
+        import optax
+
+        tx = optax.adamw(1e-2)
+        model = eqx.nn.MLP(3, 2, 64, 2, activation=jax.nn.tanh, key=jax.random.key(0))
+        x = jnp.linspace(-1.0, 1.0, 96).reshape(32, 3)
+        y = jnp.sin(x[:, :2])
+        params, static = eqx.partition(model, eqx.is_array)
+
+        def step(model, opt_state):
+            def loss_fn(m):
+                return jnp.mean((jax.vmap(m)(x) - y) ** 2)
+
+            loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+            updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+            return eqx.apply_updates(model, updates), opt_state, loss
+
+        def functional(params, static, opt_state):
+            model, opt_state, loss = step(eqx.combine(params, static), opt_state)
+            return eqx.filter(model, eqx.is_array), opt_state, loss
+
+        opt_state = tx.init(params)
+        bare = jax.jit(functional, static_argnums=1)
+        ours = tc.jit(step, policy="alias", traced="arrays")
+        theirs = eqx.filter_jit(step)
+
+        def numbers(out):  # the arrays of the new Module and state, and the loss
+            return jax.tree.leaves(eqx.filter(out, eqx.is_array))
+
+        return {
+            JAX: (
+                lambda: bare(params, static, opt_state),
+                lambda: numbers(bare(params, static, opt_state)),
+            ),
+            ALIAS: (lambda: ours(model, opt_state), lambda: numbers(ours(model, opt_state))),
+            LIBRARY: (lambda: theirs(model, opt_state), lambda: numbers(theirs(model, opt_state))),
+        }
+
+
+CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm, VmapMlp, ScanMlpAdam, EquinoxJitStep]
 
 
 def _check(case: Case) -> None:
@@ -230,12 +280,15 @@ def render(results: dict, whats: dict[str, str], info: dict, command: str, round
         "",
         f"Produced by `{command}` (from the repository root), {rounds} interleaved rounds, "
         "median per call in microseconds, each transformation called eagerly (it traces the "
-        "function at every call); ratio = the contender's median / the bare JAX "
-        "transformation's on the functional form (lower is better).",
+        "function at every call; the equinox row is a cached jitted call); ratio = the "
+        "contender's median / the bare JAX transformation's on the functional form (lower is "
+        "better). The last column is the model library's own: flax nnx's, equinox's in its row.",
         "",
         *(f"- {k}: {v}" for k, v in info.items()),
         "",
-        "| case | what | " + " | ".join(f"{n} µs (ratio)" for n in names) + " |",
+        "| case | what | "
+        + " | ".join(f"{n if n != NNX else 'nnx / equinox'} µs (ratio)" for n in names)
+        + " |",
         "|---|---|" + "--:|" * len(names),
     ]
     for case, cells in results.items():
