@@ -32,7 +32,7 @@ import jax
 from treeclone import _native, _trace
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo
 from treeclone.jit import _keystr, _Naming, _normalize, check_cycles
-from treeclone.policies import Policy
+from treeclone.policies import ArgPolicies, Policy, for_call
 
 __all__ = [
     "Call",
@@ -189,7 +189,7 @@ class Wrapper:
 
     name = "transformation"
     _fun: Callable[..., Any]
-    _policy: Policy
+    _policy: Policy | ArgPolicies
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -234,11 +234,13 @@ class Runner:
     ``caller_objects``), and ``names``, where each input of the traced function is in the
     call, which jax's messages (a traced value used as a bool, ...) print through
     ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.
-    ``traced_for``: what jax's messages say the function is traced for."""
+    ``traced_for``: what jax's messages say the function is traced for. ``policy`` may give
+    a policy per argument (:class:`~treeclone.policies.ArgPolicies`): each trace resolves it
+    for the arguments it is given (:func:`trace`)."""
 
     traced_for = "transformation"
 
-    def __init__(self, fun: Callable[..., Any], policy: Policy, naming: _Naming):
+    def __init__(self, fun: Callable[..., Any], policy: Policy | ArgPolicies, naming: _Naming):
         self.fun, self.policy, self.naming = fun, policy, naming
         self.local = threading.local()
         self.__name__ = getattr(fun, "__name__", type(self).__name__)
@@ -305,7 +307,7 @@ class _Calling:
 
 def trace(
     fun: Callable[..., Any],
-    policy: Policy,
+    policy: Policy | ArgPolicies,
     naming: _Naming,
     sdef: Any,
     leaves: list,
@@ -319,7 +321,9 @@ def trace(
     """Rebuild a call from ``leaves`` (structure ``sdef``, static arguments ``statics``), run
     ``fun`` on it under ``policy`` and return ``(plan, outputs)``: the outputs are the result
     leaves the computation must produce (the rest are the caller's own inputs), and
-    ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the result.
+    ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the result. A policy per
+    argument is resolved for this call's arguments as ``treeclone.jit`` resolves it
+    (``policies.for_call``): each argument's containers follow their own policy.
 
     ``on_args(args, kwargs)`` sees the dynamic arguments as rebuilt, before ``fun`` runs;
     ``transform_out`` is applied to ``fun``'s result (it may check it, or raise);
@@ -331,6 +335,10 @@ def trace(
         fixed = {i for i, _ in statics[1]}
         positions = [i for i in range(statics[0]) if i not in fixed]
     names = [naming.name(i) for i in positions]
+    kwargs_node = sdef.children_of(sdef.num_nodes - 1)[-1]
+    chosen, arg_policies = for_call(
+        policy, positions, list(sdef.node_info()[kwargs_node].data or ())
+    )
 
     def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
         if on_args is not None:
@@ -348,10 +356,11 @@ def trace(
         sdef,
         leaves,
         _trace.Layout(num_args, names),
-        policy,
+        chosen,
         rebuild,
         transform_out=transform_out,
         caller_objects=caller_objects,
         result_hook=result_hook,
+        arg_policies=arg_policies,
     )
     return plan, outputs

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, overload
 
 import jax
@@ -36,7 +36,15 @@ from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, _child_keys, _Paths
 from treeclone.jit import _keystr, _Naming, reporting
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone.policies import (
+    CLONE,
+    ArgPolicies,
+    Policy,
+    PolicySpec,
+    _override,
+    as_policy,
+    as_policy_spec,
+)
 
 __all__ = ["vmap"]
 
@@ -231,6 +239,8 @@ class _Places:
         self.where: list[str] = [""] * len(rleaves)
         self.into_input: list[bool] = [False] * len(rleaves)
         self.walked: set[int] = set()
+        self.left_alone: list[int] = []  # arguments a policy per argument does not write back
+        slot_of = {id(leaf): s for s, leaf in enumerate(self.in_leaves)}
         root = len(self.info) - 1
         if origins[root] is None and all(o is None for o in origins):
             self.out(root, self.out_axes, "result")  # nothing is written back: all result
@@ -242,7 +252,8 @@ class _Places:
                 for d in self.info[c].children:
                     if self.origins[d] is not None:
                         self.inputs(d)
-        slot_of = {id(leaf): s for s, leaf in enumerate(self.in_leaves)}
+            for n in self.left_alone:
+                self.discarded(n, slot_of)
         forced, self.out_list = [], []
         for r, leaf in enumerate(rleaves):
             place = self.place[r]
@@ -341,12 +352,38 @@ class _Places:
             if self.origins[c] is not None:
                 self.inputs(c)
                 continue
+            if k in (self.axes.root, self.axes.kwargs_node) and isinstance(entry, Node):
+                # An argument whose own policy (clone, strict) leaves the caller's object
+                # alone: what the function left in it is dropped, so no place there is
+                # written; placed once the result is (it may be returned).
+                self.left_alone.append(c)
+                continue
             axis = self._position(n, k, j)
             where = self._input_path(n, k, j)
             if isinstance(entry, Leaf):
                 self._assign(entry.slot, axis, where, True)
             else:
                 self.new(c, axis, where, True)
+
+    def discarded(self, n: int, slot_of: dict[int, int]) -> None:
+        """Result node ``n`` is an argument left alone and not returned: its values are
+        dropped, so any batch axis does. An input leaf keeps its own (it is not output), a
+        new value gets 0 (valid for every value, batched or not)."""
+        agenda = [n]
+        while agenda:
+            m = agenda.pop()
+            if m in self.walked:
+                continue
+            self.walked.add(m)
+            for c in self.info[m].children:
+                entry = self.info[c]
+                if isinstance(entry, Node):
+                    agenda.append(c)
+                elif isinstance(entry, Leaf) and self.place[entry.slot] is _UNSET:
+                    leaf = self.rleaves[entry.slot]
+                    s = slot_of.get(id(leaf))
+                    own = s is not None and self.in_leaves[s] is leaf
+                    self.place[entry.slot] = self.axes.slot_axes[s] if own else 0  # type: ignore[index]
 
     def new(self, n: int, axis: Any, where: str, into_input: bool) -> None:
         """Result node ``n`` is a new container at a place of axis ``axis``."""
@@ -372,6 +409,9 @@ class _Places:
         of ``out_axes`` over it."""
         entry = self.info[n]
         target = entry.target if isinstance(entry, Ref) else n
+        if target in self.left_alone and target not in self.walked:
+            self.out(target, spec, where)  # an argument left alone, returned: a new container
+            return
         if self.origins[target] is not None or n != target:
             if self.origins[target] is not None:
                 self.inputs(target)  # (walked already unless detached and returned)
@@ -568,7 +608,7 @@ class _Vmap(_lift.Wrapper):
         axis_name: Any,
         axis_size: int | None,
         spmd_axis_name: Any,
-        policy: Policy,
+        policy: PolicySpec | ArgPolicies,
     ):
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
         if isinstance(in_axes, list):
@@ -580,13 +620,13 @@ class _Vmap(_lift.Wrapper):
         }
         # First: bad axes are jax.vmap's own errors, under every policy.
         self._jax = jax.vmap(reporting(fun), in_axes=in_axes, out_axes=out_axes, **self._options)
-        self._fun, self._policy = fun, policy
+        self._fun, self._policy = fun, as_policy_spec(policy, fun)
         self._in_axes, self._out_axes = in_axes, out_axes
         self._naming = _Naming(fun)
-        self._runners: dict[Policy, _VmapRunner] = {}
+        self._runners: dict[Policy | ArgPolicies, _VmapRunner] = {}
         self._lock = threading.Lock()
 
-    def _runner(self, policy: Policy) -> _VmapRunner:
+    def _runner(self, policy: Policy | ArgPolicies) -> _VmapRunner:
         runner = self._runners.get(policy)
         if runner is None:
             with self._lock:
@@ -640,7 +680,7 @@ def vmap(
     axis_size: int | None = None,
     spmd_axis_name: Any = None,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., Any]: ...
 @overload
 def vmap(
@@ -651,7 +691,7 @@ def vmap(
     axis_size: int | None = None,
     spmd_axis_name: Any = None,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def vmap(
     fun: Callable[..., Any] | None = None,
@@ -661,7 +701,7 @@ def vmap(
     axis_size: int | None = None,
     spmd_axis_name: Any = None,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name)`` with a
     policy.
@@ -700,7 +740,8 @@ def vmap(
     >>> shared
     {'total': Array(0., dtype=float32)}
     """
-    chosen = as_policy(policy)
+    if not isinstance(policy, (Mapping, ArgPolicies)):
+        as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     if fun is None:
-        return lambda f: _Vmap(f, in_axes, out_axes, axis_name, axis_size, spmd_axis_name, chosen)
-    return _Vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name, chosen)
+        return lambda f: _Vmap(f, in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy)
+    return _Vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy)

@@ -10,7 +10,7 @@ import numpy as np
 from treeclone import _native, _trace
 from treeclone._jax_compat import keystr
 from treeclone.jit import _Naming, argument_names, check_cycles, reporting
-from treeclone.policies import ArgPolicies, PolicySpec, _combined, as_policy_spec
+from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
 
 
 def call(
@@ -50,14 +50,7 @@ def call(
     names = sorted(kwargs)
     # A policy per argument: the call runs under their combination (_trace.run), each
     # argument's containers and arrays under its own.
-    arg_policies = None
-    if isinstance(spec, ArgPolicies):
-        per_argument = spec.per_argument(range(len(args)), names)
-        chosen = _combined(per_argument)
-        if len(set(per_argument)) > 1:
-            arg_policies = per_argument
-    else:
-        chosen = spec
+    chosen, arg_policies = for_call(spec, range(len(args)), names)
     if chosen.identity == "duplicate":
         leaves, treedef = _native.flatten((args, kwargs))
         fresh_args, fresh_kwargs = treedef.unflatten([_copy_if_mutable(x) for x in leaves])

@@ -25,6 +25,7 @@ then applies the outputs to the caller, as ``treeclone.jit`` does.
 from __future__ import annotations
 
 import collections
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,7 +46,15 @@ from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import write_custom as _write_custom
 from treeclone.call import call as _call
 from treeclone.jit import _as_jit_outputs, _Naming, reporting
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone.policies import (
+    CLONE,
+    ArgPolicies,
+    Policy,
+    PolicySpec,
+    _override,
+    as_policy_spec,
+    for_call,
+)
 
 __all__ = ["cond", "switch"]
 
@@ -71,6 +80,31 @@ def _noop() -> None:
     return None
 
 
+def _operand_policies(policy: PolicySpec | ArgPolicies, branch: Any) -> Policy | ArgPolicies:
+    """``policy=`` of a cond or switch: one policy, or a dict per operand, whose names are
+    ``branch``'s positional parameters (``true_fun``'s, the first branch's: the names messages
+    give the operands) and whose positions are the operands'. A block's policy wins."""
+    spec = as_policy_spec(policy, branch)
+    if isinstance(spec, ArgPolicies) and spec.names:
+        # The operands are passed by position: a name must be one of the branch's positional
+        # parameters (as_policy_spec has then given it that position too).
+        try:
+            params = inspect.signature(branch).parameters.values()
+            kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            positional = {p.name for p in params if p.kind in kinds}
+        except (TypeError, ValueError):
+            positional = set()
+        for name, _ in spec.names:
+            if name not in positional:
+                who = getattr(branch, "__qualname__", None) or repr(branch)
+                raise ValueError(
+                    f"policy names {name!r}, which is not a positional parameter of {who}: the "
+                    "operands are passed by position, so a policy names them by the first "
+                    "branch's parameter names or by their positions"
+                )
+    return _override.get() or spec
+
+
 def _disabled_and_concrete(selector: Any) -> bool:
     """Whether JAX would call the taken branch directly (``jax.disable_jit`` and a concrete
     predicate or index) instead of tracing every branch."""
@@ -84,7 +118,7 @@ def cond(
     false_fun: Callable[..., Any],
     *operands: Any,
     operand: Any = _NO_OPERAND,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Any:
     """``jax.lax.cond(pred, true_fun, false_fun, *operands)`` with a policy.
 
@@ -123,7 +157,7 @@ def cond(
       state['hits']: replaced
     ...
     """
-    chosen = _override.get() or as_policy(policy)
+    chosen = _operand_policies(policy, true_fun)
     if not (callable(true_fun) and callable(false_fun)):
         # jax.lax.cond's old form cond(pred, x_true, f_true, x_false, f_false), translated as
         # JAX translates it.
@@ -159,7 +193,7 @@ def switch(
     branches: Sequence[Callable[..., Any]],
     *operands: Any,
     operand: Any = _NO_OPERAND,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Any:
     """``jax.lax.switch(index, branches, *operands)`` with a policy.
 
@@ -184,7 +218,8 @@ def switch(
     >>> p
     {'w': Array([1., 1.], dtype=float32), 'b': Array([1., 1.], dtype=float32)}
     """
-    chosen = _override.get() or as_policy(policy)
+    first = next(iter(branches), None) if isinstance(branches, (list, tuple)) else None
+    chosen = _operand_policies(policy, first)
     operands = _operands(operands, operand)
     if chosen is CLONE:
         if all(callable(b) for b in branches) and len(branches):
@@ -329,6 +364,7 @@ class _Branch:
             transform_out=keep_out,
             caller_objects=call.objects,
             parts=parts,
+            arg_policies=lifted.arg_policies,
         )
         result_leaves = parts["leaves"]
         info = parts["def_"].node_info()
@@ -373,9 +409,12 @@ class _Lifted:
         branches: list[Callable[..., Any]],
         names: list[str],
         num_operands: int,
-        policy: Policy,
+        policy: Policy | ArgPolicies,
     ):
-        self.api, self.branches, self.names, self.policy = api, branches, names, policy
+        self.api, self.branches, self.names = api, branches, names
+        # The operands' policies (a policy per operand: each its own, the call under their
+        # combination, as for jit).
+        self.policy, self.arg_policies = for_call(policy, range(num_operands), [])
         naming = _Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
         self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
         self.records: list[_Record | None] = [None] * len(branches)
@@ -603,7 +642,11 @@ def _aval_key(x: Any) -> Any:
 
 
 def _lifted(
-    api: str, branches: list[Callable[..., Any]], names: list[str], call: _lift.Call, policy: Policy
+    api: str,
+    branches: list[Callable[..., Any]],
+    names: list[str],
+    call: _lift.Call,
+    policy: Policy | ArgPolicies,
 ) -> _Lifted:
     """The :class:`_Lifted` for this call structure, from the last ``_LIFTED_SIZE`` used (a
     fresh one when a branch cannot be a dict key)."""

@@ -44,9 +44,9 @@ from treeclone.policies import (
     Policy,
     PolicySpec,
     _check_discarded_mode,
-    _combined,
     _override,
     as_policy_spec,
+    for_call,
 )
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
@@ -1098,14 +1098,9 @@ class _Inner:
         names = [self._naming.name(i) for i in positions]
         # A policy per argument: the call runs under their combination, each argument's
         # containers under its own (_trace.run).
-        policy, arg_policies = self._policy, None
-        if isinstance(policy, ArgPolicies):
-            kwargs_node = sdef.children_of(sdef.num_nodes - 1)[-1]
-            keywords = sdef.node_info()[kwargs_node].data or ()
-            per_argument = policy.per_argument(positions, list(keywords))
-            policy = _combined(per_argument)
-            if len(set(per_argument)) > 1:
-                arg_policies = per_argument
+        kwargs_node = sdef.children_of(sdef.num_nodes - 1)[-1]
+        keywords = list(sdef.node_info()[kwargs_node].data or ())
+        policy, arg_policies = for_call(self._policy, positions, keywords)
         if self._in_shardings is not None:
             leaves = _constrain_inputs(sdef, leaves, num_args, self._in_shardings)
 

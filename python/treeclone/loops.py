@@ -34,6 +34,7 @@ cached trace.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,7 +47,14 @@ from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinf
 from treeclone._native import EntryInfo
 from treeclone._writeback import changed_attributes, write_custom
 from treeclone.jit import _Naming, reporting
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone.policies import (
+    CLONE,
+    ArgPolicies,
+    Policy,
+    PolicySpec,
+    _override,
+    as_policy_spec,
+)
 
 __all__ = ["fori_loop", "scan", "while_loop"]
 
@@ -60,8 +68,43 @@ RefInfo = EntryInfo.Ref
 _NoneType: type = type(None)
 
 
-def _policy_of(policy: str | Policy) -> Policy:
-    return _override.get() or as_policy(policy)
+def _stand_in(api: str, params: tuple[str, ...]) -> Callable[..., None]:
+    """A function with the loop's argument names, which a policy dict is checked against."""
+
+    def arguments(*args: Any) -> None:
+        return None
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    arguments.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, kind) for name in params]
+    )
+    arguments.__qualname__ = arguments.__name__ = api
+    return arguments
+
+
+_STAND_INS = {
+    "scan": _stand_in("scan", ("init", "xs")),
+    "fori_loop": _stand_in("fori_loop", ("init_val",)),
+    "while_loop": _stand_in("while_loop", ("init_val",)),
+}
+
+
+def _policies_of(policy: PolicySpec | ArgPolicies, api: str) -> tuple[Policy, ...]:
+    """The policy of each of the loop's arguments (scan: ``init`` and ``xs``; fori_loop and
+    while_loop: ``init_val``), from one policy or a dict naming them by name or position
+    (checked as jit checks a dict); a ``with treeclone.policy(...)`` block wins."""
+    stand_in = _STAND_INS[api]
+    spec = as_policy_spec(policy, stand_in)
+    chosen = _override.get() or spec
+    count = len(inspect.signature(stand_in).parameters)
+    if isinstance(chosen, ArgPolicies):
+        return chosen.per_argument(range(count), [])
+    return (chosen,) * count
+
+
+def _policy_of(policy: PolicySpec | ArgPolicies, api: str) -> Policy:
+    """The policy of a loop of one carry (fori_loop, while_loop): a dict can only name it."""
+    return _policies_of(policy, api)[0]
 
 
 def _qualname(fun: Any) -> str:
@@ -215,12 +258,13 @@ class _Carry:
         self,
         slots: Any,
         body: Callable[[Any], tuple[Any, Any]],
-        extra: tuple[str, Any] | None = None,
+        extra: tuple[str, Any, str] | None = None,
     ) -> tuple[list, Any]:
         """Run ``body`` (carry -> (new carry, other results)) on the carry rebuilt from
         ``slots``; return the new carry's leaves (in ``slots``' order) and the other results.
-        ``extra``: another input of the body (scan's ``xs`` slice), named, whose in-place
-        changes are an error under ``strict`` unless returned."""
+        ``extra``: another input of the body (scan's ``xs`` slice), named, with its policy's
+        mutations: its in-place changes not returned are an error (``"error"``) or reported
+        as discarded (``"discard"``, xs left alone in a call mixing policies)."""
         carry, objs = self.rebuild(slots)
         watched = _snapshot(objs, self.info, self.skip)
         # The caller's carry containers, which the body may reach through a global or a
@@ -228,8 +272,10 @@ class _Carry:
         # would replace it).
         callers = _trace.watch_callers(self.objs, objs, self.info, self.skip)
         extra_watch = None
-        if extra is not None and self.policy.mutations == "error":
-            extra_watch = _ExtraWatch(*extra)
+        if extra is not None:
+            name, tree, mutations = extra
+            if mutations in ("error", "discard"):
+                extra_watch = _ExtraWatch(name, tree, mutations)
         new_carry, others = body(carry)
         _trace.check_callers(self.fun, self.objs, callers, self.sdef, objs, self.layout)
         if extra_watch is not None:
@@ -357,6 +403,11 @@ class _Carry:
 
     def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
         lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
+        if self.policy is CLONE:
+            # scan's init left alone while xs is not (a policy per argument): the change is
+            # lost each iteration, as under jax.lax.scan, and reported as clone reports it.
+            _trace.report_discarded(self.fun, lines, None, "'clone' (chosen for init)")
+            return
         if self.policy.mutations == "error":
             # Not alias's remedy: under alias this is the ValueError below.
             raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
@@ -509,8 +560,8 @@ class _ExtraWatch:
     """Under ``strict``: scan's ``xs`` slice, whose containers the body may not change in place
     unless it returns them."""
 
-    def __init__(self, name: str, tree: Any):
-        self.name = name
+    def __init__(self, name: str, tree: Any, mutations: str = "error"):
+        self.name, self.mutations = name, mutations
         _, self.sdef, self.objs = _native.flatten_shared((tree, {}))
         info: list[Any] = self.sdef.node_info()
         root = len(info) - 1
@@ -529,6 +580,9 @@ class _ExtraWatch:
                 for k in bad
                 for line in _describe(paths.get(k, "?"), self.objs[k], self.snapshot[k])
             ]
+            if self.mutations == "discard":  # xs left alone (a policy per argument)
+                _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
+                return
             raise _trace.mutation_error(fun, lines, _SLICE_REMEDY)
 
 
@@ -733,7 +787,7 @@ def scan(
     unroll: int | bool = 1,
     _split_transpose: bool = False,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> tuple[Carry, Y]:
     """``jax.lax.scan(f, init, xs, length, reverse, unroll)`` with a policy.
 
@@ -756,25 +810,35 @@ def scan(
     >>> carry is state, state, ys
     (True, {'total': Array(6., dtype=float32)}, Array([0., 2., 4., 6.], dtype=float32))
     """
-    chosen = _policy_of(policy)
+    chosen, xs_policy = _policies_of(policy, "scan")
+    mixed = chosen is not xs_policy
     extra = {"_split_transpose": True} if _split_transpose else {}
-    if chosen is CLONE:
+    if chosen is CLONE and not mixed:
         _check_cycle(init, "init")
         _check_cycle(xs, "xs")
         return jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra)
     state = _Carry(f, init, "init", chosen)
-    if xs is not None and chosen.mutations == "propagate":
-        return _scan_alias(
-            f, state, _Carry(f, xs, "xs", chosen, sliced=True), length, reverse, unroll, extra
-        )
+    if xs is not None and xs_policy.mutations == "propagate":
+        slices = _Carry(f, xs, "xs", xs_policy, sliced=True)
+        if mixed:
+            _check_shared(f, state, slices.objs, slices.info, slices.path, xs_policy)
+        return _scan_alias(f, state, slices, length, reverse, unroll, extra)
     _check_cycle(xs, "xs")
+    if mixed:
+        _, xs_def, xs_objs = _native.flatten_shared((xs, {}))
+        xs_paths = _trace._Paths(xs_def, xs_objs, _trace.Layout(1, ["xs"])).paths
+        xs_info = xs_def.node_info()
+        _check_shared(f, state, xs_objs, xs_info, lambda n: xs_paths.get(n) or "xs", xs_policy)
+    # What the body does to its slice of xs in place and does not return: strict's error, or
+    # (xs left alone in a call mixing policies) clone's report.
+    xs_mode = "error" if xs_policy.mutations == "error" else "discard" if mixed else "off"
     xs_key = _key_of(xs)
 
     def make(entry: _Entry) -> tuple:
         xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
 
         def body(slots: list, x: Any) -> tuple[list, Any]:
-            return entry.step(slots, lambda carry: _pair(f, f(carry, x)), ("xs", x))
+            return entry.step(slots, lambda carry: _pair(f, f(carry, x)), ("xs", x, xs_mode))
 
         def names(p: list[str]) -> list[str]:  # a slice's key paths are xs's
             return entry.state().slot_names(p[0]) + _tree_names(p[1], xs_paths)
@@ -784,7 +848,7 @@ def scan(
     key: Any = None
     if xs_key is not None:
         options = (length, reverse, unroll, _split_transpose)
-        key = ("scan", f, state.sdef, chosen, state.avals, xs_key, options)
+        key = ("scan", f, state.sdef, chosen, xs_policy, state.avals, xs_key, options)
     entry = _entry(key, make)
     final, ys = _run(
         entry,
@@ -794,6 +858,36 @@ def scan(
     if length is None:
         length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
     return state.finish(list(final), length), ys
+
+
+def _check_shared(
+    f: Any, state: _Carry, xs_objs: list, xs_info: list, xs_path: Callable[[int], str], xs: Policy
+) -> None:
+    """A container in both ``init`` and ``xs``, given different policies (``xs``: xs's), has
+    no single answer (written back for one, left alone for the other): the ValueError jit
+    raises, naming both key paths (docs/semantics.md, rule 39)."""
+    where = {
+        id(state.objs[k]): k
+        for k, e in enumerate(state.info)
+        if k not in state.skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType
+    }
+    root = len(xs_info) - 1
+    skip = {root, xs_info[root].children[-1]}
+    for n, e in enumerate(xs_info):
+        if n in skip or not isinstance(e, NodeInfo) or e.node_type is _NoneType:
+            continue
+        k = where.get(id(xs_objs[n]))
+        if k is not None:
+            raise ValueError(
+                f"{_qualname(f)}: the {type(xs_objs[n]).__name__} at {state.path(k)} (policy "
+                f"{_name(state.policy)}) is also at {xs_path(n)} (policy {_name(xs)}): one "
+                "container cannot be both written back and left alone. Pass it through one "
+                "argument, or give both arguments one policy."
+            )
+
+
+def _name(policy: Policy) -> str:
+    return repr(policy.name) if policy.name is not None else repr(policy)
 
 
 def _pair(f: Any, out: Any) -> tuple[Any, Any]:
@@ -840,7 +934,8 @@ def _scan_alias(
         return (_Body(body, f, "scan", names),)
 
     options = (length, reverse, unroll, bool(extra))
-    key = ("scan", f, state.sdef, state.policy, state.avals, slices.sdef, slices.avals, options)
+    policies = (state.policy, slices.policy)
+    key = ("scan", f, state.sdef, policies, state.avals, slices.sdef, slices.avals, options)
     entry = _entry(key, make)
     final, (ys, rows) = _run(
         entry,
@@ -874,7 +969,7 @@ def fori_loop(
     init_val: Carry,
     *,
     unroll: int | bool | None = None,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Carry:
     """``jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)`` with a policy.
 
@@ -889,7 +984,7 @@ def fori_loop(
     >>> treeclone.fori_loop(0, 5, body, acc, policy="alias") is acc, acc
     (True, [Array(10, dtype=int32)])
     """
-    chosen = _policy_of(policy)
+    chosen = _policy_of(policy, "fori_loop")
     if chosen is CLONE:
         _check_cycle(init_val, "init_val")
         return jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll)
@@ -920,7 +1015,7 @@ def while_loop(
     body_fun: Callable[[Carry], Carry],
     init_val: Carry,
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Carry:
     """``jax.lax.while_loop(cond_fun, body_fun, init_val)`` with a policy.
 
@@ -937,7 +1032,7 @@ def while_loop(
     >>> out is state, state
     (True, {'n': Array(128, dtype=int32)})
     """
-    chosen = _policy_of(policy)
+    chosen = _policy_of(policy, "while_loop")
     if chosen is CLONE:
         _check_cycle(init_val, "init_val")
         return jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val)

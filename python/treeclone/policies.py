@@ -51,6 +51,7 @@ __all__ = [
     "as_policy",
     "as_policy_spec",
     "discarded_mode",
+    "for_call",
     "discarded_mutations",
     "policy",
     "register_inplace",
@@ -437,6 +438,31 @@ def as_policy_spec(
     if all(p is fallback for p in spec.policies()):
         return fallback
     return spec
+
+
+def for_call(
+    policy: Policy | ArgPolicies, positions: Sequence[int], names: Sequence[str]
+) -> tuple[Policy, tuple[Policy, ...] | None]:
+    """What one call runs under: its arguments at ``positions`` (their places in the
+    function's signature) and its keyword arguments ``names``. Returns the policy of the call
+    as a whole and, when its arguments' policies differ, each one's (``_trace.run``'s
+    ``arg_policies``; None: the one policy for all). Every transformation that takes a dict
+    resolves a call here, so a dict means the same to each.
+
+    >>> import treeclone
+    >>> from treeclone.policies import as_policy_spec, for_call
+    >>> spec = as_policy_spec({"state": "alias", ...: "clone"}, lambda params, state: None)
+    >>> for_call(spec, [0, 1], [])
+    (Policy.alias, (Policy.clone, Policy.alias))
+    >>> for_call(spec, [0], [])  # only clone arguments: identity is still preserved
+    (Policy(mutations='discard', identity='preserve'), None)
+    >>> for_call(treeclone.STRICT, [0, 1], [])
+    (Policy.strict, None)
+    """
+    if not isinstance(policy, ArgPolicies):
+        return policy, None
+    per_argument = policy.per_argument(positions, names)
+    return _combined(per_argument), per_argument if len(set(per_argument)) > 1 else None
 
 
 _override: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(

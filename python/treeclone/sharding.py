@@ -25,7 +25,7 @@ import inspect
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Set
 from typing import Any, overload
 
 import jax
@@ -35,7 +35,15 @@ from jax.sharding import PartitionSpec
 from treeclone import _lift
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
 from treeclone.jit import _keystr, _Naming, reporting
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone.policies import (
+    CLONE,
+    ArgPolicies,
+    Policy,
+    PolicySpec,
+    _override,
+    as_policy,
+    as_policy_spec,
+)
 
 __all__ = ["shard_map"]
 
@@ -278,17 +286,20 @@ class _ShardMap(_lift.Wrapper):
 
     name = "shard_map"
 
-    def __init__(self, fun: Callable[..., Any], policy: Policy, options: dict[str, Any]):
+    def __init__(
+        self, fun: Callable[..., Any], policy: PolicySpec | ArgPolicies, options: dict[str, Any]
+    ):
         if not callable(fun):
             jax.shard_map(fun, **options)  # jax's own TypeError
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
-        self._fun, self._policy, self._options = fun, policy, options
+        self._fun, self._options = fun, options
+        self._policy = as_policy_spec(policy, fun)
         self._jax = jax.shard_map(reporting(fun), **options)
         self._naming = _Naming(fun)
-        self._runners: dict[Policy, _lift.Runner] = {}
+        self._runners: dict[Policy | ArgPolicies, _lift.Runner] = {}
         self._lock = threading.Lock()
 
-    def _runner(self, policy: Policy) -> _lift.Runner:
+    def _runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
         runner = self._runners.get(policy)
         if runner is None:
             with self._lock:
@@ -418,7 +429,7 @@ def shard_map(
     mesh: Any = None,
     axis_names: Set[Any] = frozenset(),
     check_vma: bool = True,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., Any]: ...
 @overload
 def shard_map(
@@ -430,7 +441,7 @@ def shard_map(
     mesh: Any = None,
     axis_names: Set[Any] = frozenset(),
     check_vma: bool = True,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def shard_map(
     f: Callable[..., Any] | None = None,
@@ -441,7 +452,7 @@ def shard_map(
     mesh: Any = None,
     axis_names: Set[Any] = frozenset(),
     check_vma: bool = True,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)`` with a policy.
 
@@ -493,7 +504,8 @@ def shard_map(
         "axis_names": axis_names,
         "check_vma": check_vma,
     }
-    chosen = as_policy(policy)
+    if not isinstance(policy, (Mapping, ArgPolicies)):
+        as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     if f is None:
-        return lambda g: _ShardMap(g, chosen, options)
-    return _ShardMap(f, chosen, options)
+        return lambda g: _ShardMap(g, policy, options)
+    return _ShardMap(f, policy, options)

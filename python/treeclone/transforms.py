@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 import jax
@@ -28,13 +28,21 @@ import numpy as np
 from treeclone import _lift
 from treeclone._jax_compat import DebugInfo
 from treeclone.jit import _ArgsBox, _Naming, reporting
-from treeclone.policies import CLONE, Policy, _override, as_policy
+from treeclone.policies import (
+    CLONE,
+    ArgPolicies,
+    Policy,
+    PolicySpec,
+    _override,
+    as_policy,
+    as_policy_spec,
+)
 
 __all__ = ["checkpoint", "grad", "remat", "value_and_grad"]
 
 
-def _policy_of(default: Policy) -> Policy:
-    return _override.get() or default
+def _policy_of(default: Policy | ArgPolicies) -> Policy | ArgPolicies:
+    return _override.get() or default  # a block's policy wins over a dict, as for jit
 
 
 # --- grad and value_and_grad ---------------------------------------------------------------------
@@ -87,7 +95,9 @@ class _GradRunner(_lift.Runner):
 
     traced_for = "vjp"
 
-    def __init__(self, fun: Callable[..., Any], policy: Policy, naming: _Naming, has_aux: bool):
+    def __init__(
+        self, fun: Callable[..., Any], policy: Policy | ArgPolicies, naming: _Naming, has_aux: bool
+    ):
         super().__init__(fun, policy, naming)
         self.has_aux = has_aux
 
@@ -139,7 +149,7 @@ class _Grad(_lift.Wrapper):
         holomorphic: bool,
         allow_int: bool,
         reduce_axes: Sequence[Any],
-        policy: str | Policy,
+        policy: PolicySpec | ArgPolicies,
         with_value: bool,
     ):
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
@@ -150,21 +160,21 @@ class _Grad(_lift.Wrapper):
         transform = jax.value_and_grad if with_value else jax.grad
         # First: a bad option is jax's own error.
         self._jax = transform(reporting(fun), **options)
-        self._policy = as_policy(policy)
+        self._policy = as_policy_spec(policy, fun)
         self._argnums = _check_argnums(argnums)
         self._single = not isinstance(argnums, Sequence)
         self._has_aux, self._with_value = has_aux, with_value
         self._holomorphic, self._allow_int = holomorphic, allow_int
         self._fun = fun
         self._naming = _Naming(fun)
-        self._lifted: dict[Policy, tuple[_GradRunner, Callable[..., Any]]] = {}
+        self._lifted: dict[Policy | ArgPolicies, tuple[_GradRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return "value_and_grad" if self._with_value else "grad"
 
-    def _runner(self, policy: Policy) -> tuple[_GradRunner, Callable[..., Any]]:
+    def _runner(self, policy: Policy | ArgPolicies) -> tuple[_GradRunner, Callable[..., Any]]:
         entry = self._lifted.get(policy)
         if entry is None:
             with self._lock:
@@ -233,7 +243,7 @@ def grad(
     allow_int: bool = False,
     reduce_axes: Sequence[Any] = (),
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., Any]: ...
 @overload
 def grad(
@@ -244,7 +254,7 @@ def grad(
     allow_int: bool = False,
     reduce_axes: Sequence[Any] = (),
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def grad(
     fun: Callable[..., Any] | None = None,
@@ -254,7 +264,7 @@ def grad(
     allow_int: bool = False,
     reduce_axes: Sequence[Any] = (),
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.grad(fun, argnums, has_aux, holomorphic, allow_int)`` with a policy.
 
@@ -306,7 +316,7 @@ def value_and_grad(
     allow_int: bool = False,
     reduce_axes: Sequence[Any] = (),
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., tuple[Any, Any]]: ...
 @overload
 def value_and_grad(
@@ -317,7 +327,7 @@ def value_and_grad(
     allow_int: bool = False,
     reduce_axes: Sequence[Any] = (),
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[[Callable[..., Any]], Callable[..., tuple[Any, Any]]]: ...
 def value_and_grad(
     fun: Callable[..., Any] | None = None,
@@ -327,7 +337,7 @@ def value_and_grad(
     allow_int: bool = False,
     reduce_axes: Sequence[Any] = (),
     *,
-    policy: str | Policy = "clone",
+    policy: PolicySpec | ArgPolicies = "clone",
 ) -> Callable[..., tuple[Any, Any]] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.value_and_grad(fun, ...)`` with a policy: a call returns ``(value, grads)``, or
     ``((value, aux), grads)`` with ``has_aux``, where ``value`` and ``aux`` are the function's
@@ -377,13 +387,14 @@ class _Checkpoint(_lift.Wrapper):
     def __init__(
         self,
         fun: Callable[..., Any],
-        policy: Policy,
+        policy: PolicySpec | ArgPolicies,
         jax_options: dict[str, Any],
         static_argnums: tuple[int, ...],
         static_argnames: tuple[str, ...],
     ):
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
-        self._fun, self._policy, self._options = fun, policy, jax_options
+        self._fun, self._options = fun, jax_options
+        self._policy = as_policy_spec(policy, fun)
         self._static_nums, self._static_names = static_argnums, static_argnames
         clone_options = dict(jax_options)
         if static_argnums:
@@ -394,10 +405,10 @@ class _Checkpoint(_lift.Wrapper):
             reporting(fun, frozenset(static_argnums), frozenset(static_argnames)), **clone_options
         )
         self._naming = _Naming(fun)
-        self._lifted: dict[Policy, tuple[_CheckpointRunner, Callable[..., Any]]] = {}
+        self._lifted: dict[Policy | ArgPolicies, tuple[_CheckpointRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
 
-    def _runner(self, policy: Policy) -> tuple[_CheckpointRunner, Callable[..., Any]]:
+    def _runner(self, policy: Policy | ArgPolicies) -> tuple[_CheckpointRunner, Callable[..., Any]]:
         entry = self._lifted.get(policy)
         if entry is None:
             with self._lock:
@@ -459,7 +470,7 @@ def checkpoint(
     fun: Callable[..., Any],
     *,
     prevent_cse: bool | Sequence[bool] = True,
-    policy: str | Policy | Callable[..., bool] | None = "clone",
+    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
     static_argnums: int | tuple[int, ...] = (),
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
@@ -469,7 +480,7 @@ def checkpoint(
     fun: None = None,
     *,
     prevent_cse: bool | Sequence[bool] = True,
-    policy: str | Policy | Callable[..., bool] | None = "clone",
+    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
     static_argnums: int | tuple[int, ...] = (),
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
@@ -478,7 +489,7 @@ def checkpoint(
     fun: Callable[..., Any] | None = None,
     *,
     prevent_cse: bool | Sequence[bool] = True,
-    policy: str | Policy | Callable[..., bool] | None = "clone",
+    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
     static_argnums: int | tuple[int, ...] = (),
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
@@ -511,14 +522,16 @@ def checkpoint(
     >>> treeclone.grad(f, policy="alias")(jnp.zeros(()), state), state
     (Array(2., dtype=float32), {'calls': Array(2., dtype=float32)})
     """
-    if policy is None or (callable(policy) and not isinstance(policy, (str, Policy))):
+    if policy is None or (callable(policy) and not isinstance(policy, (str, Policy, Mapping))):
         if remat_policy is not None:
             raise TypeError(
                 "checkpoint() got JAX's rematerialization policy both as policy= and as "
                 "remat_policy=; give it as remat_policy= and treeclone's policy as policy="
             )
         remat_policy, policy = policy, "clone"
-    chosen = as_policy(policy)
+    chosen: PolicySpec | ArgPolicies = policy  # type: ignore[assignment]  # not JAX's: ours
+    if not isinstance(chosen, (Mapping, ArgPolicies)):
+        as_policy(chosen)  # an unknown name: an error now, not when the decorator is applied
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if isinstance(static_argnames, str):
