@@ -35,7 +35,7 @@ from node_kinds import MyDict, MyList
 # Each example traces and compiles once: a fraction of the profile's budget, scaled with it
 # (tests/support/profiles.py).
 SETTINGS = settings(
-    max_examples=profiles.max_examples(20),
+    max_examples=profiles.max_examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
