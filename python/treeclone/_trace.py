@@ -952,35 +952,45 @@ def _holds_tracer(data: Any) -> bool:
 
 def watch_callers(
     callers: Sequence[Any], objs: list, info: list, skip: frozenset[int] | set[int] = frozenset()
-) -> dict[int, tuple]:
-    """The shallow state of each of the caller's containers (``callers``, per node of
-    ``info``) that the function does not get itself (it gets ``objs``, rebuilt; nodes in
-    ``skip`` are left out): it may reach the caller's through a global or a closure, and a
-    change made there would be lost (rule 25). :func:`check_callers` compares after."""
-    return {
-        k: _shallow_state(callers[k])
-        for k, e in enumerate(info)
-        if k not in skip
-        and isinstance(e, NodeInfo)
-        and e.node_type is not NoneType
-        and objs[k] is not callers[k]
-    }
+) -> dict[int | tuple[int, str], tuple[Any, tuple]]:
+    """What each of the caller's containers (``callers``, per node of ``info``) that the
+    function does not get itself (it gets ``objs``, rebuilt; nodes in ``skip`` are left out)
+    holds one level down: it may reach the caller's through a global or a closure, and a
+    change made there would be lost (rule 25). A registered node's flatten may read its
+    children through a plain dict or list held in an attribute (``self._store["w"]``): such a
+    container, when it holds one of the node's children, is watched too, under
+    ``(node, attribute)``. :func:`check_callers` compares after."""
+    watched: dict[int | tuple[int, str], tuple[Any, tuple]] = {}
+    for k, e in enumerate(info):
+        if k in skip or not isinstance(e, NodeInfo) or e.node_type is NoneType:
+            continue
+        obj = callers[k]
+        if objs[k] is obj:
+            continue
+        watched[k] = (obj, _shallow_state(obj))
+        if e.arity and not isinstance(obj, (list, dict)):
+            children = {id(callers[c]) for c in e.children}
+            for name, value in list(getattr(obj, "__dict__", {}).items()):
+                held = value.values() if isinstance(value, dict) else value
+                if isinstance(value, (dict, list)) and any(id(v) in children for v in held):
+                    watched[(k, name)] = (value, _shallow_state(value))
+    return watched
 
 
 def check_callers(
     fun: Callable[..., Any],
     callers: Sequence[Any],
-    watched: dict[int, tuple],
+    watched: dict[int | tuple[int, str], tuple[Any, tuple]],
     pre_def: Any,
     objs: list,
     layout: Layout,
 ) -> None:
     """Rule 25's ValueError when ``fun`` changed one of the ``watched`` caller containers
     through another name than its argument; those containers are put back first."""
-    touched = [k for k, state in watched.items() if _shallow_state(callers[k]) != state]
+    touched = [key for key, (obj, state) in watched.items() if _shallow_state(obj) != state]
     if touched:
-        for k in touched:
-            _restore_shallow_state(callers[k], watched[k])
+        for key in touched:
+            _restore_shallow_state(*watched[key])
         _raise_changed_elsewhere(fun, touched, pre_def, objs, layout)
 
 
@@ -1027,7 +1037,13 @@ def report_discarded(
 
 def _raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:
     paths = _Paths(pre_def, objs, layout).paths
-    where = ", ".join(paths.get(k, "?") or "(the arguments)" for k in touched)
+
+    def name(key: int | tuple[int, str]) -> str:
+        if isinstance(key, tuple):  # a container held in a registered node's attribute
+            return f"{paths.get(key[0], '?') or '(the arguments)'}.{key[1]}"
+        return paths.get(key, "?") or "(the arguments)"
+
+    where = ", ".join(name(k) for k in touched)
     qualname = getattr(fun, "__qualname__", None) or repr(fun)
     raise ValueError(
         f"{qualname} changed {where} through another name than its argument (a global, a "
