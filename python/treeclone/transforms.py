@@ -465,7 +465,35 @@ def grad(
       ``treeclone.jit`` (a returned input is the caller's same object); under ``strict`` an
       input mutated and not returned (in the aux) is a :class:`~treeclone.MutationError`.
 
+    ``wrt`` (keyword only) names the leaves of the ``argnums`` arguments that are
+    differentiated; the others are carried as JAX carries a non-differentiated argument (an
+    integer leaf needs no ``allow_int``; under ``alias`` its in-place updates reach the caller)
+    and a leaf that is not an array (a function, a string) is kept out of the computation.
+    Under ``clone`` a call with ``wrt`` goes through treeclone's lift (``jax.grad`` cannot
+    filter); the caller's objects are left as they were. ``wrt`` is one of:
+
+    * None (the default): every leaf, ``jax.grad``'s rule and gradient;
+    * a type such as ``nnx.Param``, an nnx filter object, or anything
+      ``flax.nnx.filterlib.to_predicate`` accepts: the values of the Variables that
+      ``nnx.state(arg, wrt)`` holds. For an nnx Module the gradient is what ``nnx.grad``
+      returns, that ``nnx.State`` (a shared Variable once), which
+      ``nnx.Optimizer.update(model, grads)`` takes; for another argument, its structure with
+      None at the other leaves;
+    * ``"arrays"`` (or ``"equinox"``): equinox's rule, the floating JAX and NumPy arrays; the
+      gradient is the argument's structure with None at the other leaves, what
+      ``eqx.filter_grad`` returns (``eqx.apply_updates`` and optax take it);
+    * a predicate ``(key_path, leaf) -> bool`` (JAX's key path within the argument): the leaves
+      it accepts; the gradient is the argument's structure with None at the others.
+
     >>> import jax.numpy as jnp, treeclone
+    >>> def scaled(tree):
+    ...     return jnp.sum(tree["w"] * tree["scale"]) * len(tree["name"])
+    >>> tree = {"w": jnp.array([1.0, 2.0]), "scale": jnp.array(3), "name": "ab"}
+    >>> treeclone.grad(scaled, wrt="arrays")(tree)  # an int array and a string: carried
+    {'name': None, 'scale': None, 'w': Array([6., 6.], dtype=float32)}
+    >>> treeclone.grad(scaled, wrt=lambda path, leaf: path[0].key == "w")(tree)
+    {'name': None, 'scale': None, 'w': Array([6., 6.], dtype=float32)}
+
     >>> def loss(params, stats):
     ...     stats["calls"] = stats["calls"] + 1  # an in-place update while differentiated
     ...     return jnp.sum(params["w"] ** 2)
@@ -529,7 +557,9 @@ def value_and_grad(
     """``jax.value_and_grad(fun, ...)`` with a policy: a call returns ``(value, grads)``, or
     ``((value, aux), grads)`` with ``has_aux``, where ``value`` and ``aux`` are the function's
     result rebuilt as under ``treeclone.jit`` (under ``alias`` a returned input is the
-    caller's same object) and ``grads`` are as for :func:`grad`.
+    caller's same object) and ``grads`` are as for :func:`grad` (``wrt`` included: with
+    ``wrt=nnx.Param`` a call is ``nnx.value_and_grad``'s, with ``wrt="arrays"``
+    ``eqx.filter_value_and_grad``'s).
 
     >>> import jax.numpy as jnp, treeclone
     >>> def loss(w, counter):
