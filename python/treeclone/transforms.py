@@ -258,7 +258,9 @@ class _GradRunner(_lift.Runner):
     in an ``_ArgsBox``. It returns the value to differentiate and, as JAX's aux output (so it
     comes back concrete), the lifted function's :class:`~treeclone._lift.Out`, whose record's
     ``extra`` says where the gradients go: per differentiated argument, JAX's structure of it
-    and, per leaf of that structure, the differentiated input it is."""
+    and, per leaf of that structure, the differentiated input it is (-1: a leaf ``wrt=`` leaves
+    out). Under ``wrt=`` the key also holds the leaves kept out of the computation
+    (:class:`_Fixed`)."""
 
     traced_for = "vjp"
 
@@ -267,14 +269,14 @@ class _GradRunner(_lift.Runner):
         self.has_aux = has_aux
 
     def __call__(self, diff: list, box: _ArgsBox) -> tuple[Any, _lift.Out]:
-        sdef, mask, argnums, fixed = box.key
+        sdef, mask, argnums, fixed, filtered = box.key
         it_diff, it_other = iter(diff), iter(box.leaves)
         if fixed is None:
             leaves = [next(it_diff) if d else next(it_other) for d in mask]
         else:
             leaves = fixed.merge(mask, it_diff, it_other)
         # -1: a leaf of a differentiated argument that ``wrt=`` leaves out (a None gradient).
-        index = dict.fromkeys(map(id, leaves), -1)
+        index = dict.fromkeys(map(id, leaves), -1) if filtered else {}
         index.update({id(x): j for j, x in enumerate(diff)})
         seen: dict[str, Any] = {}
 
@@ -390,7 +392,7 @@ class _Grad(_lift.Wrapper):
         diff = [call.leaves[s] for s in diff_slots]
         kept = chosen if fixed is None else chosen | fixed.values.keys()
         others = [x for s, x in enumerate(call.leaves) if s not in kept]
-        box = _ArgsBox(others, (call.sdef, mask, argnums, fixed))
+        box = _ArgsBox(others, (call.sdef, mask, argnums, fixed, self._wrt is not None))
         runner, vg = self._runner(policy)
         slot_names = call.slot_names(self._naming) if DebugInfo is not None else None
         names = None if slot_names is None else [slot_names[s] for s in diff_slots]
