@@ -20,14 +20,14 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import jax
 import numpy as np
 
 from treeclone import _lift
 from treeclone._jax_compat import DebugInfo
-from treeclone.jit import _ArgsBox, _Naming, reporting
+from treeclone.jit import _ArgsBox, _Naming, is_array, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -85,13 +85,190 @@ def _dtype_problem(x: Any, holomorphic: bool, allow_int: bool) -> str | None:
     return None
 
 
+# --- what is differentiated (grad's ``wrt=``) ----------------------------------------------------
+
+
+def _is_inexact_array(x: Any) -> bool:
+    """Equinox's ``eqx.is_inexact_array``: a JAX or NumPy array of a floating or complex dtype."""
+    return is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
+
+
+class _Wrt:
+    """A ``wrt=`` resolved once: ``kind`` is ``"arrays"`` (equinox's rule), ``"nnx"`` (an nnx
+    filter, ``predicate(path, variable)`` over the Variables; ``given`` is the filter as
+    given, for ``nnx.state``) or ``"leaf"`` (the user's ``predicate(key_path, leaf)``)."""
+
+    __slots__ = ("given", "kind", "predicate")
+
+    def __init__(self, kind: str, predicate: Callable[[Any, Any], bool] | None, given: Any):
+        self.kind, self.predicate, self.given = kind, predicate, given
+
+
+def _wrt_rule(wrt: Any) -> _Wrt | None:
+    """Resolve ``grad(wrt=...)``; None: every leaf of the differentiated arguments."""
+    if wrt is None:
+        return None
+    if isinstance(wrt, str) and wrt in ("arrays", "equinox"):
+        return _Wrt("arrays", None, wrt)
+    nnx_filter = isinstance(wrt, type) or not callable(wrt)
+    nnx_filter = nnx_filter or type(wrt).__module__.startswith("flax.nnx.filterlib")
+    if not nnx_filter:
+        return _Wrt("leaf", wrt, wrt)
+    try:
+        from flax.nnx import filterlib
+    except ImportError:
+        raise TypeError(
+            f"wrt={wrt!r}: a type or filter names nnx Variables and needs flax; without it give "
+            "wrt='arrays' or a predicate (key_path, leaf) -> bool"
+        ) from None
+    return _Wrt("nnx", filterlib.to_predicate(wrt), wrt)
+
+
+class _Fixed:
+    """The leaves of a call that ``wrt=`` keeps out of the computation's inputs (not arrays:
+    a function, a string, a Python number), by slot; in the ``_ArgsBox`` key, so JAX never
+    sees them as leaves. Compared by identity: ``jax.value_and_grad`` does not key on it."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict[int, Any]):
+        self.values = values
+
+    def merge(self, mask: Sequence[bool], it_diff: Any, it_other: Any) -> list:
+        """Every leaf in its slot: the differentiated, the boxed and the fixed ones."""
+        values = self.values
+        return [
+            values[s] if s in values else next(it_diff) if d else next(it_other)
+            for s, d in enumerate(mask)
+        ]
+
+
+def _variable_slots(call: _lift.Call, variables: Sequence[Any]) -> dict[int, list[int]]:
+    """For each of ``variables`` (nnx Variables, by id), the slots of its leaves in the call,
+    found through the caller's object at each node of the flattened call."""
+    wanted = {id(v) for v in variables}
+    found: dict[int, list[int]] = {}
+    for node, obj in enumerate(call.objects):
+        if id(obj) in wanted and id(obj) not in found:
+            found[id(obj)] = [s for slots in call.sdef.child_slots(node) for s in slots]
+    return found
+
+
+def _nnx_selection(
+    rule: _Wrt, call: _lift.Call, argnums: tuple[int, ...]
+) -> tuple[set[int], list[Any], dict[int, list[int]]]:
+    """Under an nnx filter: the slots differentiated (the values of the Variables
+    ``nnx.state(arg, wrt)`` holds), per argument the gradient's template (that State, for an
+    nnx graph node; None: the argument's structure) and the Variables' slots."""
+    from flax import nnx
+
+    chosen: set[int] = set()
+    forms: list[Any] = []
+    variables: list[Any] = []
+    for i in argnums:
+        arg = call.args[i]
+        if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(arg)):
+            forms.append(None)  # an array: no Variable to find (nnx.state fails on one)
+            continue
+        # nnx.state holds the caller's own Variables (the same objects), shared ones once.
+        state = nnx.state(arg, rule.given)
+        forms.append(state if nnx.graph.is_graph_node(arg) else None)
+        variables += jax.tree_util.tree_leaves(state, is_leaf=_is_variable)
+    var_slots = _variable_slots(call, variables)
+    for slots in var_slots.values():
+        chosen.update(slots)
+    return chosen, forms, var_slots
+
+
+def _is_variable(x: Any) -> bool:
+    from flax import nnx
+
+    return isinstance(x, nnx.Variable)
+
+
+def _leaf_selection(
+    rule: _Wrt, call: _lift.Call, argnums: tuple[int, ...], per_arg: list[list[int]]
+) -> set[int]:
+    """The slots a leaf rule differentiates: equinox's (inexact arrays) or the user's
+    predicate on each leaf's key path in its argument and the leaf."""
+    slots = {s for i in argnums for s in per_arg[i]}
+    if rule.kind == "arrays":
+        return {s for s in slots if _is_inexact_array(call.leaves[s])}
+    predicate = cast(Callable[[Any, Any], bool], rule.predicate)
+    chosen: set[int] = set()
+    for i in argnums:
+        picked = {
+            id(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(call.args[i])[0]
+            if predicate(path, leaf)
+        }
+        chosen.update(s for s in per_arg[i] if id(call.leaves[s]) in picked)
+    return chosen
+
+
+def _wrt_selection(
+    rule: _Wrt, call: _lift.Call, argnums: tuple[int, ...], per_arg: list[list[int]]
+) -> tuple[list[int], _Fixed | None, list[Any], dict[int, list[int]]]:
+    """What ``wrt=`` differentiates in a call: the slots (sorted), the leaves of the
+    differentiated arguments kept out of the computation (not arrays), per argument the
+    gradient's template (see :func:`_nnx_selection`) and, under nnx, the Variables' slots."""
+    forms: list[Any] = [None] * len(argnums)
+    var_slots: dict[int, list[int]] = {}
+    if rule.kind == "nnx":
+        chosen, forms, var_slots = _nnx_selection(rule, call, argnums)
+    else:
+        chosen = _leaf_selection(rule, call, argnums, per_arg)
+    # A leaf left out that is not an array is static: JAX never sees it (no TypeError).
+    fixed = {
+        s: call.leaves[s]
+        for i in argnums
+        for s in per_arg[i]
+        if s not in chosen and not is_array(call.leaves[s])
+    }
+    return sorted(chosen), _Fixed(fixed) if fixed else None, forms, var_slots
+
+
+def _nnx_grads(state: Any, var_slots: dict[int, list[int]], grad_of: dict[int, Any]) -> Any:
+    """``nnx.grad``'s form: ``state`` (the caller's Variables that ``wrt`` names, shared ones
+    once) with each Variable rebuilt around the gradient of its leaves (``grad_of``: by
+    slot)."""
+
+    def one(var: Any) -> Any:
+        treedef = jax.tree_util.tree_structure(var)
+        return treedef.unflatten([grad_of[s] for s in var_slots[id(var)]])
+
+    return jax.tree_util.tree_map(one, state, is_leaf=_is_variable)
+
+
+def _filtered_grads(
+    structure: Sequence[tuple[Any, list[int]]],
+    grads_flat: Sequence[Any],
+    forms: Sequence[Any],
+    diff_slots: Sequence[int],
+    var_slots: dict[int, list[int]] | None,
+) -> tuple:
+    """The gradient of each differentiated argument under ``wrt=``: ``nnx.grad``'s State where
+    ``forms`` has one, else the argument's structure with None at the leaves left out (what
+    ``eqx.filter_grad`` returns)."""
+    grads = []
+    for (treedef, where), form in zip(structure, forms, strict=True):
+        if form is None:
+            grads.append(treedef.unflatten([None if j < 0 else grads_flat[j] for j in where]))
+        else:
+            grad_of = dict(zip(diff_slots, grads_flat, strict=True))
+            grads.append(_nnx_grads(form, var_slots or {}, grad_of))
+    return tuple(grads)
+
+
 class _GradRunner(_lift.Runner):
     """The function ``jax.value_and_grad(..., argnums=0, has_aux=True)`` differentiates: of the
     distinct leaves of the differentiated arguments, with the other leaves and the call's key
     in an ``_ArgsBox``. It returns the value to differentiate and, as JAX's aux output (so it
     comes back concrete), the lifted function's :class:`~treeclone._lift.Out`, whose record's
     ``extra`` says where the gradients go: per differentiated argument, JAX's structure of it
-    and, per leaf of that structure, the differentiated input it is."""
+    and, per leaf of that structure, the differentiated input it is (-1: a leaf ``wrt=`` leaves
+    out). Under ``wrt=`` the key also holds the leaves kept out of the computation
+    (:class:`_Fixed`)."""
 
     traced_for = "vjp"
 
@@ -102,10 +279,15 @@ class _GradRunner(_lift.Runner):
         self.has_aux = has_aux
 
     def __call__(self, diff: list, box: _ArgsBox) -> tuple[Any, _lift.Out]:
-        sdef, mask, argnums = box.key
+        sdef, mask, argnums, fixed, filtered = box.key
         it_diff, it_other = iter(diff), iter(box.leaves)
-        leaves = [next(it_diff) if d else next(it_other) for d in mask]
-        index = {id(x): j for j, x in enumerate(diff)}
+        if fixed is None:
+            leaves = [next(it_diff) if d else next(it_other) for d in mask]
+        else:
+            leaves = fixed.merge(mask, it_diff, it_other)
+        # -1: a leaf of a differentiated argument that ``wrt=`` leaves out (a None gradient).
+        index = dict.fromkeys(map(id, leaves), -1) if filtered else {}
+        index.update({id(x): j for j, x in enumerate(diff)})
         seen: dict[str, Any] = {}
 
         def on_args(args: tuple, kwargs: dict) -> None:
@@ -151,6 +333,7 @@ class _Grad(_lift.Wrapper):
         reduce_axes: Sequence[Any],
         policy: PolicySpec | ArgPolicies,
         with_value: bool,
+        wrt: Any = None,
     ):
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
         options: dict[str, Any] = {"argnums": argnums, "has_aux": has_aux}
@@ -161,6 +344,7 @@ class _Grad(_lift.Wrapper):
         # First: a bad option is jax's own error.
         self._jax = transform(reporting(fun), **options)
         self._policy = as_policy_spec(policy, fun)
+        self._wrt = _wrt_rule(wrt)
         self._argnums = _check_argnums(argnums)
         self._single = not isinstance(argnums, Sequence)
         self._has_aux, self._with_value = has_aux, with_value
@@ -191,7 +375,7 @@ class _Grad(_lift.Wrapper):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = _policy_of(self._policy)
-        if policy is CLONE:
+        if policy is CLONE and self._wrt is None:  # jax.grad cannot filter: wrt= lifts
             _lift.check_call(self._naming, args, kwargs)  # a cycle: rule 14's ValueError
             return self._jax(*args, **kwargs)
         n = len(args)
@@ -204,7 +388,11 @@ class _Grad(_lift.Wrapper):
         argnums = tuple(i + n if i < 0 else i for i in self._argnums)
         call = _lift.flatten_call(self._naming, args, kwargs)
         per_arg = call.arg_slots()
-        diff_slots = sorted({s for i in argnums for s in per_arg[i]})
+        fixed, forms, var_slots = None, None, None
+        if self._wrt is None:
+            diff_slots = sorted({s for i in argnums for s in per_arg[i]})
+        else:
+            diff_slots, fixed, forms, var_slots = _wrt_selection(self._wrt, call, argnums, per_arg)
         for s in diff_slots:
             problem = _dtype_problem(call.leaves[s], self._holomorphic, self._allow_int)
             if problem is not None:
@@ -212,17 +400,22 @@ class _Grad(_lift.Wrapper):
         chosen = set(diff_slots)
         mask = tuple(s in chosen for s in range(len(call.leaves)))
         diff = [call.leaves[s] for s in diff_slots]
-        others = [x for s, x in enumerate(call.leaves) if s not in chosen]
-        box = _ArgsBox(others, (call.sdef, mask, argnums))
+        kept = chosen if fixed is None else chosen | fixed.values.keys()
+        others = [x for s, x in enumerate(call.leaves) if s not in kept]
+        box = _ArgsBox(others, (call.sdef, mask, argnums, fixed, self._wrt is not None))
         runner, vg = self._runner(policy)
         slot_names = call.slot_names(self._naming) if DebugInfo is not None else None
         names = None if slot_names is None else [slot_names[s] for s in diff_slots]
         with runner.calling(call.objects, names):
             (_, out), grads_flat = vg(diff, box)
         result = out.record.plan.apply(call.leaves, call.objects, out.leaves)
-        grads = tuple(
-            treedef.unflatten([grads_flat[j] for j in where]) for treedef, where in out.record.extra
-        )
+        if forms is None:
+            grads = tuple(
+                treedef.unflatten([grads_flat[j] for j in where])
+                for treedef, where in out.record.extra
+            )
+        else:
+            grads = _filtered_grads(out.record.extra, grads_flat, forms, diff_slots, var_slots)
         grad_value = grads[0] if self._single else grads
         if self._with_value:
             return result, grad_value
@@ -244,6 +437,7 @@ def grad(
     reduce_axes: Sequence[Any] = (),
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    wrt: Any = None,
 ) -> Callable[..., Any]: ...
 @overload
 def grad(
@@ -255,6 +449,7 @@ def grad(
     reduce_axes: Sequence[Any] = (),
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    wrt: Any = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def grad(
     fun: Callable[..., Any] | None = None,
@@ -265,6 +460,7 @@ def grad(
     reduce_axes: Sequence[Any] = (),
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    wrt: Any = None,
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.grad(fun, argnums, has_aux, holomorphic, allow_int)`` with a policy.
 
@@ -281,7 +477,35 @@ def grad(
       ``treeclone.jit`` (a returned input is the caller's same object); under ``strict`` an
       input mutated and not returned (in the aux) is a :class:`~treeclone.MutationError`.
 
+    ``wrt`` (keyword only) names the leaves of the ``argnums`` arguments that are
+    differentiated; the others are carried as JAX carries a non-differentiated argument (an
+    integer leaf needs no ``allow_int``; under ``alias`` its in-place updates reach the caller)
+    and a leaf that is not an array (a function, a string) is kept out of the computation.
+    Under ``clone`` a call with ``wrt`` goes through treeclone's lift (``jax.grad`` cannot
+    filter); the caller's objects are left as they were. ``wrt`` is one of:
+
+    * None (the default): every leaf, ``jax.grad``'s rule and gradient;
+    * a type such as ``nnx.Param``, an nnx filter object, or anything
+      ``flax.nnx.filterlib.to_predicate`` accepts: the values of the Variables that
+      ``nnx.state(arg, wrt)`` holds. For an nnx Module the gradient is what ``nnx.grad``
+      returns, that ``nnx.State`` (a shared Variable once), which
+      ``nnx.Optimizer.update(model, grads)`` takes; for another argument, its structure with
+      None at the other leaves;
+    * ``"arrays"`` (or ``"equinox"``): equinox's rule, the floating JAX and NumPy arrays; the
+      gradient is the argument's structure with None at the other leaves, what
+      ``eqx.filter_grad`` returns (``eqx.apply_updates`` and optax take it);
+    * a predicate ``(key_path, leaf) -> bool`` (JAX's key path within the argument): the leaves
+      it accepts; the gradient is the argument's structure with None at the others.
+
     >>> import jax.numpy as jnp, treeclone
+    >>> def scaled(tree):
+    ...     return jnp.sum(tree["w"] * tree["scale"]) * len(tree["name"])
+    >>> tree = {"w": jnp.array([1.0, 2.0]), "scale": jnp.array(3), "name": "ab"}
+    >>> treeclone.grad(scaled, wrt="arrays")(tree)  # an int array and a string: carried
+    {'name': None, 'scale': None, 'w': Array([6., 6.], dtype=float32)}
+    >>> treeclone.grad(scaled, wrt=lambda path, leaf: path[0].key == "w")(tree)
+    {'name': None, 'scale': None, 'w': Array([6., 6.], dtype=float32)}
+
     >>> def loss(params, stats):
     ...     stats["calls"] = stats["calls"] + 1  # an in-place update while differentiated
     ...     return jnp.sum(params["w"] ** 2)
@@ -302,9 +526,9 @@ def grad(
     """
     if fun is None:
         return lambda f: grad(
-            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy
+            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
-    return _Grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy, False)
+    return _Grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy, False, wrt)
 
 
 @overload
@@ -317,6 +541,7 @@ def value_and_grad(
     reduce_axes: Sequence[Any] = (),
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    wrt: Any = None,
 ) -> Callable[..., tuple[Any, Any]]: ...
 @overload
 def value_and_grad(
@@ -328,6 +553,7 @@ def value_and_grad(
     reduce_axes: Sequence[Any] = (),
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    wrt: Any = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., tuple[Any, Any]]]: ...
 def value_and_grad(
     fun: Callable[..., Any] | None = None,
@@ -338,11 +564,14 @@ def value_and_grad(
     reduce_axes: Sequence[Any] = (),
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    wrt: Any = None,
 ) -> Callable[..., tuple[Any, Any]] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.value_and_grad(fun, ...)`` with a policy: a call returns ``(value, grads)``, or
     ``((value, aux), grads)`` with ``has_aux``, where ``value`` and ``aux`` are the function's
     result rebuilt as under ``treeclone.jit`` (under ``alias`` a returned input is the
-    caller's same object) and ``grads`` are as for :func:`grad`.
+    caller's same object) and ``grads`` are as for :func:`grad` (``wrt`` included: with
+    ``wrt=nnx.Param`` a call is ``nnx.value_and_grad``'s, with ``wrt="arrays"``
+    ``eqx.filter_value_and_grad``'s).
 
     >>> import jax.numpy as jnp, treeclone
     >>> def loss(w, counter):
@@ -357,9 +586,9 @@ def value_and_grad(
     """
     if fun is None:
         return lambda f: value_and_grad(
-            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy
+            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
-    return _Grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy, True)
+    return _Grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy, True, wrt)
 
 
 # --- checkpoint / remat --------------------------------------------------------------------------
