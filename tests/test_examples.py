@@ -63,6 +63,17 @@ EXPECTED = {
         "traced='arrays', alias: same as eqx.filter_jit: True, activation kept: True",
         "traced='arrays', strict: same as eqx.filter_jit: True, activation kept: True",
     ],
+    "equinox_port.py": [
+        "clone: same as equinox: True, static fields kept: True, compiled 1 time(s)",
+        "alias: same as equinox: True, static fields kept: True, compiled 1 time(s)",
+        "strict: same as equinox: True, static fields kept: True, compiled 1 time(s)",
+    ],
+    "nnx_port.py": [
+        "alias: same as nnx (losses, every Variable, optimizer state): True",
+        "alias: calls 5, optimizer step 5",
+        "alias: the shared Linear is still one object: True",
+        "alias: compiled 1 time(s)",
+    ],
 }
 
 OUTPUT = re.compile(r"<!-- output: (examples/[\w.]+) -->\s*\n```text\n(.*?)```", re.S)

@@ -25,6 +25,7 @@ import logging
 import os
 import reprlib
 import sys
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -416,7 +417,7 @@ class History:
 # ``.../jax/`` does not match ``.../jax_triton/``).
 _TREECLONE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _INTERNAL = (_TREECLONE,) + tuple(
-    os.path.dirname(m.__file__) + os.sep
+    os.path.dirname(str(m.__file__)) + os.sep
     for m in (jax, sys.modules.get("jaxlib"))
     if m is not None and getattr(m, "__file__", None)
 )
@@ -427,7 +428,7 @@ _jax_compat.exclude_from_user_frames(_TREECLONE)
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of the innermost frame outside treeclone, JAX and the standard
     library: the user's call that traced (the warning is raised deep inside JAX's trace)."""
-    frame = sys._getframe(2)  # the caller of warnings.warn's caller
+    frame: types.FrameType | None = sys._getframe(2)  # the caller of warnings.warn's caller
     level = 2
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame, level = frame.f_back, level + 1

@@ -63,6 +63,11 @@ def call(
     changed = _Changed(leaves, work)
     layout = _trace.Layout(len(args), argument_names(fun, range(len(args))))
     seen: list[Any] = []  # the function's result
+
+    def keep(out: Any) -> Any:
+        seen.append(out)
+        return out
+
     plan, outputs, _ = _trace.run(
         fun,
         sdef,
@@ -73,7 +78,7 @@ def call(
         # strict hands a changed array back as the function's copy; alias writes it into the
         # caller's array below, so the caller's own array is handed back.
         keep_inputs=changed if chosen.mutations == "error" else None,
-        transform_out=lambda out: seen.append(out) or out,
+        transform_out=keep,
         caller_objects=objects,
         arg_policies=arg_policies,
     )

@@ -1163,9 +1163,9 @@ class _Inner:
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
         if policy.mutations == "propagate" and outputs and "args" in seen:
-            info.writes = _written(
-                outputs, *seen["args"], [self._naming.name(i) for i in positions], arg_policies
-            )
+            args_after, kwargs_after = seen["args"]
+            names_now = [self._naming.name(i) for i in positions]
+            info.writes = _written(outputs, args_after, kwargs_after, names_now, arg_policies)
         if policy.mutations != "propagate" and "out" in seen:
             # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
             # (rule 12a); alias gives plain Python's, the caller's own object.
@@ -1245,9 +1245,9 @@ def _written(
     for where, name, value in arguments:
         # treeclone's flatten: JAX's recurses natively and fails on a deep argument.
         for path, leaf in tree_util.tree_flatten_with_path(value)[0]:
-            o = index.get(id(leaf))
-            if o is not None:
-                found.append((o, where, name + _keystr(path)))
+            output = index.get(id(leaf))
+            if output is not None:
+                found.append((output, where, name + _keystr(path)))
     return tuple(found)
 
 

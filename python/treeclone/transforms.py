@@ -235,7 +235,7 @@ def _nnx_grads(state: Any, var_slots: dict[int, list[int]], grad_of: dict[int, A
 
     def one(var: Any) -> Any:
         treedef = jax.tree_util.tree_structure(var)
-        return treedef.unflatten([grad_of[s] for s in var_slots[id(var)]])
+        return jax.tree_util.tree_unflatten(treedef, [grad_of[s] for s in var_slots[id(var)]])
 
     return jax.tree_util.tree_map(one, state, is_leaf=_is_variable)
 
