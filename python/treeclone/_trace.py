@@ -306,14 +306,7 @@ def run(
         for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
         if isinstance(e, NodeInfo) and e.node_type is not NoneType
     }
-    post_leaves, post_def, post_objs = _native.flatten_shared((root, out))
-    # Input containers the function detached from the tree (``l = d["l"]; l.append(x);
-    # d["l"] = []``) keep what was done to them, as in plain Python: they are flattened after
-    # the results, so their changes are written back (and are unreturned ones under strict).
-    reached = {id(o) for o in post_objs}
-    detached = tuple(objs[k] for k in container_index.values() if id(objs[k]) not in reached)
-    if detached:
-        post_leaves, post_def, post_objs = _native.flatten_shared((root, out, detached))
+    post_leaves, post_def, post_objs = _flatten_after(root, out, objs, container_index)
     post_info = post_def.node_info()
     slot_of = {id(leaf): s for s, leaf in enumerate(in_leaves)}
 
@@ -507,6 +500,19 @@ def _policy_name(policy: Policy) -> str:
     return repr(policy.name) if policy.name is not None else repr(policy)
 
 
+def _flatten_after(root: Any, out: Any, objs: list, container_index: dict[int, int]) -> tuple:
+    """``flatten_shared((inputs, result))`` after the call. Input containers the function
+    detached from the tree (``l = d["l"]; l.append(x); d["l"] = []``) keep what was done to
+    them, as in plain Python: they are flattened after the results, so their changes are
+    written back (and are unreturned ones under strict)."""
+    flat = _native.flatten_shared((root, out))
+    reached = {id(o) for o in flat[2]}
+    detached = tuple(objs[k] for k in container_index.values() if id(objs[k]) not in reached)
+    if detached:
+        flat = _native.flatten_shared((root, out, detached))
+    return flat
+
+
 def _returned_nodes(post_info: list, post_objs: list, container_index: dict[int, int]) -> set[int]:
     """The input containers (their nodes in the input tree) that the result holds, directly
     or inside a returned input, in a flatten of ``(inputs, result, ...)``."""
@@ -562,11 +568,7 @@ def run_reporting_discards(
         if pre_info[k].node_type not in (list, dict) and hasattr(objs[k], "__dict__")
     }
     out = fun(*args, **kwargs)
-    _, post_def, post_objs = _native.flatten_shared((root, out))
-    reached = {id(o) for o in post_objs}
-    detached = tuple(objs[k] for k in container_index.values() if id(objs[k]) not in reached)
-    if detached:
-        _, post_def, post_objs = _native.flatten_shared((root, out, detached))
+    _, post_def, post_objs = _flatten_after(root, out, objs, container_index)
     post_info = post_def.node_info()
     returned = _returned_nodes(post_info, post_objs, container_index)
     lost = []
