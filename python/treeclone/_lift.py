@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import jax
+from jax.core import Tracer
 
 from treeclone import _native, _trace
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo
-from treeclone.jit import _keystr, _Naming, _normalize, check_cycles
+from treeclone.jit import _keystr, _Naming, _normalize, _StaticLeaves, check_cycles
 from treeclone.policies import ArgPolicies, Policy, for_call
 
 __all__ = [
@@ -40,10 +41,12 @@ __all__ = [
     "Record",
     "Runner",
     "Static",
+    "StaticOut",
     "Wrapper",
     "check_call",
     "flatten_call",
     "trace",
+    "with_static",
 ]
 
 
@@ -78,9 +81,10 @@ Statics = tuple[int, tuple[tuple[int, Static], ...], tuple[tuple[str, Static], .
 class Call:
     """One call, flattened with identity: its distinct ``leaves``, their structure ``sdef``
     (with sharing), the caller's object at each node (``objects``), the dynamic ``args`` and
-    ``kwargs`` that were flattened, and the static arguments (``statics``, None without)."""
+    ``kwargs`` that were flattened, the static arguments (``statics``, None without) and the
+    leaves a ``traced=`` rule leaves static (``static``, None without)."""
 
-    __slots__ = ("args", "kwargs", "leaves", "objects", "sdef", "statics")
+    __slots__ = ("args", "kwargs", "leaves", "objects", "sdef", "static", "statics")
 
     def __init__(
         self,
@@ -90,9 +94,18 @@ class Call:
         args: tuple,
         kwargs: dict,
         statics: Statics | None,
+        static: _StaticLeaves | None = None,
     ):
         self.leaves, self.sdef, self.objects = leaves, sdef, objects
-        self.args, self.kwargs, self.statics = args, kwargs, statics
+        self.args, self.kwargs, self.statics, self.static = args, kwargs, statics, static
+
+    def traced_leaves(self) -> list:
+        """The leaves a JAX transformation is given: each static one (``traced=``) is None,
+        an empty pytree that JAX passes through, and :func:`trace` puts it back."""
+        if self.static is None:
+            return self.leaves
+        slots = self.static.slots
+        return [None if s in slots else x for s, x in enumerate(self.leaves)]
 
     def arg_slots(self) -> list[list[int]]:
         """The distinct leaves (slots) reachable from each dynamic positional argument."""
@@ -115,6 +128,16 @@ class Call:
             k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
             names.append(places[min(k, len(places) - 1)])
         return names
+
+    def input_names(self, naming: _Naming) -> list[str] | None:
+        """The names of the inputs a JAX transformation sees (:meth:`traced_leaves`: the
+        static ones left out), for jax's messages; None where jax names nothing."""
+        if DebugInfo is None:
+            return None
+        names = self.slot_names(naming)
+        if self.static is None:
+            return names
+        return [n for s, n in enumerate(names) if s not in self.static.slots]
 
     def slot_path(self, naming: _Naming, slot: int) -> str:
         """Where leaf ``slot`` is in the call, as messages name it (``params['w']``)."""
@@ -155,11 +178,14 @@ def flatten_call(
     kwargs: dict,
     static_nums: Iterable[int] = (),
     static_names: Iterable[str] = (),
+    traced: Callable[[Any], bool] | None = None,
 ) -> Call:
     """Flatten a call's dynamic arguments with identity (see the module docstring).
 
     ``static_nums`` (negative ones count from the end) and ``static_names`` are taken out and
-    put in ``Call.statics``, to be part of the traced structure's key."""
+    put in ``Call.statics``, to be part of the traced structure's key. ``traced`` (a rule of
+    ``traced=``, resolved) leaves the leaves it rejects static: ``Call.static``, hashed as
+    jit hashes them (an unhashable one is a TypeError naming its key path)."""
     nums = frozenset(i + len(args) if i < 0 else i for i in static_nums)
     names = frozenset(static_names)
     statics: Statics | None = None
@@ -179,7 +205,8 @@ def flatten_call(
     except ValueError:
         check_cycles(naming, *given, nums, names)  # the text of every policy, naming the argument
         raise
-    return Call(leaves, sdef, objects, args, kwargs, statics)
+    static = None if traced is None else _StaticLeaves.of(leaves, traced, args, kwargs, naming)
+    return Call(leaves, sdef, objects, args, kwargs, statics, static)
 
 
 class Wrapper:
@@ -201,28 +228,64 @@ class Wrapper:
 
 
 class Record:
-    """What one trace recorded: the ``CallPlan`` and what the transformation adds (``extra``,
-    such as where the gradients go). The static data of an :class:`Out`, compared by identity,
-    so that each of JAX's cached traces keeps its own."""
+    """What one trace recorded: the ``CallPlan``, what the transformation adds (``extra``,
+    such as where the gradients go) and, under a ``traced=`` rule, the outputs the rule left
+    static (``static_outputs``: position and value). The static data of an :class:`Out`,
+    compared by identity, so that each of JAX's cached traces keeps its own."""
 
-    __slots__ = ("extra", "plan")
+    __slots__ = ("extra", "plan", "static_outputs")
 
     def __init__(self, plan: Any, extra: Any = None):
         self.plan, self.extra = plan, extra
+        self.static_outputs: tuple[tuple[int, Any], ...] = ()
+
+
+class StaticOut:
+    """An output of a traced function that its ``traced=`` rule leaves static (a function, a
+    string, a Python number): :class:`Out` keeps it in its record, out of JAX's sight."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
 
 
 class Out:
-    """The outputs of a lifted function, with its :class:`Record` as static data."""
+    """The outputs of a lifted function, with its :class:`Record` as static data. Outputs
+    given as :class:`StaticOut` are kept in the record: JAX sees None (an empty pytree) in
+    their place, and every ``Out`` rebuilt from JAX's leaves has them back."""
 
     __slots__ = ("leaves", "record")
 
     def __init__(self, record: Record, leaves: Sequence[Any]):
         self.record, self.leaves = record, list(leaves)
+        static = tuple((i, x.value) for i, x in enumerate(self.leaves) if type(x) is StaticOut)
+        if static:
+            record.static_outputs = static
+            for i, value in static:
+                self.leaves[i] = value
 
 
-jax.tree_util.register_pytree_node(
-    Out, lambda out: (out.leaves, out.record), lambda record, leaves: Out(record, leaves)
-)
+def _flatten_out(out: Out) -> tuple[list, Record]:
+    static = () if out.record is None else out.record.static_outputs
+    if not static:
+        return out.leaves, out.record
+    leaves = list(out.leaves)
+    for i, _ in static:
+        leaves[i] = None
+    return leaves, out.record
+
+
+def _unflatten_out(record: Record, leaves: Sequence[Any]) -> Out:
+    out = object.__new__(Out)
+    out.record, out.leaves = record, list(leaves)
+    if record is not None:
+        for i, value in record.static_outputs:
+            out.leaves[i] = value
+    return out
+
+
+jax.tree_util.register_pytree_node(Out, _flatten_out, _unflatten_out)
 _native.invalidate_registry_cache()
 
 
@@ -236,12 +299,20 @@ class Runner:
     ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.
     ``traced_for``: what jax's messages say the function is traced for. ``policy`` may give
     a policy per argument (:class:`~treeclone.policies.ArgPolicies`): each trace resolves it
-    for the arguments it is given (:func:`trace`)."""
+    for the arguments it is given (:func:`trace`). ``traced``: the ``traced=`` rule (resolved;
+    None: every leaf is traced), which also leaves static what the function returns that it
+    rejects (:class:`StaticOut`)."""
 
     traced_for = "transformation"
 
-    def __init__(self, fun: Callable[..., Any], policy: Policy | ArgPolicies, naming: _Naming):
-        self.fun, self.policy, self.naming = fun, policy, naming
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        policy: Policy | ArgPolicies,
+        naming: _Naming,
+        traced: Callable[[Any], bool] | None = None,
+    ):
+        self.fun, self.policy, self.naming, self.traced = fun, policy, naming, traced
         self.local = threading.local()
         self.__name__ = getattr(fun, "__name__", type(self).__name__)
         self.sourceinfo: Any = None
@@ -274,20 +345,37 @@ class Runner:
         on_args: Callable[[tuple, dict], None] | None = None,
         transform_out: Callable[[Any], Any] | None = None,
         result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
+        static: _StaticLeaves | None = None,
     ) -> tuple[Any, list]:
-        """Run ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`trace`)."""
-        return trace(
+        """Run ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`trace`), with the
+        leaves ``traced=`` left static (``static``) put back in their slots; the outputs the
+        rule leaves static come back as :class:`StaticOut`."""
+        plan, outputs = trace(
             self.fun,
             self.policy,
             self.naming,
             sdef,
-            leaves,
+            with_static(leaves, static),
             statics,
             caller_objects=getattr(self.local, "objects", None),
             on_args=on_args,
             transform_out=transform_out,
             result_hook=result_hook,
         )
+        rule = self.traced
+        if rule is not None:
+            outputs = [x if isinstance(x, Tracer) or rule(x) else StaticOut(x) for x in outputs]
+        return plan, outputs
+
+
+def with_static(leaves: Sequence[Any], static: _StaticLeaves | None) -> list:
+    """The leaves a JAX transformation handed in (:meth:`Call.traced_leaves`), with the
+    static ones (``static``) back in their slots."""
+    leaves = list(leaves)
+    if static is not None:
+        for s, _, value in static.entries:
+            leaves[s] = value
+    return leaves
 
 
 class _Calling:

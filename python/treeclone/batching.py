@@ -27,15 +27,16 @@ from typing import Any, overload
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
-from treeclone import _lift, _native
+from treeclone import _jax_compat, _lift, _native
 from treeclone._jax_compat import BatchTracer as _BatchTracer
-from treeclone._jax_compat import DebugInfo, keystr, require
 from treeclone._jax_compat import flatten_axes as _flatten_axes
+from treeclone._jax_compat import keystr, require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, _child_keys, _Paths
-from treeclone.jit import _keystr, _Naming, reporting
+from treeclone.jit import _keystr, _leaf_rule, _Naming, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -177,6 +178,10 @@ class _InAxes:
         return self.node_axes.get(k, MIXED)
 
 
+# What jax.vmap maps: arrays (tracers are jax.Arrays), NumPy values and Python numbers.
+_JAX_VALUES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
 def _check_sizes(call: _lift.Call, axes: _InAxes, axis_size: int | None) -> None:
     """The batch size of the mapped leaves, checked as ``jax.vmap`` checks it, with messages
     that name the user's key paths (``jax.vmap`` would name the flattened leaves)."""
@@ -185,6 +190,11 @@ def _check_sizes(call: _lift.Call, axes: _InAxes, axis_size: int | None) -> None
         if axis is None:
             continue
         x, where = call.leaves[s], axes.slot_paths[s]
+        if not isinstance(x, _JAX_VALUES) and not _jax_compat.is_ref(x):
+            raise TypeError(  # jax.vmap's error, with the key path; traced= is the way out
+                f"{where}: argument {x!r} of type {type(x)} is not a valid JAX type (give "
+                "traced='arrays' to leave leaves that are not arrays static, as equinox does)"
+            )
         shape = np.shape(x)
         if not 0 <= axis < len(shape):
             raise ValueError(
@@ -226,8 +236,9 @@ class _Places:
         out_axes: Any,
         in_leaves: list,
         traces: set[int],
+        static: Callable[[Any], bool],
     ):
-        self.fun, self.axes, self.out_axes = fun, axes, out_axes
+        self.fun, self.axes, self.out_axes, self.static = fun, axes, out_axes, static
         self.in_leaves, self.traces = in_leaves, traces
         self.out_list: list[Any] = []
 
@@ -286,6 +297,8 @@ class _Places:
             return f"{base}[{j}]"
 
     def _assign(self, r: int, axis: Any, where: str, into_input: bool) -> None:
+        if self.static(self.rleaves[r]):  # traced= left it static: one value, never mapped
+            axis = None
         if axis is MIXED:
             raise _PlaceError(
                 f"{where}: {self._name()} put a new value where in_axes gives no single batch "
@@ -487,7 +500,12 @@ class _Places:
 
 
 def _copy_returned_inputs(
-    out: Any, out_axes: Any, leaves: list, axes: _InAxes, inputs: set[int]
+    out: Any,
+    out_axes: Any,
+    leaves: list,
+    axes: _InAxes,
+    inputs: set[int],
+    static: Callable[[Any], bool],
 ) -> Any:
     """``out`` with a copy in each place where ``out_axes`` wants a value along another axis
     than the value already has: an input leaf returned along another axis than it came in with
@@ -495,7 +513,8 @@ def _copy_returned_inputs(
     of different axes (``return y, y`` with ``out_axes=(0, 1)``). A leaf is one output of the
     computation, with one axis; the copy is a value of its own. Input containers are left as
     they are (they are the caller's objects, whose contents keep their ``in_axes``); ``out`` is
-    rebuilt only where a copy is put."""
+    rebuilt only where a copy is put. A leaf that ``static`` says is left static (``traced=``)
+    is not a value of the computation: it is never copied."""
     seen: dict[int, Any] = {id(x): a for x, a in zip(leaves, axes.slot_axes, strict=True)}
 
     def stop(x: Any) -> bool:
@@ -505,7 +524,7 @@ def _copy_returned_inputs(
 
     def find(axis: Any, subtree: Any) -> None:
         for x in jax.tree_util.tree_leaves(subtree, is_leaf=stop):
-            if id(x) in inputs or not _is_axis(axis):
+            if id(x) in inputs or not _is_axis(axis) or static(x):
                 decisions.append(False)
                 continue
             want = _norm(axis, np.ndim(x) + 1)
@@ -543,6 +562,7 @@ class _VmapRunner(_lift.Runner):
 
     def __call__(self, leaves: list) -> _lift.Out:
         call, axes, out_axes, late = self.local.ctx
+        leaves = _lift.with_static(leaves, call.static)  # traced= left them out of JAX's sight
         traces = {
             id(getattr(x, "_trace", None))
             for x, a in zip(leaves, axes.slot_axes, strict=True)
@@ -551,7 +571,12 @@ class _VmapRunner(_lift.Runner):
         current = getattr(_trace_ctx, "trace", None)  # this vmap's trace (none mapped: the only)
         if current is not None:
             traces.add(id(current))
-        places = _Places(self.fun, axes, out_axes, leaves, traces)
+        rule = self.traced
+
+        def static(x: Any) -> bool:
+            return rule is not None and not isinstance(x, Tracer) and not rule(x)
+
+        places = _Places(self.fun, axes, out_axes, leaves, traces, static)
 
         inputs: set[int] = set()
 
@@ -561,7 +586,7 @@ class _VmapRunner(_lift.Runner):
             inputs.update(id(o) for o, e in nodes if isinstance(e, Node))
 
         def copy_moved(out: Any) -> Any:
-            return _copy_returned_inputs(out, out_axes, leaves, axes, inputs)
+            return _copy_returned_inputs(out, out_axes, leaves, axes, inputs, static)
 
         plan, outputs = self.trace(
             call.sdef,
@@ -609,8 +634,10 @@ class _Vmap(_lift.Wrapper):
         axis_size: int | None,
         spmd_axis_name: Any,
         policy: PolicySpec | ArgPolicies,
+        traced: Callable[[Any], bool] | None,
     ):
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
+        self._traced = traced
         if isinstance(in_axes, list):
             in_axes = tuple(in_axes)  # as jax.vmap does
         self._options = {
@@ -631,13 +658,13 @@ class _Vmap(_lift.Wrapper):
         if runner is None:
             with self._lock:
                 runner = self._runners.setdefault(
-                    policy, _VmapRunner(self._fun, policy, self._naming)
+                    policy, _VmapRunner(self._fun, policy, self._naming, self._traced)
                 )
         return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = _override.get() or self._policy
-        if policy is CLONE:
+        if policy is CLONE and self._traced is None:  # jax.vmap cannot leave leaves static
             _lift.check_call(self._naming, args, kwargs)  # a cycle: rule 14's ValueError
             return self._jax(*args, **kwargs)
         if isinstance(self._in_axes, tuple) and len(self._in_axes) != len(args):
@@ -646,19 +673,22 @@ class _Vmap(_lift.Wrapper):
                 "positional arguments passed to the function, but got "
                 f"len(in_axes)={len(self._in_axes)}, len(args)={len(args)}"
             )
-        call = _lift.flatten_call(self._naming, args, kwargs)
+        call = _lift.flatten_call(self._naming, args, kwargs, traced=self._traced)
         axes = _InAxes(call, self._naming, self._in_axes)
+        if call.static is not None:  # a static leaf is one value for the batch: not mapped
+            for s in call.static.slots:
+                axes.slot_axes[s] = None
         _check_sizes(call, axes, self._options["axis_size"])
         runner = self._runner(policy)
         late = _lift.Out(None, [])  # type: ignore[arg-type]  # filled in by the trace
         mapped = jax.vmap(runner, in_axes=(list(axes.slot_axes),), out_axes=late, **self._options)
-        names = call.slot_names(self._naming) if DebugInfo is not None else None
+        names = call.input_names(self._naming)
         with (
             runner.calling(call.objects, names),
             _Ctx(runner.local, (call, axes, self._out_axes, late)),
         ):
             try:
-                out = mapped(list(call.leaves))
+                out = mapped(list(call.traced_leaves()))
             except _PlaceError as e:
                 raise ValueError(str(e)) from None
             except ValueError as e:
@@ -681,6 +711,7 @@ def vmap(
     spmd_axis_name: Any = None,
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any]: ...
 @overload
 def vmap(
@@ -692,6 +723,7 @@ def vmap(
     spmd_axis_name: Any = None,
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def vmap(
     fun: Callable[..., Any] | None = None,
@@ -702,6 +734,7 @@ def vmap(
     spmd_axis_name: Any = None,
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name)`` with a
     policy.
@@ -723,6 +756,11 @@ def vmap(
 
     Under ``strict`` an input mutated and not returned is a :class:`~treeclone.MutationError`.
 
+    ``traced`` decides leaf by leaf what is traced, as for :func:`treeclone.jit`
+    (``"arrays"``: equinox's rule, as ``eqx.filter_vmap``): a leaf it leaves static (an
+    activation function, a string) is never mapped, whatever ``in_axes`` says, and one the
+    function returns comes back as it is.
+
     >>> import jax.numpy as jnp, treeclone
     >>> def step(state, x):
     ...     state["total"] = state["total"] + x  # per-example state, updated in place
@@ -742,6 +780,7 @@ def vmap(
     """
     if not isinstance(policy, (Mapping, ArgPolicies)):
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
+    options = (in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy, _leaf_rule(traced))
     if fun is None:
-        return lambda f: _Vmap(f, in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy)
-    return _Vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy)
+        return lambda f: _Vmap(f, *options)
+    return _Vmap(fun, *options)

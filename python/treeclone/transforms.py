@@ -27,7 +27,7 @@ import numpy as np
 
 from treeclone import _lift
 from treeclone._jax_compat import DebugInfo
-from treeclone.jit import _ArgsBox, _Naming, is_array, reporting
+from treeclone.jit import _ArgsBox, _leaf_rule, _Naming, is_array, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -603,8 +603,8 @@ class _CheckpointRunner(_lift.Runner):
     traced_for = "checkpoint / remat"
 
     def __call__(self, box: _ArgsBox) -> _lift.Out:
-        sdef, statics = box.key
-        plan, outputs = self.trace(sdef, list(box.leaves), statics)
+        sdef, statics, static = box.key
+        plan, outputs = self.trace(sdef, list(box.leaves), statics, static=static)
         return _lift.Out(_lift.Record(plan), outputs)
 
 
@@ -620,9 +620,10 @@ class _Checkpoint(_lift.Wrapper):
         jax_options: dict[str, Any],
         static_argnums: tuple[int, ...],
         static_argnames: tuple[str, ...],
+        traced: Callable[[Any], bool] | None,
     ):
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
-        self._fun, self._options = fun, jax_options
+        self._fun, self._options, self._traced = fun, jax_options, traced
         self._policy = as_policy_spec(policy, fun)
         self._static_nums, self._static_names = static_argnums, static_argnames
         clone_options = dict(jax_options)
@@ -641,7 +642,7 @@ class _Checkpoint(_lift.Wrapper):
         entry = self._lifted.get(policy)
         if entry is None:
             with self._lock:
-                runner = _CheckpointRunner(self._fun, policy, self._naming)
+                runner = _CheckpointRunner(self._fun, policy, self._naming, self._traced)
                 options = dict(self._options)
                 if not isinstance(options.get("prevent_cse", True), bool):
                     options.pop("prevent_cse")  # per argument: given at each call (below)
@@ -650,7 +651,7 @@ class _Checkpoint(_lift.Wrapper):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = _policy_of(self._policy)
-        if policy is CLONE:
+        if policy is CLONE and self._traced is None:  # jax.checkpoint cannot leave leaves static
             _lift.check_call(self._naming, args, kwargs, self._static_nums, self._static_names)
             return self._jax(*args, **kwargs)
         for d in self._static_nums:
@@ -660,13 +661,15 @@ class _Checkpoint(_lift.Wrapper):
                     "take integer values greater than or equal to `-len(args)` and less than "
                     f"`len(args)`, but got {self._static_nums}, while `len(args)` = {len(args)}"
                 )
-        call = _lift.flatten_call(self._naming, args, kwargs, self._static_nums, self._static_names)
-        box = _ArgsBox(call.leaves, (call.sdef, call.statics))
+        call = _lift.flatten_call(
+            self._naming, args, kwargs, self._static_nums, self._static_names, self._traced
+        )
+        box = _ArgsBox(call.traced_leaves(), (call.sdef, call.statics, call.static))
         runner, checkpointed = self._runner(policy)
         prevent_cse = self._options.get("prevent_cse", True)
         if not isinstance(prevent_cse, bool):
             checkpointed = self._per_leaf_cse(runner, call, prevent_cse)
-        names = call.slot_names(self._naming) if DebugInfo is not None else None
+        names = call.input_names(self._naming)
         with runner.calling(call.objects, names):
             out = checkpointed(box)
         return out.record.plan.apply(call.leaves, call.objects, out.leaves)
@@ -690,7 +693,7 @@ class _Checkpoint(_lift.Wrapper):
             where[id(leaf)] = where.get(id(leaf), False) or bool(flag)
         per_slot = [where.get(id(x), True) for x in call.leaves]
         options = dict(self._options)
-        options["prevent_cse"] = (_ArgsBox(per_slot, (call.sdef, call.statics)),)
+        options["prevent_cse"] = (_ArgsBox(per_slot, (call.sdef, call.statics, call.static)),)
         return jax.checkpoint(runner, **options)
 
 
@@ -703,6 +706,7 @@ def checkpoint(
     static_argnums: int | tuple[int, ...] = (),
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any]: ...
 @overload
 def checkpoint(
@@ -713,6 +717,7 @@ def checkpoint(
     static_argnums: int | tuple[int, ...] = (),
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def checkpoint(
     fun: Callable[..., Any] | None = None,
@@ -722,6 +727,7 @@ def checkpoint(
     static_argnums: int | tuple[int, ...] = (),
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.checkpoint(fun, ...)`` (also ``treeclone.remat``) with a policy.
 
@@ -731,7 +737,9 @@ def checkpoint(
     a name or a :class:`~treeclone.Policy` and JAX's is a callable, ``policy=<callable>`` (or
     None) is read as JAX's and the call is ``clone``, so code written for ``jax.checkpoint``
     runs unchanged; giving a callable both ways is a TypeError. ``prevent_cse``,
-    ``static_argnums`` and ``static_argnames`` are ``jax.checkpoint``'s. Without ``fun``, the
+    ``static_argnums`` and ``static_argnames`` are ``jax.checkpoint``'s. ``traced`` decides
+    leaf by leaf what is traced, as for :func:`treeclone.jit` (``"arrays"``: equinox's rule,
+    as ``eqx.filter_checkpoint``; the other leaves are static). Without ``fun``, the
     decorator that applies these options.
 
     Under ``alias`` the function's in-place mutations reach the caller (a checkpointed
@@ -769,9 +777,10 @@ def checkpoint(
     if remat_policy is not None:
         options["policy"] = remat_policy
     nums, names = tuple(static_argnums), tuple(static_argnames)
+    rule = _leaf_rule(traced)
     if fun is None:
-        return lambda f: _Checkpoint(f, chosen, options, nums, names)
-    return _Checkpoint(fun, chosen, options, nums, names)
+        return lambda f: _Checkpoint(f, chosen, options, nums, names, rule)
+    return _Checkpoint(fun, chosen, options, nums, names, rule)
 
 
 remat = checkpoint
