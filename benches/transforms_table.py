@@ -6,17 +6,20 @@
 Each case calls a transformation eagerly (no jit around it, so every call traces the function
 again, as ``jax.grad`` called eagerly does): the bare JAX transformation on the functional
 form of the step (state in, new state out, written back by the caller), treeclone's under
-``alias`` on the stateful form (the function updates its arguments in place), and flax nnx's
-own lifted transformation on the nnx version of the same model. Every contender's results are
-checked against the bare JAX one before anything is timed. Contenders are interleaved in
-rounds, the garbage collector off; the figure is the median time per call, and each ratio is
-a contender's median over the bare JAX transformation's. The Markdown goes between
-``<!-- transforms-table:begin -->`` and ``<!-- transforms-table:end -->``.
+``alias`` on the stateful form (the function updates its arguments in place), and the model
+library's own lifted transformation on its version of the same model (flax nnx's; equinox's,
+``eqx.filter_jit`` and ``eqx.filter_value_and_grad``, in the ``eqx_`` rows). Every
+contender's results are checked against the bare JAX one before anything is timed.
+Contenders are interleaved in rounds, the garbage collector off; the figure is the median
+time per call, and each ratio is a contender's median over the bare JAX transformation's.
+The Markdown goes between ``<!-- transforms-table:begin -->`` and
+``<!-- transforms-table:end -->``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,7 @@ from treeclone.bench.workloads import mlp_data, overhead_model_class
 BEGIN = "<!-- transforms-table:begin -->"
 END = "<!-- transforms-table:end -->"
 JAX, ALIAS, NNX = "jax", "treeclone[alias]", "flax.nnx"
-LIBRARY = NNX  # the model library's own transformation: nnx's, or equinox's in its row
+LIBRARY = NNX  # the model library's own transformation: nnx's, or equinox's in its rows
 SIZES = (32, 64, 64, 10)
 
 
@@ -260,7 +263,79 @@ class EquinoxJitStep(Case):
         }
 
 
-CASES: list[type[Case]] = [GradMlp, ValueAndGradBatchNorm, VmapMlp, ScanMlpAdam, EquinoxJitStep]
+@functools.cache
+def _eqx_net_class() -> type:
+    """An equinox Module as equinox's users write one (``examples/equinox_port.py`` without
+    the BatchNorm): an ``eqx.nn.MLP`` (3-64-64-2, its activation functions leaves), an output
+    function and a name, leaves that are not arrays and that no gradient covers."""
+    import equinox as eqx
+
+    class Net(eqx.Module):
+        mlp: eqx.nn.MLP
+        act: Callable[[Any], Any]
+        name: str
+
+        def __init__(self, key: Any):
+            self.mlp = eqx.nn.MLP(3, 2, 64, 2, activation=jax.nn.tanh, key=key)
+            self.act = jax.nn.softplus
+            self.name = "net"
+
+        def __call__(self, x):
+            return self.act(self.mlp(x))
+
+    return Net
+
+
+class EquinoxValueAndGrad(Case):
+    name = "eqx_value_and_grad_mlp"
+    what = (
+        "loss and gradient (eager) of an equinox Module holding an eqx.nn.MLP (3-64-64-2, "
+        "tanh, batch 32), an output function and a name: jax.value_and_grad on the floating "
+        "arrays (eqx.partition by eqx.is_inexact_array once, the rest an argument), "
+        "treeclone.value_and_grad(wrt='arrays') and eqx.filter_value_and_grad on the whole Module"
+    )
+
+    def contenders(self):
+        import equinox as eqx
+
+        model = _eqx_net_class()(jax.random.key(0))
+        x = jnp.linspace(-1.0, 1.0, 96).reshape(32, 3)
+        y = jnp.sin(x[:, :2])
+        params, static = eqx.partition(model, eqx.is_inexact_array)
+
+        def loss(model, x, y):
+            return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+        def functional(params, static, x, y):
+            return loss(eqx.combine(params, static), x, y)
+
+        bare = jax.value_and_grad(functional)
+        # equinox's rule: the floating arrays differentiated, the functions and the name static.
+        ours = tc.value_and_grad(loss, policy="alias", wrt="arrays")
+        theirs = eqx.filter_value_and_grad(loss)
+
+        def check(value_grads):  # the loss and the gradient's leaves (None where not covered)
+            value, grads = value_grads
+            return [value, *jax.tree.leaves(grads)]
+
+        return {
+            JAX: (
+                lambda: bare(params, static, x, y),
+                lambda: check(bare(params, static, x, y)),
+            ),
+            ALIAS: (lambda: ours(model, x, y), lambda: check(ours(model, x, y))),
+            LIBRARY: (lambda: theirs(model, x, y), lambda: check(theirs(model, x, y))),
+        }
+
+
+CASES: list[type[Case]] = [
+    GradMlp,
+    ValueAndGradBatchNorm,
+    VmapMlp,
+    ScanMlpAdam,
+    EquinoxJitStep,
+    EquinoxValueAndGrad,
+]
 
 
 def _check(case: Case) -> None:
@@ -277,9 +352,10 @@ def render(results: dict, whats: dict[str, str], info: dict, command: str, round
         "",
         f"Produced by `{command}` (from the repository root), {rounds} interleaved rounds, "
         "median per call in microseconds, each transformation called eagerly (it traces the "
-        "function at every call; the equinox row is a cached jitted call); ratio = the "
+        "function at every call; the eqx_jit_mlp_adamw row is a cached jitted call); ratio = the "
         "contender's median / the bare JAX transformation's on the functional form (lower is "
-        "better). The last column is the model library's own: flax nnx's, equinox's in its row.",
+        "better). The last column is the model library's own: flax nnx's, equinox's in the "
+        "eqx_ rows.",
         "",
         *(f"- {k}: {v}" for k, v in info.items()),
         "",
