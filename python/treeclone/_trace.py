@@ -568,7 +568,14 @@ def run_reporting_discards(
         if pre_info[k].node_type not in (list, dict) and hasattr(objs[k], "__dict__")
     }
     out = fun(*args, **kwargs)
-    _, post_def, post_objs = _flatten_after(root, out, objs, container_index)
+    try:
+        _, post_def, post_objs = _flatten_after(root, out, objs, container_index)
+    except Exception:  # noqa: BLE001 - the report never fails a call that JAX accepts
+        # An input container that cannot be flattened any more: the function consumed it
+        # (equinox's ``State`` once ``set`` refuses to be flattened again). Under clone it is
+        # the call's own copy, the caller's is untouched: nothing to report. A result that
+        # cannot be flattened is JAX's own error, raised when JAX flattens it.
+        return out, []
     post_info = post_def.node_info()
     returned = _returned_nodes(post_info, post_objs, container_index)
     lost = []
