@@ -14,7 +14,12 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
   attributes, by identity, compared in Rust) tells whether code outside the function changed
   them since; if so they are flattened again, so such a change is used, never lost;
 - an argument of the call that is also reachable from the bound arguments (``step(model.layer)``
-  with ``model`` bound) makes that call flatten everything together, so sharing is preserved.
+  with ``model`` bound) makes that call flatten everything together, so sharing is preserved;
+- a call that replaced containers of the bound arguments (``state["params"] = new_dict``, as
+  an optax step does) leaves the caller holding containers the cache does not: the next call
+  flattens everything together, as ``jit`` does (flattening the bound arguments after the call
+  and the others at the next would cost more than ``jit``), and caching resumes after a call
+  that replaces none.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class _BoundArguments:
             check_cycles(self.naming, self.args, {})
             raise
         self.stale = False
+        self.replaced = False  # the last call replaced bound containers: flatten all, as jit
         # The same structure again (new containers in place of old ones, as after
         # ``state["params"] = optax.apply_updates(...)``) keeps the joined structures and leaf
         # takers: only the objects watched change.
@@ -68,6 +74,8 @@ class _BoundArguments:
     def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
         """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
         flattening only the others (and the bound ones again if they were changed since)."""
+        if self.replaced:
+            return _native.flatten_shared((*args, kwargs))
         if not self.snapshot.checkable or not self.snapshot.unchanged():
             self._flatten()
         n = len(self.args)
@@ -91,7 +99,9 @@ class _BoundArguments:
     def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
         """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
         bound leaves are now among ``leaves + outputs`` and which containers it wrote."""
-        if self.stale or next_inputs is False:
+        if next_inputs is False:  # containers replaced: the next call flattens all (join)
+            self.replaced = True
+        elif self.stale or self.replaced:
             self._flatten()
         elif next_inputs is not None:
             index, written = next_inputs

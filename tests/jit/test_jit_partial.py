@@ -13,6 +13,7 @@ import numpy as np
 import profiles
 import pytest
 import treeclone as tc
+import treeclone.partial as partial_module
 from hypothesis import HealthCheck, given, settings
 from mutation_programs import (
     between_programs,
@@ -576,3 +577,47 @@ def test_nnx_variable_metadata_changed_in_place_between_calls_is_used():
     v._var_metadata["tag"] = "new"
     p()
     assert seen == [None, "new"]
+
+
+def _replacing_step(state, x, mode):
+    """``mode`` "replace": new containers for the bound ones (an optax step's
+    ``state["params"] = apply_updates(...)``); "update": in place only; "grow": a new key."""
+    if mode == "replace":
+        state["params"] = {"w": state["params"]["w"] * x}
+    elif mode == "update":
+        state["params"]["w"] = state["params"]["w"] + x
+    else:
+        state["params"][f"k{len(state['params'])}"] = x
+    return state["params"]["w"].sum()
+
+
+def test_calls_after_one_that_replaced_bound_containers_equal_jit_and_flatten_once(monkeypatch):
+    """After a call that replaced containers of the bound state, the next call flattens the
+    bound and the given arguments at once, as jit does, and caching resumes after a call that
+    replaces none; the results and the caller's state stay jit's, whatever happens between."""
+    ours = {"params": {"w": jnp.ones(2)}}
+    theirs = {"params": {"w": jnp.ones(2)}}
+    bound = tc.jit_partial(_replacing_step, ours, static_argnames="mode")
+    jitted = tc.jit(_replacing_step, policy="alias", static_argnames="mode")
+    flattens: list[int] = []
+    real = partial_module._native.flatten_shared
+
+    def counting(tree):
+        flattens.append(len(tree))
+        return real(tree)
+
+    monkeypatch.setattr(partial_module._native, "flatten_shared", counting)
+    modes = ["replace", "replace", "update", "update", "outside", "replace", "grow", "update"]
+    for i, mode in enumerate(modes):
+        if mode == "outside":  # changed between calls: seen by the next call
+            for state in (ours, theirs):
+                state["params"] = {"w": jnp.full(2, 5.0)}
+            continue
+        flattens.clear()
+        got = bound(2.0, mode=mode)
+        counted = list(flattens)
+        want = jitted(theirs, 2.0, mode=mode)
+        np.testing.assert_allclose(got, want)
+        assert values(ours) == values(theirs), (i, mode)
+        if i == 1:  # after a replacing call: one flatten of everything, as jit's one
+            assert counted == [3], counted  # (state, x, kwargs)
