@@ -9,7 +9,9 @@ traced, every other leaf is static, as under ``eqx.filter_jit``) the whole Modul
 argument and the step written for ``eqx.filter_jit`` runs unchanged, giving its results under
 every policy, tracing once. Without it, split the Module with ``eqx.partition`` into its
 arrays (traced) and the rest (a hashable static argument), and ``eqx.combine`` them inside
-the step.
+the step. ``treeclone.vmap`` and ``treeclone.checkpoint`` take the same rule: an ensemble
+built and run with them, and its gradient through a checkpoint, equal ``eqx.filter_vmap``'s
+and ``eqx.filter_checkpoint``'s.
 """
 
 import re
@@ -106,4 +108,60 @@ for policy in ("clone", "alias", "strict"):
     )
     kept = m.activation is model.activation
     print(f"traced='arrays', {policy}: same as eqx.filter_jit: {same}, activation kept: {kept}")
+    assert same and kept
+
+
+# An ensemble, as equinox builds one: eqx.filter_vmap over the constructor, then over the
+# ensemble's forward pass (each member's activation functions stay static, unmapped);
+# treeclone.vmap(..., traced="arrays") is the same, and so is treeclone.checkpoint with it
+# (eqx.filter_checkpoint) inside a gradient.
+def make(key):
+    return eqx.nn.MLP(3, 2, 16, 2, key=key)
+
+
+keys = jax.random.split(jax.random.PRNGKey(1), 4)
+ref_ensemble = eqx.filter_vmap(make)(keys)
+ref_out = eqx.filter_vmap(lambda m, x: jax.vmap(m)(x), in_axes=(eqx.if_array(0), None))(
+    ref_ensemble, x
+)
+
+
+def ensemble_loss(ensemble, x, y, lift):
+    out = lift(lambda m, x: jax.vmap(m)(x))(ensemble, x)  # (members, batch, 2)
+    return jnp.mean((out - y) ** 2)
+
+
+def eqx_lift(f):
+    return eqx.filter_vmap(eqx.filter_checkpoint(f), in_axes=(eqx.if_array(0), None))
+
+
+ref_grads = eqx.filter_grad(ensemble_loss)(ref_ensemble, x, y, eqx_lift)
+for policy in ("clone", "alias", "strict"):
+    ensemble = treeclone.vmap(make, policy=policy, traced="arrays")(keys)
+    out = treeclone.vmap(
+        lambda m, x: jax.vmap(m)(x), in_axes=(0, None), policy=policy, traced="arrays"
+    )(ensemble, x)
+
+    def lifted(f, policy=policy):
+        checkpointed = treeclone.checkpoint(f, policy=policy, traced="arrays")
+        return treeclone.vmap(checkpointed, in_axes=(0, None), policy=policy, traced="arrays")
+
+    grads = treeclone.grad(ensemble_loss, wrt="arrays")(ensemble, x, y, lifted)
+    same = (
+        np.allclose(out, ref_out, rtol=1e-5, atol=1e-6)
+        and all(
+            np.allclose(a, b, rtol=1e-5, atol=1e-6)
+            for a, b in zip(jax.tree.leaves(ensemble), jax.tree.leaves(ref_ensemble), strict=True)
+            if eqx.is_array(a)
+        )
+        and all(
+            np.allclose(a, b, rtol=1e-4, atol=1e-6)
+            for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True)
+        )
+    )
+    kept = ensemble.activation is ref_ensemble.activation
+    print(
+        f"ensemble, {policy}: same as eqx.filter_vmap / filter_checkpoint: {same}, "
+        f"activation kept: {kept}"
+    )
     assert same and kept
