@@ -4,8 +4,9 @@ Shared by ``test_jit_bench.py`` (pytest-benchmark) and ``jit_table.py`` (the tab
 ``docs/benchmarks.md``), so both measure exactly the same calls: an MLP train step with Adam
 (dispatch-bound), the identity function over a ~600-leaf transformer+Adam tree (pure call
 overhead: flatten, dispatch, rebuild), a step that trains half of the parameters and
-returns the other half unchanged, and a call that does almost nothing on a small tree (what is
-left is dispatch: where clone's own cycle check weighs most).
+returns the other half unchanged, a call that does almost nothing on a small tree (what is
+left is dispatch: where clone's own cycle check weighs most), and a trivial function with a
+static argument (``static_argnums=1``: the check then looks at the other argument only).
 """
 
 from __future__ import annotations
@@ -22,14 +23,22 @@ CASES = {
     "identity_600": "identity over params + Adam moments: 576 leaves in 3 x 12 dicts",
     "half_frozen_step": "12 layers x 16 leaves: half returned untouched, half updated",
     "small_dispatch": "sum of one leaf of an 8-layer params dict + Adam state (49 leaves)",
+    "static_argnum": "x * n, x a 4-vector, n a static int (static_argnums=1)",
 }
+OPTIONS = {"static_argnum": {"static_argnums": 1}}  # jit options of a case (default: none)
 
 
-def wrap(contender, fun):
-    """``fun`` jitted by ``contender``: ``jax.jit`` or ``treeclone.jit`` under a policy."""
+def wrap(contender, fun, **options):
+    """``fun`` jitted by ``contender``: ``jax.jit`` or ``treeclone.jit`` under a policy, with
+    the jit ``options``."""
     if contender == "jax.jit":
-        return jax.jit(fun)
-    return treeclone.jit(fun, policy=contender)
+        return jax.jit(fun, **options)
+    return treeclone.jit(fun, policy=contender, **options)
+
+
+def jitted(contender, case):
+    """The function of ``case`` jitted by ``contender``, with the case's options."""
+    return wrap(contender, build_case(case)[0], **OPTIONS.get(case, {}))
 
 
 def _mlp():
@@ -98,4 +107,6 @@ def build_case(name):
         return (lambda t: t), (_big_tree(),)
     if name == "small_dispatch":
         return _small_dispatch()
+    if name == "static_argnum":
+        return (lambda x, n: x * n), (jnp.ones(4), 2)
     return _half_frozen()

@@ -5,8 +5,9 @@
 
 The calls of ``jit_cases.py`` (which ``test_jit_bench.py`` times too): an MLP train step with
 Adam (dispatch-bound), the identity function over a ~600-leaf transformer+Adam tree (pure call
-overhead), a step that trains half of the parameters and returns the other half untouched, and
-a near-empty call on a 49-leaf tree (dispatch alone). Each call is blocked on
+overhead), a step that trains half of the parameters and returns the other half untouched, a
+near-empty call on a 49-leaf tree (dispatch alone), and a trivial function with a static
+argument (``static_argnums=1``). Each call is blocked on
 (``jax.block_until_ready``), compiled before timing, and checked against ``jax.jit``'s result.
 Contenders are interleaved in rounds (order rotated each round), batches of about
 ``--batch-ms``, the garbage collector off; the figure is the median over rounds of the time per
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from jit_cases import CASES, CONTENDERS, build_case, wrap
+from jit_cases import CASES, CONTENDERS, build_case, jitted
 from tree_table import DEFAULT_OUT, INTRO
 from treeclone.bench.timing import Call, machine_info, measure_cell, script_command, write_section
 
@@ -29,15 +30,15 @@ BEGIN = "<!-- jit-table:begin -->"
 END = "<!-- jit-table:end -->"
 
 
-def _blocking(jitted, args) -> Call:
-    return Call(lambda: jax.block_until_ready(jitted(*args)))
+def _blocking(fun, args) -> Call:
+    return Call(lambda: jax.block_until_ready(fun(*args)))
 
 
 def _check(case: str) -> None:
-    fun, args = build_case(case)
-    expected = jax.jit(fun)(*args)
+    args = build_case(case)[1]
+    expected = jitted("jax.jit", case)(*args)
     for contender in CONTENDERS[1:]:
-        got = wrap(contender, fun)(*args)
+        got = jitted(contender, case)(*args)
         if jax.tree.structure(got) != jax.tree.structure(expected) or not all(
             np.allclose(a, b)
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True)
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for case in CASES:
         _check(case)
-        fun, call_args = build_case(case)
-        calls = {c: _blocking(wrap(c, fun), call_args) for c in CONTENDERS}
+        call_args = build_case(case)[1]
+        calls = {c: _blocking(jitted(c, case), call_args) for c in CONTENDERS}
         for call in calls.values():
             call()  # compile
         results[case] = measure_cell(calls, rounds, batch_ns)

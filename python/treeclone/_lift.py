@@ -32,7 +32,7 @@ from jax.core import Tracer
 
 from treeclone import _native, _trace
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo
-from treeclone.jit import _keystr, _Naming, _normalize, _StaticLeaves, check_cycles
+from treeclone.jit import _keystr, _Naming, _StaticLeaves, check_arguments, check_cycles
 from treeclone.policies import ArgPolicies, Policy, for_call
 
 __all__ = [
@@ -151,25 +151,11 @@ class Call:
         return f"<leaf {slot}>"
 
 
-def check_call(
-    naming: _Naming,
-    args: tuple,
-    kwargs: dict,
-    static_nums: Iterable[int] = (),
-    static_names: Iterable[str] = (),
-) -> None:
-    """Raise the ``ValueError`` every policy raises for a cyclic argument, naming it, before a
-    JAX transformation's own flatten meets the cycle (which exhausts the interpreter's
-    recursion counter: docs/semantics.md, rule 14). Under ``clone`` this is all a call adds."""
-    nums, names = frozenset(static_nums), frozenset(static_names)
-    if nums or names:
-        check_cycles(naming, args, kwargs, _normalize(nums, len(args)), names)
-        return
-    try:
-        _native.check((args, kwargs))
-    except ValueError:
-        check_cycles(naming, args, kwargs)
-        raise
+# Raise the ``ValueError`` every policy raises for a cyclic argument, naming it, before a JAX
+# transformation's own flatten meets the cycle (docs/semantics.md, rule 14): one native look
+# through the arguments it flattens (static positions and keywords, frozensets, left out).
+# Under ``clone`` this is all a call adds. The same check as ``jit``'s clone path.
+check_call = check_arguments
 
 
 def flatten_call(

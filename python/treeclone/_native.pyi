@@ -46,6 +46,16 @@ def check(tree: Any, name: str | None = None) -> None:
     """Raise what ``flatten(tree)`` would raise (a cycle, a bad flatten result), recording
     nothing; ``name`` names the tree's root in a cycle's message."""
 
+def check_arguments(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    static_nums: frozenset[int],
+    static_names: frozenset[str],
+) -> None:
+    """Raise what ``check((args, kwargs))`` would raise, the static arguments left out:
+    positions in ``static_nums`` (a negative one counts from the end) and keywords in
+    ``static_names``."""
+
 def tree_unflatten(treedef: Any, leaves: Iterable[Any]) -> Any: ...
 def leaves(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[Any]: ...
 def structure(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> PyTreeDef: ...

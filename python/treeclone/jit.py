@@ -264,6 +264,38 @@ def reporting(
     )
 
 
+def check_arguments(
+    naming: _Naming,
+    args: tuple,
+    kwargs: dict,
+    static_nums: frozenset[int] = frozenset(),
+    static_names: frozenset[str] = frozenset(),
+) -> None:
+    """Raise the ``ValueError`` of :func:`check_cycles`, naming the argument, before a JAX
+    transformation's own flatten meets a cycle (jaxlib's, met with one, leaves the interpreter's
+    recursion counter exhausted: every later call raises RecursionError). One native look
+    through the arguments the transformation flattens (the static ones, positions
+    ``static_nums``, a negative one counted from the end, and keywords ``static_names``, left
+    out), at a fraction of a flatten's cost: under ``clone`` this is all a call adds.
+
+    >>> from treeclone.jit import _Naming, check_arguments
+    >>> def f(xs, opt):
+    ...     pass
+    >>> loop = []
+    >>> loop.append(loop)
+    >>> check_arguments(_Naming(f), ([1], loop), {}, frozenset({1}))  # opt is static: not looked at
+    >>> check_arguments(_Naming(f), (loop, "fast"), {}, frozenset({-1}))
+    Traceback (most recent call last):
+    ...
+    ValueError: cycle detected in pytree: the list at xs contains itself at relative key path [0]
+    """
+    try:
+        _native.check_arguments(args, kwargs, static_nums, static_names)
+    except ValueError:
+        check_cycles(naming, args, kwargs, static_nums, static_names)  # names the argument
+        raise
+
+
 def check_cycles(
     naming: _Naming,
     args: tuple,
@@ -272,8 +304,9 @@ def check_cycles(
     static_names: frozenset[str] = frozenset(),
 ) -> None:
     """Raise a ValueError naming the argument and key path of a container that contains
-    itself, among the arguments that are flattened (static ones are hashed instead), with the
-    same text under every policy. Other errors a flatten of them would raise are raised too.
+    itself, among the arguments that are flattened (static ones are hashed instead: a negative
+    position counts from the end), with the same text under every policy. Other errors a
+    flatten of them would raise are raised too.
 
     >>> from treeclone.jit import _Naming, check_cycles
     >>> def f(xs, *rest):
@@ -285,12 +318,12 @@ def check_cycles(
     ...
     ValueError: cycle detected in pytree: the list at rest[0]['a'] contains itself at ...
     """
+    static_nums, static_names = frozenset(static_nums), frozenset(static_names)
     try:
-        if not (static_nums or static_names):
-            _native.check((args, kwargs))
-            return
-    except ValueError:
-        pass  # named below
+        _native.check_arguments(args, kwargs, static_nums, static_names)
+        return
+    except ValueError as error:
+        found = error
     skip = _normalize(static_nums, len(args))
     for i, arg in enumerate(args):
         if i not in skip:
@@ -298,7 +331,7 @@ def check_cycles(
     for k, arg in kwargs.items():
         if k not in static_names:
             _native.check(arg, k)
-    _native.check((args, kwargs))  # what was found above, if no argument alone has it
+    raise found  # what was found above, if no argument alone has it
 
 
 def argument_names(fun: Callable, positions: Iterable[int]) -> list[str]:
@@ -511,17 +544,13 @@ class Jitted:
         """``fun(*args, **kwargs)``, compiled, under the policy (see :func:`jit`)."""
         policy = _override.get() or self._policy
         if policy is CLONE and self._traced is None:  # presets are canonical (as_policy)
-            # jaxlib's flatten, met with a cycle, leaves the interpreter's recursion counter
-            # exhausted (every later call raises RecursionError): look first, at a fraction of
-            # a flatten's cost (docs/benchmarks.md, jit call path: clone against jax.jit).
-            if self._static_nums or self._static_names:
-                self._check_cycles(args, kwargs)
-            else:
-                try:
-                    _native.check((args, kwargs))
-                except ValueError:
-                    self._check_cycles(args, kwargs)  # names the argument
-                    raise
+            # check_arguments, inlined (a Python call is 1-2% of the cheapest jax.jit call):
+            # docs/benchmarks.md, jit call path, small_dispatch and static_argnum.
+            try:
+                _native.check_arguments(args, kwargs, self._static_nums, self._static_names)
+            except ValueError:
+                self._check_cycles(args, kwargs)  # names the argument
+                raise
             return self._jax_jitted(*args, **kwargs)
         return self._call_policy(policy, args, kwargs)
 
@@ -594,6 +623,9 @@ class Jitted:
         except ValueError:
             self._check_cycles(*given)  # the text of every policy, naming the argument
             raise
+        if statics is not None:  # hashed after the flatten, as jax.jit orders its errors
+            for *_, v in statics[1] + statics[2]:
+                _hash_static(v)
         donation = None
         if self._donate_nums or self._donate_names:
             n = len(positions) if statics is None else statics[0]
@@ -609,15 +641,14 @@ class Jitted:
 
     def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
         """Take the static arguments out. Each static value is keyed with its type, as jax.jit
-        keys them (``2`` and ``2.0`` are equal but trace differently)."""
+        keys them (``2`` and ``2.0`` are equal but trace differently); ``_prepare`` hashes them
+        after the flatten of the others."""
         n = len(args)
         static_nums = _normalize(self._static_nums, n)
         static_pos = tuple((i, type(args[i]), args[i]) for i in sorted(static_nums) if i < n)
         static_kw = tuple(
             sorted((k, type(v), v) for k, v in kwargs.items() if k in self._static_names)
         )
-        for *_, v in static_pos + static_kw:
-            _hash_static(v)
         positions = [i for i in range(n) if i not in static_nums]
         dyn_args = tuple(args[i] for i in positions)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}

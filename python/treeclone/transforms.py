@@ -626,6 +626,7 @@ class _Checkpoint(_lift.Wrapper):
         self._fun, self._options, self._traced = fun, jax_options, traced
         self._policy = as_policy_spec(policy, fun)
         self._static_nums, self._static_names = static_argnums, static_argnames
+        self._statics = frozenset(static_argnums), frozenset(static_argnames)
         clone_options = dict(jax_options)
         if static_argnums:
             clone_options["static_argnums"] = static_argnums
@@ -652,7 +653,7 @@ class _Checkpoint(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = _policy_of(self._policy)
         if policy is CLONE and self._traced is None:  # jax.checkpoint cannot leave leaves static
-            _lift.check_call(self._naming, args, kwargs, self._static_nums, self._static_names)
+            _lift.check_call(self._naming, args, kwargs, *self._statics)
             return self._jax(*args, **kwargs)
         for d in self._static_nums:
             if not -len(args) <= d < len(args):

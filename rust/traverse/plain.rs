@@ -4,7 +4,7 @@ use super::{walk, Mode, Options};
 use crate::node::{call_custom_flatten, Node};
 use crate::registry::{Classifier, Kind};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple};
 
 /// A flattened tree: its leaves (with their key paths when asked for) and its nodes.
 #[derive(Default)]
@@ -87,6 +87,42 @@ pub fn check<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<()>
         return Ok(());
     }
     walk(tree, opts, &mut Unrecorded)
+}
+
+/// Raise what `check((args, kwargs))` would raise, the static arguments left out as JAX's
+/// `jit` and `checkpoint` leave them (hashed, never flattened): a position `i` of `args` that
+/// `static_nums` holds as `i` or, counted from the end, as `i - len(args)`, and a keyword that
+/// `static_names` holds. The arguments left are looked through as one tuple.
+pub fn check_arguments<'py>(
+    args: &Bound<'py, PyTuple>,
+    kwargs: &Bound<'py, PyDict>,
+    static_nums: &Bound<'py, PyFrozenSet>,
+    static_names: &Bound<'py, PyFrozenSet>,
+) -> PyResult<()> {
+    let mut dynamic: Vec<Bound<'py, PyAny>> = Vec::with_capacity(args.len() + kwargs.len());
+    if static_nums.is_empty() {
+        dynamic.push(args.clone().into_any());
+    } else {
+        let n = args.len() as isize;
+        for (i, arg) in (0..n).zip(args.iter()) {
+            if !(static_nums.contains(i)? || static_nums.contains(i - n)?) {
+                dynamic.push(arg);
+            }
+        }
+    }
+    if static_names.is_empty() {
+        dynamic.push(kwargs.clone().into_any());
+    } else if !kwargs.is_empty() {
+        // The items are copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
+        for item in kwargs.items().iter() {
+            let (key, value) = item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?;
+            if !static_names.contains(key)? {
+                dynamic.push(value);
+            }
+        }
+    }
+    let dynamic = PyTuple::new(args.py(), dynamic)?;
+    check(dynamic.as_any(), &Options::default())
 }
 
 /// Depth to which `shallow` looks.

@@ -76,7 +76,10 @@ def traversals(c, twin):
     yield "unflatten", lambda: tc.tree_unflatten(td, leaves)
     yield "flatten_shared", lambda: treeclone._native.flatten_shared(c)
     yield "shared_unflatten", lambda: treeclone._native.flatten_shared(c)[1].unflatten(leaves)
-    yield "cycle_check", lambda: treeclone._native.check(c)  # what jit's clone call runs
+    yield "cycle_check", lambda: treeclone._native.check(c)  # what check_cycles runs
+    yield "check_arguments", lambda: treeclone._native.check_arguments(  # jit's clone call
+        (c, 1, c), {"k": c, "s": 2}, frozenset({1, -1}), frozenset({"s"})
+    )
     yield "unflatten_floor", lambda: treeclone._native.unflatten_floor(td, leaves)
     yield "snapshot", lambda: _snapshot(c)  # jit_partial's check of its bound arguments
     for policy in ("clone", "alias", "strict"):

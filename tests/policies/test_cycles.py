@@ -74,6 +74,67 @@ _CHILD = textwrap.dedent(
             except ValueError as e:
                 outcome = str(e)
             report[f"call {kind} {policy} positional"] = [outcome, headroom()]
+
+    # Static arguments: jax.jit and jax.checkpoint hash them and never flatten them, so only the
+    # others are checked (a static one that is cyclic, or whose flatten raises, is never
+    # looked at); a cycle in a dynamic one is still the ValueError naming it.
+    @jax.tree_util.register_pytree_node_class
+    class Refuses:  # hashable (by identity): a valid static argument, not a valid pytree
+        def tree_flatten(self):
+            raise TypeError("a static argument was flattened")
+        @classmethod
+        def tree_unflatten(cls, aux, children):
+            return cls()
+
+    def varargs(*args):
+        return args[0]["w"] * 2
+
+    def first_static(opt, cfg):
+        return cfg["w"] * 2
+
+    def body(cfg, opt):
+        return cfg["w"] * 2
+
+    # name: (transformation, function, options, how the call passes (cfg, opt))
+    static_cases = {
+        "jit argnums": (tc.jit, body, {"static_argnums": 1}, "positional"),
+        "jit argnums by keyword": (tc.jit, body, {"static_argnums": 1}, "keyword"),
+        "jit argnums first": (tc.jit, first_static, {"static_argnums": 0}, "static first"),
+        "jit negative argnums": (tc.jit, varargs, {"static_argnums": -1}, "positional"),
+        "jit argnames": (tc.jit, body, {"static_argnames": "opt"}, "keyword"),
+        "jit argnames positional": (tc.jit, body, {"static_argnames": "opt"}, "positional"),
+        "checkpoint argnums": (tc.checkpoint, body, {"static_argnums": 1}, "positional"),
+        "checkpoint negative argnums": (tc.checkpoint, body, {"static_argnums": -1}, "positional"),
+    }
+
+    def static_values():
+        box = Box([jnp.ones(2)])
+        box.items.append(box)  # cyclic, hashable
+        loop = []
+        loop.append(loop)  # cyclic, not hashable
+        return {"plain": "fast", "cyclic": box, "refuses": Refuses(), "unhashable cyclic": loop}
+
+    for name, (transform, fun, options, how) in static_cases.items():
+        for policy in ("clone", "alias", "strict"):
+            for value_kind, opt in static_values().items():
+                for cfg_kind in ("cyclic", "plain"):
+                    f = transform(fun, policy=policy, **options)
+                    cfg = {"w": jnp.ones(2)}
+                    if cfg_kind == "cyclic":
+                        cfg = cyclic("dict", jnp.ones(2))
+                    try:
+                        if how == "positional":
+                            out = f(cfg, opt)
+                        elif how == "keyword":
+                            out = f(cfg, opt=opt)
+                        else:
+                            out = f(opt, cfg=cfg)
+                        outcome = f"ok {np.asarray(out).tolist()}"
+                    except ValueError as e:
+                        outcome = str(e)
+                    except BaseException as e:
+                        outcome = f"{type(e).__name__}: {e}"[:200]
+                    report[f"{name} {policy} {value_kind} {cfg_kind}"] = [outcome, headroom()]
     sys.stdout.write(json.dumps(report))
     """
 )
@@ -112,4 +173,50 @@ def test_cycle_in_arguments_is_a_value_error(report, kind, policy, how):
 def test_cycle_in_arguments_of_call_is_the_same_value_error(report, kind, policy):
     outcome, headroom = report[f"call {kind} {policy} positional"]
     assert outcome == _EXPECTED[kind]
+    assert headroom == 500
+
+
+_STATIC_CASES = [
+    "jit argnums",
+    "jit argnums by keyword",
+    "jit argnums first",
+    "jit negative argnums",
+    "jit argnames",
+    "jit argnames positional",
+    "checkpoint argnums",
+    "checkpoint negative argnums",
+]
+_STATIC_VALUES = ["plain", "cyclic", "refuses", "unhashable cyclic"]
+
+
+def _named(case: str) -> str:
+    return "args[0]" if case == "jit negative argnums" else "cfg"
+
+
+@pytest.mark.parametrize("value", _STATIC_VALUES)
+@pytest.mark.parametrize("policy", ["clone", "alias", "strict"])
+@pytest.mark.parametrize("case", _STATIC_CASES)
+def test_cycle_beside_static_arguments_is_the_value_error_naming_it(report, case, policy, value):
+    """A cyclic dynamic argument beside static ones (``static_argnums``, negative ones,
+    ``static_argnames``, naming a parameter passed by position or by keyword) is the same
+    ValueError naming it under every policy, whatever the static argument is: even an
+    unhashable one, since jax.jit flattens the dynamic arguments before it hashes the static
+    ones."""
+    outcome, headroom = report[f"{case} {policy} {value} cyclic"]
+    assert outcome == _EXPECTED["dict"].replace("at cfg", f"at {_named(case)}")
+    assert headroom == 500
+
+
+@pytest.mark.parametrize("value", _STATIC_VALUES)
+@pytest.mark.parametrize("policy", ["clone", "alias", "strict"])
+@pytest.mark.parametrize("case", _STATIC_CASES)
+def test_static_arguments_are_never_checked(report, case, policy, value):
+    """A static argument is hashed, never flattened: one that contains itself, or whose
+    flatten raises, is no error beside valid dynamic arguments (an unhashable one of jax.jit
+    is jax.jit's ValueError, under every policy)."""
+    outcome, headroom = report[f"{case} {policy} {value} plain"]
+    if value == "unhashable cyclic" and case.startswith("jit"):
+        assert outcome.startswith("Non-hashable static arguments are not supported.")
+    else:
+        assert outcome == "ok [2.0, 2.0]"
     assert headroom == 500
