@@ -42,9 +42,9 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    _override,
     as_policy,
     as_policy_spec,
+    policy_override,
 )
 
 __all__ = ["vmap"]
@@ -663,7 +663,7 @@ class _Vmap(_lift.Wrapper):
         return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        policy = _override.get() or self._policy
+        policy = policy_override.get() or self._policy
         if policy is CLONE and self._traced is None:  # jax.vmap cannot leave leaves static
             _lift.check_call(self._naming, args, kwargs)  # a cycle: rule 14's ValueError
             return self._jax(*args, **kwargs)

@@ -51,9 +51,9 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    _override,
     as_policy_spec,
     for_call,
+    policy_override,
 )
 
 __all__ = ["cond", "switch"]
@@ -102,7 +102,7 @@ def _operand_policies(policy: PolicySpec | ArgPolicies, branch: Any) -> Policy |
                     "operands are passed by position, so a policy names them by the first "
                     "branch's parameter names or by their positions"
                 )
-    return _override.get() or spec
+    return policy_override.get() or spec
 
 
 def _disabled_and_concrete(selector: Any) -> bool:

@@ -43,10 +43,10 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    _check_discarded_mode,
-    _override,
     as_policy_spec,
+    check_discarded_mode,
     for_call,
+    policy_override,
 )
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
@@ -491,7 +491,7 @@ class Jitted:
         )
         self._naming = _Naming(fun)
         if discarded_mutations is not None:
-            _check_discarded_mode(discarded_mutations)
+            check_discarded_mode(discarded_mutations)
         # The clone policy: jax.jit of fun, which reports at each trace what fun changed in
         # place and does not return (discarded: a MutationWarning); cached calls are jax.jit's.
         self._jax_jitted: Any = jax.jit(
@@ -542,7 +542,7 @@ class Jitted:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*args, **kwargs)``, compiled, under the policy (see :func:`jit`)."""
-        policy = _override.get() or self._policy
+        policy = policy_override.get() or self._policy
         if policy is CLONE and self._traced is None:  # presets are canonical (as_policy)
             # check_arguments, inlined (a Python call is 1-2% of the cheapest jax.jit call):
             # docs/benchmarks.md, jit call path, small_dispatch and static_argnum.
@@ -740,7 +740,7 @@ class Jitted:
                 f"treeclone.jit(..., traced=...).{method} is not supported: call the function "
                 "(it traces and compiles as jax.jit does), or use eqx.filter_jit's stages"
             )
-        policy = _override.get() or self._policy
+        policy = policy_override.get() or self._policy
         if policy is not CLONE and _jaxpr_as_fun:  # (a JAX without it: jax.jit's stages)
             call = self._prepare(policy, args, kwargs)
             slots = call.slots_of_jax_leaves()

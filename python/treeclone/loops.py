@@ -52,8 +52,8 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    _override,
     as_policy_spec,
+    policy_override,
 )
 
 __all__ = ["fori_loop", "scan", "while_loop"]
@@ -95,7 +95,7 @@ def _policies_of(policy: PolicySpec | ArgPolicies, api: str) -> tuple[Policy, ..
     (checked as jit checks a dict); a ``with treeclone.policy(...)`` block wins."""
     stand_in = _STAND_INS[api]
     spec = as_policy_spec(policy, stand_in)
-    chosen = _override.get() or spec
+    chosen = policy_override.get() or spec
     count = len(inspect.signature(stand_in).parameters)
     if isinstance(chosen, ArgPolicies):
         return chosen.per_argument(range(count), [])

@@ -31,7 +31,7 @@ from typing import Any
 from treeclone import _native
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
 from treeclone.jit import Jitted, _Naming, _take, check_cycles, jit
-from treeclone.policies import ArgPolicies, Policy, PolicySpec, _override, as_policy_spec
+from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
 _SCALARS = (int, float, bool, complex)
 # Joined structures kept per bound state (one per structure of the call's own arguments).
@@ -146,7 +146,7 @@ class JitPartial:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy."""
-        policy = _override.get() or self._jitted._policy
+        policy = policy_override.get() or self._jitted._policy
         _check_policy(policy)
         return self._jitted._call_policy(policy, (*self._bound.args, *args), kwargs, self._bound)
 

@@ -108,7 +108,19 @@ _discarded_block: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-def _check_discarded_mode(mode: str) -> str:
+def check_discarded_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`DISCARDED_MUTATIONS`, else a ValueError (what
+    ``discarded_mutations=`` and :func:`set_discarded_mutations` check). Not in ``__all__``:
+    for treeclone's own modules.
+
+    >>> from treeclone.policies import check_discarded_mode
+    >>> check_discarded_mode("off")
+    'off'
+    >>> check_discarded_mode("silent")
+    Traceback (most recent call last):
+    ...
+    ValueError: discarded_mutations must be one of ('warn', 'error', 'off'), got 'silent'
+    """
     if mode not in DISCARDED_MUTATIONS:
         raise ValueError(f"discarded_mutations must be one of {DISCARDED_MUTATIONS}, got {mode!r}")
     return mode
@@ -131,7 +143,7 @@ def set_discarded_mutations(mode: str) -> str:
     'error'
     """
     global _discarded_default
-    previous, _discarded_default = _discarded_default, _check_discarded_mode(mode)
+    previous, _discarded_default = _discarded_default, check_discarded_mode(mode)
     return previous
 
 
@@ -149,7 +161,7 @@ def discarded_mutations(mode: str) -> Iterator[str]:
     ...
     treeclone.policies.MutationError: grow changed its inputs in place without returning ...
     """
-    token = _discarded_block.set(_check_discarded_mode(mode))
+    token = _discarded_block.set(check_discarded_mode(mode))
     try:
         yield mode
     finally:
@@ -465,7 +477,10 @@ def for_call(
     return _combined(per_argument), per_argument if len(set(per_argument)) > 1 else None
 
 
-_override: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
+# The policy of the innermost ``with policy(...)`` block (None: none). Set only by
+# :func:`policy`; read at every call of jit, jit_partial and the lifted transformations
+# (``policy_override.get() or ...``: one lookup of this module global). Not in ``__all__``.
+policy_override: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
     "treeclone_policy", default=None
 )
 
@@ -491,11 +506,11 @@ def policy(p: str | Policy) -> Iterator[Policy]:
     (Policy.alias, [Array(1., dtype=float32, weak_type=True)])
     """
     chosen = as_policy(p)
-    token = _override.set(chosen)
+    token = policy_override.set(chosen)
     try:
         yield chosen
     finally:
-        _override.reset(token)
+        policy_override.reset(token)
 
 
 def register_inplace(cls: type, update: Callable[[Any, Any], None]) -> None:

@@ -40,9 +40,9 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    _override,
     as_policy,
     as_policy_spec,
+    policy_override,
 )
 
 __all__ = ["shard_map"]
@@ -309,7 +309,7 @@ class _ShardMap(_lift.Wrapper):
         return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        policy = _override.get() or self._policy
+        policy = policy_override.get() or self._policy
         if policy is CLONE or kwargs:  # jax.shard_map takes no keyword arguments: its error
             _lift.check_call(self._naming, args, kwargs)
             return self._jax(*args, **kwargs)

@@ -33,16 +33,16 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    _override,
     as_policy,
     as_policy_spec,
+    policy_override,
 )
 
 __all__ = ["checkpoint", "grad", "remat", "value_and_grad"]
 
 
 def _policy_of(default: Policy | ArgPolicies) -> Policy | ArgPolicies:
-    return _override.get() or default  # a block's policy wins over a dict, as for jit
+    return policy_override.get() or default  # a block's policy wins over a dict, as for jit
 
 
 # --- grad and value_and_grad ---------------------------------------------------------------------
