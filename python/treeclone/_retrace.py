@@ -34,7 +34,7 @@ import jax
 
 from treeclone import _jax_compat, _native
 from treeclone._native import EntryInfo
-from treeclone._trace import Layout, _holds_tracer, _Paths, _same_data
+from treeclone._trace import Layout, Paths, holds_tracer, same_data
 
 # Traces in a row, each following from the previous call's write-back, that make the warning.
 RETRACE_STREAK = 5
@@ -116,7 +116,7 @@ def _leaf(x: Any) -> tuple[Any, Any, Any, str]:
 def describe(sdef: Any, objs: list, leaves: list, layout: Layout) -> tuple[Descriptors, list]:
     """The descriptor at each key path of the arguments of ``sdef`` (rebuilt as ``objs``, with
     ``leaves``), and the first key path of each leaf slot."""
-    paths = _Paths(sdef, objs, layout)
+    paths = Paths(sdef, objs, layout)
     info = paths.info
     slot_paths: list[str] = [""] * sdef.num_leaves
     out: Descriptors = {}
@@ -132,7 +132,7 @@ def describe(sdef: Any, objs: list, leaves: list, layout: Layout) -> tuple[Descr
             data = entry.data
             # A record outlives its trace, so it keeps no tracer: static data holding one is
             # recorded as None.
-            out[p] = ("node", entry.node_type, entry.arity, None if _holds_tracer(data) else data)
+            out[p] = ("node", entry.node_type, entry.arity, None if holds_tracer(data) else data)
     return out, slot_paths
 
 
@@ -142,8 +142,8 @@ def _same(a: tuple | None, b: tuple | None) -> bool:
     if a[0] != b[0]:
         return False
     if a[0] == "node":
-        return a[1] is b[1] and a[2] == b[2] and _same_data(a[3], b[3])
-    return _same_data(a, b)
+        return a[1] is b[1] and a[2] == b[2] and same_data(a[3], b[3])
+    return same_data(a, b)
 
 
 def _what(d: tuple) -> str:
@@ -245,7 +245,7 @@ def static_differences(
         elif a[k][0] is not b[k][0]:
             old_t, new_t = a[k][0].__name__, b[k][0].__name__
             changes.append((k, f"static value's type changed from {old_t} to {new_t}"))
-        elif not _same_data(a[k][1], b[k][1]):
+        elif not same_data(a[k][1], b[k][1]):
             old_v, new_v = short.repr(a[k][1]), short.repr(b[k][1])
             changes.append((k, f"static value changed from {old_v} to {new_v}"))
     return changes

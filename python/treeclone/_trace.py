@@ -59,7 +59,7 @@ class Layout:
         return ""
 
 
-def _same_data(a: Any, b: Any) -> bool:
+def same_data(a: Any, b: Any) -> bool:
     if a is b:
         return True
     try:
@@ -68,7 +68,7 @@ def _same_data(a: Any, b: Any) -> bool:
         return False
 
 
-def _child_keys(obj: Any, entry: NodeInfo) -> list[Any]:
+def child_keys(obj: Any, entry: NodeInfo) -> list[Any]:
     """JAX's key entries for the children of a node (trace time only: used for messages)."""
     ty, arity, data = entry.node_type, entry.arity, entry.data
     if ty in (list, tuple):
@@ -89,7 +89,7 @@ def _child_keys(obj: Any, entry: NodeInfo) -> list[Any]:
         return [FlattenedIndexKey(i) for i in range(arity)]
 
 
-class _Paths:
+class Paths:
     """Key paths of the nodes of the (rebuilt) input tree, for error messages."""
 
     def __init__(self, sdef: Any, objs: list, layout: Layout):
@@ -113,14 +113,14 @@ class _Paths:
             self.paths[n] = p
             entry = self.info[n]
             if isinstance(entry, NodeInfo) and entry.arity:
-                keys = _child_keys(self.objs[n], entry)
+                keys = child_keys(self.objs[n], entry)
                 for key, child in zip(keys, entry.children, strict=False):
                     agenda.append((child, p + keystr((key,))))
 
     def child(self, node: int, j: int, now: Any) -> str:
         """Path of child ``j`` of ``node``, whose value is ``now`` after the call."""
         obj = self.objs[node]
-        keys = _child_keys(obj, self.info[node])
+        keys = child_keys(obj, self.info[node])
         key = keystr((keys[j],)) if j < len(keys) else f"[{j}]"
         if j >= len(keys) or isinstance(keys[j], FlattenedIndexKey):
             # A node registered without keys: name the attribute that holds the value, if any.
@@ -131,7 +131,7 @@ class _Paths:
         return self.paths.get(node, "?") + key
 
 
-def _equal_empty_nodes(before: Any, after: Any) -> bool:
+def equal_empty_nodes(before: Any, after: Any) -> bool:
     """Whether two entries are leafless nodes of one immutable type with equal static data (nnx's
     per-module ``PytreeState``, rebuilt by every unflatten): no value a caller could rely on
     changed when one replaces the other (docs/semantics.md, rule 12)."""
@@ -141,7 +141,7 @@ def _equal_empty_nodes(before: Any, after: Any) -> bool:
         and before.node_type is after.node_type
         and not issubclass(before.node_type, (list, dict))
         and before.arity == 0 == after.arity
-        and _same_data(before.data, after.data)
+        and same_data(before.data, after.data)
     )
 
 
@@ -159,7 +159,7 @@ def _describe(
     ``entries``: all entries before and after (a child replaced by an equal leafless node is
     no change); ``keys``: a dict's (or dict subclass's) keys before and after, in child order;
     ``static_comparable``: whether a change of the static data can be told (see
-    ``_unstable_static_data``)."""
+    ``unstable_static_data``)."""
     ty, old, new = pre.node_type, pre.children, post.children
     old_arity, old_data, new_arity, new_data = pre.arity, pre.data, post.arity, post.data
     changes: list[tuple[int | None, str, Any]] = []
@@ -182,12 +182,12 @@ def _describe(
         return changes
     if ty is list and old_arity != new_arity:
         changes.append((None, f"list resized from {old_arity} to {new_arity}", None))
-    elif static_comparable and not _same_data(old_data, new_data):
+    elif static_comparable and not same_data(old_data, new_data):
         changes.append((None, "attribute set (the node's static data changed)", None))
     if not changes:
         pre_entries, post_entries = entries
         for j, (o, n) in enumerate(zip(old, new, strict=False)):
-            if objs[o] is not post_objs[n] and not _equal_empty_nodes(
+            if objs[o] is not post_objs[n] and not equal_empty_nodes(
                 pre_entries[o], post_entries[n]
             ):
                 changes.append((j, "replaced", post_objs[n]))
@@ -266,7 +266,7 @@ def run(
     def policy_of(k: int) -> Policy:
         return policy if node_policy is None else node_policy.get(k, policy)
 
-    unstable = _unstable_static_data(root, pre_info)
+    unstable = unstable_static_data(root, pre_info)
     own_attributes = {
         k: set(vars(o))
         for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
@@ -328,7 +328,7 @@ def run(
         # changed only; ``old_keys``: a dict's keys at call start, in child order.
         by_entry, old_keys = ty in (list, dict), pre_info[k].data if ty is dict else None
         if ty not in (list, dict) and writable(obj) and not has_updater(obj):
-            if _holds_tracer(entry.data):
+            if holds_tracer(entry.data):
                 _raise_traced_static_data(fun, k, pre_def, objs, layout)
             attrs, keys, after = _custom_changes(pre_info[k], entry, objs, post_objs)
             by_entry, old_keys = _entrywise(pre_info[k], objs)
@@ -349,7 +349,7 @@ def run(
         origin_of[n] = Origin(
             node=k,
             old_children=old,
-            same_data=_same_data(pre_info[k].data, entry.data),
+            same_data=same_data(pre_info[k].data, entry.data),
             writable=ty in (list, dict) or writable(obj),
             key_order=key_order,
             reordered=key_order is not None
@@ -368,7 +368,7 @@ def run(
                 j < len(old)
                 and c not in origin_of
                 and id(post_objs[c]) not in container_index
-                and _equal_empty_nodes(pre_info[old[j]], post_info[c])
+                and equal_empty_nodes(pre_info[old[j]], post_info[c])
             ):
                 origin_of[c] = Origin(node=old[j], old_children=[], same_data=True, writable=False)
                 origin_node[c] = k
@@ -377,7 +377,7 @@ def run(
         )
         for name in outside:
             if policy_of(k).mutations == "propagate":
-                _raise_outside_attribute(fun, k, name, pre_def, objs, layout)
+                raise_outside_attribute(fun, k, name, pre_def, objs, layout)
             changes.append((None, f"attribute {name!r} set outside the pytree", None))
         if changes:
             mutated.append((k, changes))
@@ -484,7 +484,7 @@ def _node_policies(
         target = info[n].target
         first = owner.get(target)
         if first is not None and arg_policies[first] != arg_policies[a]:
-            paths = _Paths(pre_def, objs, layout).paths
+            paths = Paths(pre_def, objs, layout).paths
             name = getattr(fun, "__qualname__", None) or repr(fun)
             raise ValueError(
                 f"{name}: the {type(objs[target]).__name__} at {paths.get(target, '?')} "
@@ -556,7 +556,7 @@ def run_reporting_discards(
     layout = Layout(len(traced), [names[i] for i in traced])
     _, pre_def, objs = _native.flatten_shared(root)
     pre_info = pre_def.node_info()
-    unstable = _unstable_static_data(root, pre_info)
+    unstable = unstable_static_data(root, pre_info)
     container_index = {
         id(o): k
         for k, (o, e) in enumerate(zip(objs, pre_info, strict=True))
@@ -703,7 +703,7 @@ def _next_inputs(
         if isinstance(entry, NodeInfo) and after_objs[i] is not objs[i]:
             # Replaced by an equal leafless node (nnx's PytreeState): the caller keeps its own.
             after_info = after_def.node_info() if after_info is None else after_info
-            if not _equal_empty_nodes(entry, after_info[i]):
+            if not equal_empty_nodes(entry, after_info[i]):
                 return False
     index = tuple(pool_index[id(leaf)] for leaf in after_leaves)
     if index == tuple(range(len(in_leaves))):
@@ -776,7 +776,7 @@ def _direct_writes(
     return direct
 
 
-class _Same:
+class Same:
     """Compares by identity (a snapshot's values must be the very same objects)."""
 
     __slots__ = ("value",)
@@ -785,19 +785,19 @@ class _Same:
         self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and self.value is other.value
+        return isinstance(other, Same) and self.value is other.value
 
     __hash__ = None  # type: ignore[assignment]
 
 
-def _shallow_state(obj: Any) -> tuple:
+def shallow_state(obj: Any) -> tuple:
     """What a static object holds one level down (attributes, items), by identity."""
-    attrs = {n: _Same(v) for n, v in getattr(obj, "__dict__", {}).items()}
+    attrs = {n: Same(v) for n, v in getattr(obj, "__dict__", {}).items()}
     items: Any = None
     if isinstance(obj, dict):
-        items = [(k, _Same(v)) for k, v in obj.items()]
+        items = [(k, Same(v)) for k, v in obj.items()]
     elif isinstance(obj, list):
-        items = [_Same(v) for v in obj]
+        items = [Same(v) for v in obj]
     return attrs, items
 
 
@@ -835,13 +835,13 @@ class _Members:
 
 
 def _static_state(obj: Any) -> Any:
-    """A watched object's state one level down, by identity (``_shallow_state``; a set's
+    """A watched object's state one level down, by identity (``shallow_state``; a set's
     members, a bytearray's bytes), with its attributes."""
     if isinstance(obj, set):
-        return _Members(obj), _shallow_state(obj)
+        return _Members(obj), shallow_state(obj)
     if isinstance(obj, bytearray):
-        return bytes(obj), _shallow_state(obj)
-    return _shallow_state(obj)
+        return bytes(obj), shallow_state(obj)
+    return shallow_state(obj)
 
 
 def _restore_static_state(obj: Any, state: Any) -> None:
@@ -913,7 +913,7 @@ def _static_changes(snapshot: list[tuple[str, Any, Any]]) -> list[tuple[str, Any
 
 
 def _raise_static_mutation(fun, changed: dict[int, list], pre_def, objs, layout) -> None:
-    paths = _Paths(pre_def, objs, layout).paths
+    paths = Paths(pre_def, objs, layout).paths
     lines = []
     for k, found in changed.items():
         where = paths.get(k, "?") or "(the arguments)"
@@ -925,14 +925,14 @@ def _raise_static_mutation(fun, changed: dict[int, list], pre_def, objs, layout)
     raise mutation_error(fun, lines)
 
 
-def _unstable_static_data(root: Any, info: list) -> set[int]:
+def unstable_static_data(root: Any, info: list) -> set[int]:
     """Nodes whose flatten makes its static data afresh each time (an aux object equal only to
     itself, as ``jax.jit`` allows): a change of their static data cannot be told apart."""
     probe = _native.flatten_shared(root)[1].node_info()
     return {
         k
         for k, (a, b) in enumerate(zip(info, probe, strict=False))
-        if isinstance(a, NodeInfo) and isinstance(b, NodeInfo) and not _same_data(a.data, b.data)
+        if isinstance(a, NodeInfo) and isinstance(b, NodeInfo) and not same_data(a.data, b.data)
     }
 
 
@@ -949,7 +949,7 @@ def _reordered(seen: Any, now: tuple) -> bool:
     return list(now[: len(kept)]) != kept
 
 
-def _holds_tracer(data: Any) -> bool:
+def holds_tracer(data: Any) -> bool:
     """Whether a node's static data holds a traced value (it would leak into the caller)."""
     if isinstance(data, Tracer):
         return True
@@ -976,13 +976,13 @@ def watch_callers(
         obj = callers[k]
         if objs[k] is obj:
             continue
-        watched[k] = (obj, _shallow_state(obj))
+        watched[k] = (obj, shallow_state(obj))
         if e.arity and not isinstance(obj, (list, dict)):
             children = {id(callers[c]) for c in e.children}
             for name, value in list(getattr(obj, "__dict__", {}).items()):
                 held = value.values() if isinstance(value, dict) else value
                 if isinstance(value, (dict, list)) and any(id(v) in children for v in held):
-                    watched[(k, name)] = (value, _shallow_state(value))
+                    watched[(k, name)] = (value, shallow_state(value))
     return watched
 
 
@@ -996,7 +996,7 @@ def check_callers(
 ) -> None:
     """Rule 25's ValueError when ``fun`` changed one of the ``watched`` caller containers
     through another name than its argument; those containers are put back first."""
-    touched = [key for key, (obj, state) in watched.items() if _shallow_state(obj) != state]
+    touched = [key for key, (obj, state) in watched.items() if shallow_state(obj) != state]
     if touched:
         for key in touched:
             _restore_shallow_state(*watched[key])
@@ -1045,7 +1045,7 @@ def report_discarded(
 
 
 def _raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:
-    paths = _Paths(pre_def, objs, layout).paths
+    paths = Paths(pre_def, objs, layout).paths
 
     def name(key: int | tuple[int, str]) -> str:
         if isinstance(key, tuple):  # a container held in a registered node's attribute
@@ -1062,8 +1062,8 @@ def _raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:
     )
 
 
-def _raise_outside_attribute(fun, k, name, pre_def, objs, layout) -> None:
-    where = _Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
+def raise_outside_attribute(fun, k, name, pre_def, objs, layout) -> None:
+    where = Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
     qualname = getattr(fun, "__qualname__", None) or repr(fun)
     raise ValueError(
         f"{qualname} set the attribute {name!r} on {where} ({type(objs[k]).__name__}), which "
@@ -1074,7 +1074,7 @@ def _raise_outside_attribute(fun, k, name, pre_def, objs, layout) -> None:
 
 
 def _raise_traced_static_data(fun, k, pre_def, objs, layout) -> None:
-    where = _Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
+    where = Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
     name = getattr(fun, "__qualname__", None) or repr(fun)
     raise ValueError(
         f"{name} stored a traced value in the static data of {where} "
@@ -1090,7 +1090,7 @@ def _raise_mutation_error(fun, bad, pre_def, objs, layout) -> None:
 
 def _mutation_lines(bad, pre_def, objs, layout) -> list[str]:
     """``path: what`` for each change of ``bad``, ``(node, changes)`` pairs (``_describe``)."""
-    paths = _Paths(pre_def, objs, layout)
+    paths = Paths(pre_def, objs, layout)
     lines = []
     for k, changes in bad:
         for j, what, now in changes:

@@ -35,7 +35,7 @@ from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
-from treeclone._trace import Layout, _child_keys, _Paths
+from treeclone._trace import Layout, Paths, child_keys
 from treeclone.jit import _keystr, _leaf_rule, _Naming, reporting
 from treeclone.policies import (
     CLONE,
@@ -149,7 +149,7 @@ class _InAxes:
             if isinstance(e, Node)
         }
         self.node_axes: dict[int, Any] = {}
-        self.node_paths = _Paths(call.sdef, self.objs, Layout(len(args), names)).paths
+        self.node_paths = Paths(call.sdef, self.objs, Layout(len(args), names)).paths
 
         def cover(axis: Any, subtree: Any) -> None:
             for obj in _native.flatten_shared(subtree)[2]:
@@ -291,7 +291,7 @@ class _Places:
 
     def _path(self, n: int, j: int, base: str) -> str:
         try:
-            keys = _child_keys(self.objs[n], self.info[n])
+            keys = child_keys(self.objs[n], self.info[n])
             return base + keystr((keys[j],))
         except Exception:  # noqa: BLE001 - naming is best effort
             return f"{base}[{j}]"
@@ -328,8 +328,8 @@ class _Places:
         if axis is not MIXED:
             return axis
         try:
-            key = _child_keys(self.objs[n], self.info[n])[j]
-            old = _child_keys(self.axes.objs[k], self.axes.pre_info[k])
+            key = child_keys(self.objs[n], self.info[n])[j]
+            old = child_keys(self.axes.objs[k], self.axes.pre_info[k])
         except Exception:  # noqa: BLE001
             return MIXED
         for i, old_key in enumerate(old):
@@ -346,7 +346,7 @@ class _Places:
             return self.axes.names[j] if j < len(self.axes.names) else "(keyword arguments)"
         if k == self.axes.kwargs_node:
             try:
-                return str(_child_keys(self.objs[n], self.info[n])[j].key)
+                return str(child_keys(self.objs[n], self.info[n])[j].key)
             except Exception:  # noqa: BLE001 - naming is best effort
                 return f"kwargs[{j}]"
         return self._path(n, j, self._base(k))

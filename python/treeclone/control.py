@@ -557,7 +557,7 @@ class _Lifted:
                 if (
                     ea.node_type is not eb.node_type
                     or ea.arity != eb.arity
-                    or not _trace._same_data(ea.data, eb.data)
+                    or not _trace.same_data(ea.data, eb.data)
                     or (oa is None) != (ob is None)
                     or (oa is not None and (oa.node != ob.node or oa.writable != ob.writable))
                 ):
@@ -751,7 +751,7 @@ class _PathNamer:
     def caller_path(self, k: int) -> str:
         """The key path of the caller's container at node ``k`` of the call's structure."""
         call = self.lifted.call
-        paths = _trace._Paths(call.sdef, call.objects, self.lifted.layout).paths
+        paths = _trace.Paths(call.sdef, call.objects, self.lifted.layout).paths
         return paths.get(k, "?") or "(the operands)"
 
     def path(self, n: int) -> str:
@@ -781,7 +781,7 @@ class _PathNamer:
         if o is not None:
             obj = self.lifted.call.objects[o.node]
         try:
-            keys = _trace._child_keys(obj, e)
+            keys = _trace.child_keys(obj, e)
             return keystr((keys[j],))
         except Exception:  # noqa: BLE001 - a name for a message
             return f"[{j}]"

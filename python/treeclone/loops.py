@@ -131,10 +131,10 @@ def _mutable(obj: Any) -> bool:
 def _state(obj: Any) -> tuple:
     """What a container holds one level down, by identity: its attributes and items, and the
     children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
-    attrs, items = _trace._shallow_state(obj)
+    attrs, items = _trace.shallow_state(obj)
     try:
         children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
-        flat: Any = [_trace._Same(c) for c in children]
+        flat: Any = [_trace.Same(c) for c in children]
     except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
         flat = None
     return attrs, items, flat
@@ -143,7 +143,7 @@ def _state(obj: Any) -> tuple:
 def _describe(path: str, obj: Any, before: tuple) -> list[str]:
     """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
     attrs, items = before[:2]
-    now_attrs, now_items = _trace._shallow_state(obj)
+    now_attrs, now_items = _trace.shallow_state(obj)
     lines = []
     if isinstance(obj, dict):
         old, new = dict(items), dict(now_items)
@@ -210,7 +210,7 @@ class _Carry:
         self.skip = {self.root, self.kwargs_node}
         self.layout = _trace.Layout(1, [name])
         self._paths: dict[int, str] | None = None
-        self.unstable = _trace._unstable_static_data((init, {}), self.info)
+        self.unstable = _trace.unstable_static_data((init, {}), self.info)
         # Set by the body's (last) trace: the containers the body hands back at their own place
         # (updated in place), and the leaves it hands back unchanged.
         self.pattern: tuple[frozenset[int], tuple[bool, ...]] | None = None
@@ -227,7 +227,7 @@ class _Carry:
 
     def paths(self) -> dict[int, str]:
         if self._paths is None:
-            self._paths = _trace._Paths(self.sdef, self.objs, self.layout).paths
+            self._paths = _trace.Paths(self.sdef, self.objs, self.layout).paths
         return self._paths
 
     def path(self, n: int) -> str:
@@ -243,7 +243,7 @@ class _Carry:
 
     def slot_names(self, root: str) -> list[str]:
         """Each carried leaf's key path, the carry named ``root`` (for jax's messages)."""
-        paths = _trace._Paths(self.sdef, self.objs, _trace.Layout(1, [root])).paths
+        paths = _trace.Paths(self.sdef, self.objs, _trace.Layout(1, [root])).paths
         names: dict[int, str] = {}
         for n, e in enumerate(self.info):
             if isinstance(e, LeafInfo):
@@ -361,7 +361,7 @@ class _Carry:
                 continue
             for name in new_names:
                 if not hasattr(after, name):
-                    _trace._raise_outside_attribute(self.fun, k, name, self.sdef, objs, self.layout)
+                    _trace.raise_outside_attribute(self.fun, k, name, self.sdef, objs, self.layout)
 
     def check_untouched(self, fun: Any, slots: Any, run: Callable[[Any], Any]) -> Any:
         """Run ``run`` (while_loop's condition) on the rebuilt carry, which it may not change."""
@@ -574,7 +574,7 @@ class _ExtraWatch:
         reached = {id(o) for o in _native.flatten_shared(returned)[2]}
         bad = [k for k in bad if id(self.objs[k]) not in reached]
         if bad:
-            paths = _trace._Paths(self.sdef, self.objs, _trace.Layout(1, [self.name])).paths
+            paths = _trace.Paths(self.sdef, self.objs, _trace.Layout(1, [self.name])).paths
             lines = [
                 line
                 for k in bad
@@ -600,8 +600,8 @@ def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
         elif isinstance(x, NodeInfo):
             if x.node_type is not y.node_type or x.arity != y.arity:
                 return False
-            if k not in unstable and not _trace._same_data(x.data, y.data):
-                if not _trace._equal_empty_nodes(x, y):
+            if k not in unstable and not _trace.same_data(x.data, y.data):
+                if not _trace.equal_empty_nodes(x, y):
                     return False
     return True
 
@@ -826,7 +826,7 @@ def scan(
     _check_cycle(xs, "xs")
     if mixed:
         _, xs_def, xs_objs = _native.flatten_shared((xs, {}))
-        xs_paths = _trace._Paths(xs_def, xs_objs, _trace.Layout(1, ["xs"])).paths
+        xs_paths = _trace.Paths(xs_def, xs_objs, _trace.Layout(1, ["xs"])).paths
         xs_info = xs_def.node_info()
         _check_shared(f, state, xs_objs, xs_info, lambda n: xs_paths.get(n) or "xs", xs_policy)
     # What the body does to its slice of xs in place and does not return: strict's error, or
