@@ -31,8 +31,8 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _native, _trace
+from treeclone._calls import Naming, StaticLeaves, check_arguments, check_cycles, jit_keystr
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo
-from treeclone.jit import _keystr, _Naming, _StaticLeaves, check_arguments, check_cycles
 from treeclone.policies import ArgPolicies, Policy, for_call
 
 __all__ = [
@@ -94,7 +94,7 @@ class Call:
         args: tuple,
         kwargs: dict,
         statics: Statics | None,
-        static: _StaticLeaves | None = None,
+        static: StaticLeaves | None = None,
     ):
         self.leaves, self.sdef, self.objects = leaves, sdef, objects
         self.args, self.kwargs, self.statics, self.static = args, kwargs, statics, static
@@ -111,7 +111,7 @@ class Call:
         """The distinct leaves (slots) reachable from each dynamic positional argument."""
         return self.sdef.child_slots(self.sdef.num_nodes - 1)[: len(self.args)]
 
-    def slot_names(self, naming: _Naming) -> list[str]:
+    def slot_names(self, naming: Naming) -> list[str]:
         """For each distinct leaf, where it is in the call (the first place), as jax's
         messages name an argument: ``params['w']``."""
         found: dict[int, list[str]] = {}
@@ -119,7 +119,7 @@ class Call:
         named += [(str(k), v) for k, v in self.kwargs.items()]
         for name, value in named:
             for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-                found.setdefault(id(leaf), []).append(name + _keystr(path))
+                found.setdefault(id(leaf), []).append(name + jit_keystr(path))
         # A Python scalar is a value: one object may be several leaves; name them in turn.
         seen: dict[int, int] = {}
         names = []
@@ -129,7 +129,7 @@ class Call:
             names.append(places[min(k, len(places) - 1)])
         return names
 
-    def input_names(self, naming: _Naming) -> list[str] | None:
+    def input_names(self, naming: Naming) -> list[str] | None:
         """The names of the inputs a JAX transformation sees (:meth:`traced_leaves`: the
         static ones left out), for jax's messages; None where jax names nothing."""
         if DebugInfo is None:
@@ -139,7 +139,7 @@ class Call:
             return names
         return [n for s, n in enumerate(names) if s not in self.static.slots]
 
-    def slot_path(self, naming: _Naming, slot: int) -> str:
+    def slot_path(self, naming: Naming, slot: int) -> str:
         """Where leaf ``slot`` is in the call, as messages name it (``params['w']``)."""
         target = self.leaves[slot]
         named = [(naming.name(i), a) for i, a in enumerate(self.args)]
@@ -147,7 +147,7 @@ class Call:
         for name, value in named:
             for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
                 if leaf is target:
-                    return name + _keystr(path)
+                    return name + jit_keystr(path)
         return f"<leaf {slot}>"
 
 
@@ -159,7 +159,7 @@ check_call = check_arguments
 
 
 def flatten_call(
-    naming: _Naming,
+    naming: Naming,
     args: tuple,
     kwargs: dict,
     static_nums: Iterable[int] = (),
@@ -191,7 +191,7 @@ def flatten_call(
     except ValueError:
         check_cycles(naming, *given, nums, names)  # the text of every policy, naming the argument
         raise
-    static = None if traced is None else _StaticLeaves.of(leaves, traced, args, kwargs, naming)
+    static = None if traced is None else StaticLeaves.of(leaves, traced, args, kwargs, naming)
     return Call(leaves, sdef, objects, args, kwargs, statics, static)
 
 
@@ -295,7 +295,7 @@ class Runner:
         self,
         fun: Callable[..., Any],
         policy: Policy | ArgPolicies,
-        naming: _Naming,
+        naming: Naming,
         traced: Callable[[Any], bool] | None = None,
     ):
         self.fun, self.policy, self.naming, self.traced = fun, policy, naming, traced
@@ -331,7 +331,7 @@ class Runner:
         on_args: Callable[[tuple, dict], None] | None = None,
         transform_out: Callable[[Any], Any] | None = None,
         result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
-        static: _StaticLeaves | None = None,
+        static: StaticLeaves | None = None,
     ) -> tuple[Any, list]:
         """Run ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`trace`), with the
         leaves ``traced=`` left static (``static``) put back in their slots; the outputs the
@@ -354,7 +354,7 @@ class Runner:
         return plan, outputs
 
 
-def with_static(leaves: Sequence[Any], static: _StaticLeaves | None) -> list:
+def with_static(leaves: Sequence[Any], static: StaticLeaves | None) -> list:
     """The leaves a JAX transformation handed in (:meth:`Call.traced_leaves`), with the
     static ones (``static``) back in their slots."""
     leaves = list(leaves)
@@ -382,7 +382,7 @@ class _Calling:
 def trace(
     fun: Callable[..., Any],
     policy: Policy | ArgPolicies,
-    naming: _Naming,
+    naming: Naming,
     sdef: Any,
     leaves: list,
     statics: Statics | None,

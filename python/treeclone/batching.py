@@ -30,13 +30,13 @@ import numpy as np
 from jax.core import Tracer
 
 from treeclone import _jax_compat, _lift, _native
+from treeclone._calls import Naming, jit_keystr, leaf_rule, reporting
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, Paths, child_keys
-from treeclone.jit import _keystr, _leaf_rule, _Naming, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -104,7 +104,7 @@ class _InAxes:
     ``in_axes`` entry covers all of it, else :data:`MIXED`), with the key path of each leaf
     and container for messages."""
 
-    def __init__(self, call: _lift.Call, naming: _Naming, in_axes: Any):
+    def __init__(self, call: _lift.Call, naming: Naming, in_axes: Any):
         n = len(call.leaves)
         self.pre_info = call.sdef.node_info()
         root, self.objs = call.sdef.unflatten_nodes([_Slot(s) for s in range(n)])
@@ -117,8 +117,8 @@ class _InAxes:
         def name(path: tuple) -> str:
             first, rest = path[0], path[1:]
             if first.idx == 0:  # (args, kwargs)[0][i]
-                return names[rest[0].idx] + _keystr(rest[1:])
-            return str(rest[0].key) + _keystr(rest[1:])
+                return names[rest[0].idx] + jit_keystr(rest[1:])
+            return str(rest[0].key) + jit_keystr(rest[1:])
 
         tree = (args, kwargs)
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -649,7 +649,7 @@ class _Vmap(_lift.Wrapper):
         self._jax = jax.vmap(reporting(fun), in_axes=in_axes, out_axes=out_axes, **self._options)
         self._fun, self._policy = fun, as_policy_spec(policy, fun)
         self._in_axes, self._out_axes = in_axes, out_axes
-        self._naming = _Naming(fun)
+        self._naming = Naming(fun)
         self._runners: dict[Policy | ArgPolicies, _VmapRunner] = {}
         self._lock = threading.Lock()
 
@@ -780,7 +780,7 @@ def vmap(
     """
     if not isinstance(policy, (Mapping, ArgPolicies)):
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
-    options = (in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy, _leaf_rule(traced))
+    options = (in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy, leaf_rule(traced))
     if fun is None:
         return lambda f: _Vmap(f, *options)
     return _Vmap(fun, *options)

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from treeclone import _native, _trace
+from treeclone._calls import Naming, argument_names, check_cycles, reporting
 from treeclone._jax_compat import keystr
-from treeclone.jit import _Naming, argument_names, check_cycles, reporting
 from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
 
 
@@ -45,7 +45,7 @@ def call(
     try:
         _native.check((args, kwargs))
     except ValueError:
-        check_cycles(_Naming(fun), args, kwargs)  # the same text as jit's, naming the argument
+        check_cycles(Naming(fun), args, kwargs)  # the same text as jit's, naming the argument
         raise
     names = sorted(kwargs)
     # A policy per argument: the call runs under their combination (_trace.run), each

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from treeclone import _lift, _native, _trace
+from treeclone._calls import Naming, as_jit_outputs, reporting
 from treeclone._jax_compat import (
     INITIAL_RESULT_PATHS,
     DebugInfo,
@@ -45,7 +46,6 @@ from treeclone._jax_compat import (
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import write_custom as _write_custom
 from treeclone.call import call as _call
-from treeclone.jit import _as_jit_outputs, _Naming, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -174,12 +174,12 @@ def cond(
         raise TypeError("lax.cond: true_fun and false_fun arguments should be callable.")
     operands = _operands(operands, operand)
     if chosen is CLONE:
-        _lift.check_call(_Naming(true_fun), operands, {})  # a cycle: rule 14's ValueError
+        _lift.check_call(Naming(true_fun), operands, {})  # a cycle: rule 14's ValueError
         return jax.lax.cond(pred, reporting(true_fun), reporting(false_fun), *operands)
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
-    call = _lift.flatten_call(_Naming(true_fun), operands, {})
+    call = _lift.flatten_call(Naming(true_fun), operands, {})
     lifted = _lifted("cond", [false_fun, true_fun], ["false_fun", "true_fun"], call, chosen)
     return lifted.run(
         call,
@@ -223,7 +223,7 @@ def switch(
     operands = _operands(operands, operand)
     if chosen is CLONE:
         if all(callable(b) for b in branches) and len(branches):
-            _lift.check_call(_Naming(branches[0]), operands, {})
+            _lift.check_call(Naming(branches[0]), operands, {})
         # ``branches`` stays bound: the reporting functions hold the branches weakly.
         given = branches
         if isinstance(branches, (list, tuple)):
@@ -237,7 +237,7 @@ def switch(
     if not all(callable(b) for b in branches) or not branches:
         return jax.lax.switch(index, branches)  # jax's error
     names = [f"branch {i}" for i in range(len(branches))]
-    call = _lift.flatten_call(_Naming(branches[0]), operands, {})
+    call = _lift.flatten_call(Naming(branches[0]), operands, {})
     lifted = _lifted("switch", list(branches), names, call, chosen)
     return lifted.run(
         call,
@@ -322,7 +322,7 @@ class _Branch:
 
     def __init__(self, lifted: _Lifted, index: int, fun: Callable[..., Any]):
         self.lifted, self.index, self.__wrapped__ = lifted, index, fun
-        self.naming = _Naming(fun)
+        self.naming = Naming(fun)
         self.names: list[str] | None = None
         self.traced_for = lifted.api
 
@@ -415,7 +415,7 @@ class _Lifted:
         # The operands' policies (a policy per operand: each its own, the call under their
         # combination, as for jit).
         self.policy, self.arg_policies = for_call(policy, range(num_operands), [])
-        naming = _Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
+        naming = Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
         self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
         self.records: list[_Record | None] = [None] * len(branches)
         self.plans: dict[int | None, Any] = {}
@@ -473,7 +473,7 @@ class _Lifted:
         if self.policy.mutations != "propagate":
             # strict gives jax.lax.cond's results: an operand handed back is a jax.Array
             # (rule C13; alias keeps plain Python's, the caller's own object).
-            leaves = _as_jit_outputs(leaves, range(len(leaves)))
+            leaves = as_jit_outputs(leaves, range(len(leaves)))
         return plan.apply(leaves, call.objects, list(columns))
 
     # --- checks, once every branch is traced ---
@@ -581,7 +581,7 @@ class _Lifted:
         slot = r.inputs[p]
         if slot is None:  # not an operand's Ref: the branch's trace has raised already
             return "a Ref that is not an operand's"
-        naming = _Naming(self.branches[-1] if self.api == "cond" else self.branches[0])
+        naming = Naming(self.branches[-1] if self.api == "cond" else self.branches[0])
         return f"the Ref from {self.call.slot_path(naming, slot)}"
 
     # --- the plans ---

@@ -12,6 +12,9 @@ carries its own.
 The user's function object is never written to: the inner ``jax.jit``s are kept in a registry
 keyed by a weak reference to it, so that ``jit(f)`` written twice shares one trace cache, as two
 ``jax.jit(f)`` do.
+
+What jit shares with ``jit_partial`` and the lifted transformations (the naming of arguments,
+the cycle check, the box of the distinct leaves, the rule of ``traced=``) is ``_calls``'s.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
-import re
 import threading
 import warnings
 import weakref
@@ -27,11 +29,27 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 import jax
-import numpy as np
 from jax.core import Tracer
 
 from treeclone import _jax_compat, _native, _retrace, _trace, tree_util
 from treeclone._bound import BoundArguments
+from treeclone._calls import (
+    ArgsBox,
+    Naming,
+    StaticLeaves,
+    argument_names,
+    as_jit_outputs,
+    check_cycles,
+    jit_keystr,
+    leaf_rule,
+    normalize,
+    reporting,
+    take,
+)
+
+# Public here before the machinery jit shares moved to _calls: still importable from here.
+from treeclone._calls import check_arguments as check_arguments
+from treeclone._calls import is_array as is_array
 
 # jax's description of a traced function, for its messages (None: jax's own naming).
 from treeclone._jax_compat import INITIAL_RESULT_PATHS as _INITIAL_RESULT_PATHS
@@ -56,25 +74,6 @@ _SHARDINGS = ("in_shardings", "out_shardings")
 _MASK_CACHE_SIZE = 64
 
 
-class _Described(type):
-    """How the box's type reads in JAX's explanation of a cache miss (``now <...> with 4
-    children``): what it holds, not treeclone's class (treeclone's own explanation, logged
-    with it, names the key paths)."""
-
-    def __repr__(cls) -> str:
-        return "<the arguments' distinct leaves, boxed by treeclone.jit>"
-
-
-class _ArgsBox(metaclass=_Described):
-    """A call's distinct leaves, with ``key`` (structure, statics, donation) as static data."""
-
-    __slots__ = ("key", "leaves")
-
-    def __init__(self, leaves: list, key: tuple):
-        self.leaves = leaves
-        self.key = key
-
-
 class _TraceInfo:
     """What one trace under a policy recorded; the static data of its ``_ResultBox``.
 
@@ -86,7 +85,7 @@ class _TraceInfo:
     ``next_inputs``: where the arguments' leaves are after a call (``_trace._next_inputs``),
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
-    the ``jax.Array`` ``jax.jit`` would return for it (see :func:`_as_jit_outputs`); empty
+    the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
     under alias, whose result is plain Python's. ``writes``: under alias, for each output
     written back into an argument, ``(output index, argument, key path)``, the argument as a
     position among the dynamic ones or a keyword's name (see :func:`_check_enclosing_writes`).
@@ -137,12 +136,9 @@ def _result_keys(box: _ResultBox) -> tuple[list, _TraceInfo]:
     return list(zip(box.info.paths, box.leaves, strict=True)), box.info
 
 
-# jax flattens an _ArgsBox and rebuilds a _ResultBox at every call: attrgetter and the class
-# itself do it without a Python frame. (Rebuilding the result as anything but a _ResultBox
-# would take jax.jit off its C++ fast path.)
-jax.tree_util.register_pytree_node(
-    _ArgsBox, operator.attrgetter("leaves", "key"), lambda key, leaves: _ArgsBox(list(leaves), key)
-)
+# jax rebuilds a _ResultBox at every call: attrgetter and the class itself do it without a
+# Python frame (rebuilding the result as anything but a _ResultBox would take jax.jit off its
+# C++ fast path). The ArgsBox of the arguments is _calls's.
 jax.tree_util.register_pytree_with_keys(
     _ResultBox, _result_keys, _ResultBox, operator.attrgetter("leaves", "info")
 )
@@ -176,183 +172,6 @@ def _specified(sharding: Any) -> bool:
     return sharding is not None and type(sharding).__name__ != "UnspecifiedValue"
 
 
-_FLAT_INDEX = re.compile(r"<flat index ([^>]+)>")
-
-
-def _keystr(path: tuple) -> str:
-    """A key path as jax.jit prints it in its messages."""
-    return _FLAT_INDEX.sub(r"\1", jax.tree_util.keystr(path))
-
-
-# --- argument names ---------------------------------------------------------------------------
-
-
-class _Naming:
-    """How a function's arguments are named in messages, from its signature."""
-
-    __slots__ = ("positional", "signature", "var_keyword", "var_positional")
-
-    def __init__(self, fun: Callable):
-        try:
-            self.signature: inspect.Signature | None = inspect.signature(fun)
-        except (TypeError, ValueError):
-            self.signature = None
-        params = [] if self.signature is None else list(self.signature.parameters.values())
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        self.positional = [p.name for p in params if p.kind in kinds]
-        self.var_positional = next(
-            (p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None
-        )
-        self.var_keyword = next(
-            (p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None
-        )
-
-    def name(self, i: int) -> str:
-        """The name of the call's ``i``-th positional argument."""
-        if i < len(self.positional):
-            return self.positional[i]
-        if self.var_positional is not None:
-            return f"{self.var_positional}[{i - len(self.positional)}]"
-        return f"args[{i}]"
-
-    def arguments(
-        self, n: int, positions: Sequence[int], kwargs: Iterable[str], static: Iterable[str]
-    ) -> list[str]:
-        """Names of the arguments at ``positions`` (of ``n`` positional ones) and of the keyword
-        arguments ``kwargs`` (``static``: the static ones, not named), as jax.jit names them:
-        by the signature when the call binds to it, else ``args[i]`` and ``kwargs['k']``."""
-        kwargs = list(kwargs)
-        try:
-            if self.signature is None:
-                raise TypeError
-            self.signature.bind(*[None] * n, **dict.fromkeys([*kwargs, *static]))
-        except TypeError:
-            return [f"args[{i}]" for i in positions] + [f"kwargs['{k}']" for k in kwargs]
-        params = self.signature.parameters
-        return [self.name(i) for i in positions] + [
-            k
-            if k in params and params[k].kind is not inspect.Parameter.VAR_KEYWORD
-            else f"{self.var_keyword}['{k}']"
-            for k in kwargs
-        ]
-
-
-def reporting(
-    fun: Any,
-    static_nums: frozenset[int] = frozenset(),
-    static_names: frozenset[str] = frozenset(),
-    mode: str | None = None,
-) -> Any:
-    """``fun`` as the clone policy hands it to a JAX transformation: reporting, each time it is
-    traced, the changes it makes in place and does not return (``_trace.ReportingDiscards``;
-    the same object for the same function and options, so JAX's caches find it again).
-
-    >>> import jax, jax.numpy as jnp, warnings
-    >>> from treeclone.jit import reporting
-    >>> def bump(d):
-    ...     d["n"] = d["n"] + 1
-    >>> reporting(bump) is reporting(bump), reporting(bump).__wrapped__ is bump
-    (True, True)
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     jax.jit(reporting(bump))({"n": jnp.zeros(())})
-    >>> caught[0].category.__name__
-    'MutationWarning'
-    """
-    return _trace.reporting_discards(
-        fun, lambda f: _Naming(f).name, frozenset(static_nums), frozenset(static_names), mode
-    )
-
-
-def check_arguments(
-    naming: _Naming,
-    args: tuple,
-    kwargs: dict,
-    static_nums: frozenset[int] = frozenset(),
-    static_names: frozenset[str] = frozenset(),
-) -> None:
-    """Raise the ``ValueError`` of :func:`check_cycles`, naming the argument, before a JAX
-    transformation's own flatten meets a cycle (jaxlib's, met with one, leaves the interpreter's
-    recursion counter exhausted: every later call raises RecursionError). One native look
-    through the arguments the transformation flattens (the static ones, positions
-    ``static_nums``, a negative one counted from the end, and keywords ``static_names``, left
-    out), at a fraction of a flatten's cost: under ``clone`` this is all a call adds.
-
-    >>> from treeclone.jit import _Naming, check_arguments
-    >>> def f(xs, opt):
-    ...     pass
-    >>> loop = []
-    >>> loop.append(loop)
-    >>> check_arguments(_Naming(f), ([1], loop), {}, frozenset({1}))  # opt is static: not looked at
-    >>> check_arguments(_Naming(f), (loop, "fast"), {}, frozenset({-1}))
-    Traceback (most recent call last):
-    ...
-    ValueError: cycle detected in pytree: the list at xs contains itself at relative key path [0]
-    """
-    try:
-        _native.check_arguments(args, kwargs, static_nums, static_names)
-    except ValueError:
-        check_cycles(naming, args, kwargs, static_nums, static_names)  # names the argument
-        raise
-
-
-def check_cycles(
-    naming: _Naming,
-    args: tuple,
-    kwargs: dict,
-    static_nums: frozenset[int] = frozenset(),
-    static_names: frozenset[str] = frozenset(),
-) -> None:
-    """Raise a ValueError naming the argument and key path of a container that contains
-    itself, among the arguments that are flattened (static ones are hashed instead: a negative
-    position counts from the end), with the same text under every policy. Other errors a
-    flatten of them would raise are raised too.
-
-    >>> from treeclone.jit import _Naming, check_cycles
-    >>> def f(xs, *rest):
-    ...     pass
-    >>> loop = []
-    >>> loop.append(loop)
-    >>> check_cycles(_Naming(f), ([], {"a": loop}), {})
-    Traceback (most recent call last):
-    ...
-    ValueError: cycle detected in pytree: the list at rest[0]['a'] contains itself at ...
-    """
-    static_nums, static_names = frozenset(static_nums), frozenset(static_names)
-    try:
-        _native.check_arguments(args, kwargs, static_nums, static_names)
-        return
-    except ValueError as error:
-        found = error
-    skip = _normalize(static_nums, len(args))
-    for i, arg in enumerate(args):
-        if i not in skip:
-            _native.check(arg, naming.name(i))
-    for k, arg in kwargs.items():
-        if k not in static_names:
-            _native.check(arg, k)
-    raise found  # what was found above, if no argument alone has it
-
-
-def argument_names(fun: Callable, positions: Iterable[int]) -> list[str]:
-    """The names of a call's positional arguments at ``positions``, as messages give them.
-
-    The parameter's own name; for a value collected by a ``*rest`` parameter, ``rest[j]`` (its
-    index in ``rest``); ``args[i]`` when the signature is unknown or has no place for it. These
-    are the names ``jax.jit`` uses; ``treeclone.jit`` and ``treeclone.call`` name the arguments
-    of a :class:`~treeclone.MutationError` with them (keyword arguments are named by their
-    keyword).
-
-    >>> from treeclone.jit import argument_names
-    >>> def f(xs, *rest):
-    ...     pass
-    >>> argument_names(f, [0, 1, 2])
-    ['xs', 'rest[0]', 'rest[1]']
-    """
-    naming = _Naming(fun)
-    return [naming.name(i) for i in positions]
-
-
 def _resolve(fun: Callable, nums: Any, names: Any) -> tuple[frozenset[int], frozenset[str]]:
     """Argument positions and names, each completed from the other as jax.jit does."""
     nums, names = set(_as_tuple(nums)), set(_as_tuple(names))
@@ -376,13 +195,6 @@ def _hash_static(value: Any) -> None:
             f"to hash an object of type {type(value)}, {value!r}. The error was:\n"
             f"{type(exc).__name__}: {exc}\n"
         ) from None
-
-
-def _normalize(indices: frozenset[int], n: int) -> frozenset[int]:
-    """Argument positions of one call, negative ones counted from the end as jax.jit does."""
-    if all(i >= 0 for i in indices):
-        return indices
-    return frozenset(i + n if i < 0 else i for i in indices)
 
 
 def _hashable_options(kwargs: dict[str, Any]) -> tuple | None:
@@ -489,7 +301,7 @@ class Jitted:
         self._static_nums, self._static_names = _resolve(
             fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
         )
-        self._naming = _Naming(fun)
+        self._naming = Naming(fun)
         if discarded_mutations is not None:
             check_discarded_mode(discarded_mutations)
         # The clone policy: jax.jit of fun, which reports at each trace what fun changed in
@@ -502,7 +314,7 @@ class Jitted:
             fun, jit_kwargs.get("donate_argnums"), jit_kwargs.get("donate_argnames")
         )
         self._in_shardings_given = _specified(jit_kwargs.get("in_shardings"))
-        self._traced = _leaf_rule(traced)
+        self._traced = leaf_rule(traced)
         if self._traced is not None and self._in_shardings_given:
             raise ValueError(
                 "treeclone.jit: in_shardings with traced= is not supported (a static leaf has "
@@ -586,7 +398,7 @@ class Jitted:
                 outputs[i] = value
         if info.writes and not _jax_compat.trace_state_clean():
             _check_enclosing_writes(self._fun, call, info.writes, outputs)
-        leaves = _as_jit_outputs(call.leaves, info.returned_inputs)
+        leaves = as_jit_outputs(call.leaves, info.returned_inputs)
         out = info.plan.apply(leaves, call.objects, outputs)
         if bound is not None:
             bound.advance(result.info.next_inputs, call.leaves, outputs)
@@ -632,10 +444,10 @@ class Jitted:
             donation = self._mask(sdef, n, positions, kwargs)
         static = None
         if self._traced is not None:
-            static = _StaticLeaves.of(leaves, self._traced, args, kwargs, self._naming)
+            static = StaticLeaves.of(leaves, self._traced, args, kwargs, self._naming)
         key = (sdef, statics, donation, static)
         kept, donated = _box_order(leaves, donation, static)
-        box = _ArgsBox(kept, key)
+        box = ArgsBox(kept, key)
         inner, jitted = entry
         return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
 
@@ -644,7 +456,7 @@ class Jitted:
         keys them (``2`` and ``2.0`` are equal but trace differently); ``_prepare`` hashes them
         after the flatten of the others."""
         n = len(args)
-        static_nums = _normalize(self._static_nums, n)
+        static_nums = normalize(self._static_nums, n)
         static_pos = tuple((i, type(args[i]), args[i]) for i in sorted(static_nums) if i < n)
         static_kw = tuple(
             sorted((k, type(v), v) for k, v in kwargs.items() if k in self._static_names)
@@ -674,7 +486,7 @@ class Jitted:
         ``positions[j]`` is the position, among the call's ``n``, of the j-th dynamic argument;
         ``names`` are the keyword arguments, in the order of the flattened kwargs dict.
         """
-        donate_nums = _normalize(self._donate_nums, n)
+        donate_nums = normalize(self._donate_nums, n)
         root = sdef.num_nodes - 1
         kept: set[int] = set()
         donated: set[int] = set()
@@ -820,104 +632,12 @@ class Jitted:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
 
 
-# --- leaves left static by a rule (jit's ``traced=``) -------------------------------------------
-
-
-def is_array(x: Any) -> bool:
-    """Equinox's rule (``eqx.is_array``): JAX and NumPy arrays (and NumPy scalars) are traced,
-    every other leaf is static. A tracer is a ``jax.Array``; so is a JAX Ref here.
-
-    >>> import jax.numpy as jnp, numpy as np
-    >>> from treeclone.jit import is_array
-    >>> [is_array(x) for x in (jnp.ones(2), np.ones(2), np.float32(1), 1.0, "relu", abs)]
-    [True, True, True, False, False, False]
-    """
-    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or _jax_compat.is_ref(x)
-
-
-_LEAF_RULES: dict[str, Callable[[Any], bool]] = {"arrays": is_array, "equinox": is_array}
-
-
-def _leaf_rule(traced: str | Callable[[Any], bool] | None) -> Callable[[Any], bool] | None:
-    """The predicate of ``jit(traced=...)``: None (every leaf traced, as jax.jit), a rule's
-    name, or the user's own predicate."""
-    if traced is None or callable(traced):
-        return traced
-    if isinstance(traced, str) and traced in _LEAF_RULES:
-        return _LEAF_RULES[traced]
-    raise ValueError(
-        f"traced must be None, one of {sorted(_LEAF_RULES)} or a predicate on a leaf, "
-        f"got {traced!r}"
-    )
-
-
-class _StaticLeaves:
-    """The leaves of a call that ``traced=`` leaves static: their slots and values, each keyed
-    with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
-    the inner jit's cache key, so a static leaf that changes (compared with ``==``, as equinox
-    compares them) is a new trace."""
-
-    __slots__ = ("entries", "hash", "slots")
-
-    def __init__(self, entries: tuple[tuple[int, type, Any], ...]):
-        self.entries = entries
-        self.slots = frozenset(s for s, *_ in entries)
-        self.hash = hash(entries)
-
-    @classmethod
-    def of(
-        cls,
-        leaves: list,
-        traced: Callable[[Any], bool],
-        args: tuple,
-        kwargs: dict,
-        naming: _Naming,
-    ) -> _StaticLeaves | None:
-        """Those of ``leaves`` that ``traced`` leaves static (None: none); a static leaf that
-        cannot be hashed is a TypeError naming its argument and key path."""
-        entries = tuple((s, type(x), x) for s, x in enumerate(leaves) if not traced(x))
-        if not entries:
-            return None
-        try:
-            return cls(entries)
-        except TypeError:
-            for _, ty, x in entries:
-                try:
-                    hash(x)
-                except TypeError:
-                    raise TypeError(
-                        f"{_leaf_path(x, args, kwargs, naming)}: a static leaf under traced= "
-                        f"(not traced: a {ty.__name__}) must be hashable, as a static argument "
-                        "must be: it is part of the compiled code's cache key. Make it a "
-                        "pytree node or an array, or give traced= a rule that traces it."
-                    ) from None
-            raise
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or (isinstance(other, _StaticLeaves) and other.entries == self.entries)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __repr__(self) -> str:
-        return f"static leaves {[s for s, *_ in self.entries]}"
-
-
-def _leaf_path(leaf: Any, args: tuple, kwargs: dict, naming: _Naming) -> str:
-    """The first key path of ``leaf`` in the call's arguments, as jit names them."""
-    for i, value in [*((naming.name(i), a) for i, a in enumerate(args)), *kwargs.items()]:
-        for path, x in tree_util.tree_flatten_with_path(value)[0]:
-            if x is leaf:
-                return str(i) + _keystr(path)
-    return "an argument"
-
-
-def _is_static(static: _StaticLeaves | None, slot: int) -> bool:
+def _is_static(static: StaticLeaves | None, slot: int) -> bool:
     return static is not None and slot in static.slots
 
 
 def _box_order(
-    leaves: list, donation: _Donation | None, static: _StaticLeaves | None
+    leaves: list, donation: _Donation | None, static: StaticLeaves | None
 ) -> tuple[list, list | None]:
     """A call's distinct leaves (or anything per leaf, their names) as the inner jit takes
     them: the kept ones (the box) and the donated ones (None: no donation), without the
@@ -937,7 +657,7 @@ def _from_box_order(
     kept: Sequence, donated: Sequence | None, keep: Sequence[bool] | None, static: Any
 ) -> list:
     """The inverse of :func:`_box_order`: every distinct leaf in its slot, the static ones
-    (``static``: a ``_StaticLeaves`` or None) put back as they are."""
+    (``static``: a ``StaticLeaves`` or None) put back as they are."""
     if keep is None and static is None:
         return list(kept)
     values = {} if static is None else {s: x for s, _, x in static.entries}
@@ -947,17 +667,6 @@ def _from_box_order(
         values[s] if s in values else next(it_kept if keep is None or keep[s] else it_donated)
         for s in range(n)
     ]
-
-
-def _take(indices: list[int]) -> Callable[[list], list]:
-    """``leaves -> [leaves[i] for i in indices]``, without a Python loop."""
-    if not indices:
-        return lambda leaves: []
-    if len(indices) == 1:
-        i = indices[0]
-        return lambda leaves: [leaves[i]]
-    getter = operator.itemgetter(*indices)
-    return lambda leaves: list(getter(leaves))
 
 
 class _Donation:
@@ -970,8 +679,8 @@ class _Donation:
     def __init__(self, keep: tuple[bool, ...]):
         self.keep = keep
         self.hash = hash(keep)
-        self.kept = _take([s for s, k in enumerate(keep) if k])
-        self.donated = _take([s for s, k in enumerate(keep) if not k])
+        self.kept = take([s for s, k in enumerate(keep) if k])
+        self.donated = take([s for s, k in enumerate(keep) if not k])
 
     def __eq__(self, other: object) -> bool:
         return other is self or (isinstance(other, _Donation) and other.keep == self.keep)
@@ -1002,7 +711,7 @@ class _Call:
         self,
         inner: _Inner,
         jitted: Any,
-        box: _ArgsBox,
+        box: ArgsBox,
         donated: list | None,
         leaves: list,
         objects: list,
@@ -1018,7 +727,7 @@ class _Call:
     def donation(self) -> _Donation | None:
         return self.box.key[2]
 
-    def named_arguments(self, naming: _Naming) -> list[tuple[str, Any]]:
+    def named_arguments(self, naming: Naming) -> list[tuple[str, Any]]:
         """The call's dynamic arguments with the names jax.jit gives them, in its order."""
         statics = self.box.key[1]
         n = len(self.positions) if statics is None else statics[0]
@@ -1027,12 +736,12 @@ class _Call:
         names = naming.arguments(n, self.positions, self.kwargs, static)
         return list(zip(names, values, strict=True))
 
-    def slot_names(self, naming: _Naming) -> list[str]:
+    def slot_names(self, naming: Naming) -> list[str]:
         """For each distinct leaf, its key path as jax.jit names it (the first place it is in)."""
         found: dict[int, list[str]] = {}
         for name, value in self.named_arguments(naming):
             for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-                found.setdefault(id(leaf), []).append(name + _keystr(path))
+                found.setdefault(id(leaf), []).append(name + jit_keystr(path))
         # A Python scalar is a value: the same object may be several leaves; name them in turn.
         seen: dict[int, int] = {}
         names = []
@@ -1078,7 +787,7 @@ class _Inner:
         fun: Callable,
         policy: Policy | ArgPolicies,
         kwargs: dict,
-        naming: _Naming,
+        naming: Naming,
         weak: bool,
         traced: Callable[[Any], bool] | None = None,
     ) -> None:
@@ -1116,7 +825,7 @@ class _Inner:
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
 
-    def __call__(self, box: _ArgsBox, donated: list | None) -> _ResultBox:
+    def __call__(self, box: ArgsBox, donated: list | None) -> _ResultBox:
         sdef, statics, donation, static = box.key
         keep = None if donation is None else donation.keep
         leaves = _from_box_order(box.leaves, donated, keep, static)
@@ -1235,12 +944,12 @@ class _Inner:
             where: dict[int, str] = {}
             out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(seen["out"])
             for path, leaf in out_leaves:
-                where.setdefault(id(leaf), _keystr(path))
+                where.setdefault(id(leaf), jit_keystr(path))
             args, kwargs = seen["args"]
             arg_names = [self._naming.name(i) for i in positions] + [str(k) for k in kwargs]
             for name, value in zip(arg_names, [*args, *kwargs.values()], strict=True):
                 for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-                    where.setdefault(id(leaf), name + _keystr(path))
+                    where.setdefault(id(leaf), name + jit_keystr(path))
             paths = [where.get(id(x), "") for x in outputs]
             index = {id(x): ("in", s) for s, x in enumerate(leaves)}
             index.update({id(x): ("out", i) for i, x in reversed(list(enumerate(outputs)))})
@@ -1278,7 +987,7 @@ def _written(
         for path, leaf in tree_util.tree_flatten_with_path(value)[0]:
             output = index.get(id(leaf))
             if output is not None:
-                found.append((output, where, name + _keystr(path)))
+                found.append((output, where, name + jit_keystr(path)))
     return tuple(found)
 
 
@@ -1320,29 +1029,11 @@ def _check_enclosing_writes(
             )
 
 
-def _as_jit_outputs(leaves: list, slots: Sequence[int]) -> list:
-    """``leaves`` with each of ``slots`` that is not a ``jax.Array`` (a Python scalar, a NumPy
-    array or scalar) replaced by the array ``jax.jit`` returns for it: ``jax.device_put`` gives
-    jax.jit's dtype and weak type for each (checked against jax.jit by
-    ``tests/policies/test_strict_outputs.py``). A ``jax.Array`` stays the caller's object: it
-    is immutable and equal to what jax.jit returns. A JAX Ref (``jax.new_ref``) stays the
-    caller's Ref, as under alias: JAX never returns one, and a copy would not be the Ref the
-    function wrote."""
-    converted = None
-    for s in slots:
-        x = leaves[s]
-        if not isinstance(x, jax.Array) and not _jax_compat.is_ref(x):
-            if converted is None:
-                converted = list(leaves)
-            converted[s] = jax.device_put(x)
-    return leaves if converted is None else converted
-
-
 def _make_inner(
     fun: Callable,
     policy: Policy | ArgPolicies,
     kwargs: dict[str, Any],
-    naming: _Naming,
+    naming: Naming,
     weak: bool,
     traced: Callable[[Any], bool] | None = None,
 ) -> tuple[_Inner, Any]:

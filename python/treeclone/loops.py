@@ -43,10 +43,10 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _native, _trace
+from treeclone._calls import Naming, reporting
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, unflatten_node
 from treeclone._native import EntryInfo
 from treeclone._writeback import changed_attributes, write_custom
-from treeclone.jit import _Naming, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -658,7 +658,7 @@ class _Body:
         if DebugInfo is None:
             return None
         try:
-            params = [_Naming(self.fun).name(i) for i in range(2)]
+            params = [Naming(self.fun).name(i) for i in range(2)]
             return DebugInfo(
                 self.traced_for,
                 fun_sourceinfo(self.fun),

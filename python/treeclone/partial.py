@@ -29,8 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from treeclone import _native
+from treeclone._calls import Naming, check_cycles, take
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
-from treeclone.jit import Jitted, _Naming, _take, check_cycles, jit
+from treeclone.jit import Jitted, jit
 from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
 _SCALARS = (int, float, bool, complex)
@@ -41,7 +42,7 @@ _JOIN_CACHE_SIZE = 64
 class _BoundArguments:
     """The bound arguments of a ``jit_partial``, flattened, with what checks them."""
 
-    def __init__(self, args: tuple, naming: _Naming):
+    def __init__(self, args: tuple, naming: Naming):
         self.args = args
         self.naming = naming
         self._flatten()
@@ -105,10 +106,10 @@ class _BoundArguments:
             self._flatten()
         elif next_inputs is not None:
             index, written = next_inputs
-            take = self.takers.get(index)
-            if take is None:
-                take = self.takers[index] = _take(list(index[: len(self.leaves)]))
-            self.leaves = take([*leaves, *outputs])
+            taker = self.takers.get(index)
+            if taker is None:
+                taker = self.takers[index] = take(list(index[: len(self.leaves)]))
+            self.leaves = taker([*leaves, *outputs])
             self.leaf_ids = None  # the arrays written back are bound now (rule 11)
             self.snapshot.refresh(written)
 

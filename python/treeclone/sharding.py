@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from treeclone import _lift
+from treeclone._calls import Naming, jit_keystr, reporting
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
-from treeclone.jit import _keystr, _Naming, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -79,14 +79,14 @@ class _Places:
     """Names and in_specs of key paths in a call's positional arguments (``(SequenceKey(i),
     ...)`` paths, as ``jax.tree_util`` gives them for the ``args`` tuple)."""
 
-    def __init__(self, naming: _Naming, in_specs: Any):
+    def __init__(self, naming: Naming, in_specs: Any):
         self.naming = naming
         self.entries = jax.tree_util.tree_flatten_with_path(in_specs, is_leaf=_is_spec)[0]
 
     def name(self, path: tuple) -> str:
         if path and isinstance(path[0], jax.tree_util.SequenceKey):
-            return self.naming.name(path[0].idx) + _keystr(path[1:])
-        return "args" + _keystr(path)
+            return self.naming.name(path[0].idx) + jit_keystr(path[1:])
+        return "args" + jit_keystr(path)
 
     def spec(self, path: tuple) -> Any:
         """The in_spec that covers ``path``; KeyError when in_specs has none (a place the
@@ -182,7 +182,9 @@ class _Body:
 
         def visit(path: tuple, spec: Any, sub: Any) -> None:
             for rel, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
-                out_specs_of.setdefault(id(x), []).append(("result" + _keystr((*path, *rel)), spec))
+                out_specs_of.setdefault(id(x), []).append(
+                    ("result" + jit_keystr((*path, *rel)), spec)
+                )
 
         try:
             jax.tree_util.tree_map_with_path(visit, self.out_specs, out, is_leaf=_is_spec)
@@ -295,7 +297,7 @@ class _ShardMap(_lift.Wrapper):
         self._fun, self._options = fun, options
         self._policy = as_policy_spec(policy, fun)
         self._jax = jax.shard_map(reporting(fun), **options)
-        self._naming = _Naming(fun)
+        self._naming = Naming(fun)
         self._runners: dict[Policy | ArgPolicies, _lift.Runner] = {}
         self._lock = threading.Lock()
 

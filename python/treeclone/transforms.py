@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from treeclone import _lift
+from treeclone._calls import ArgsBox, Naming, is_array, leaf_rule, reporting
 from treeclone._jax_compat import DebugInfo
-from treeclone.jit import _ArgsBox, _leaf_rule, _Naming, is_array, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -126,7 +126,7 @@ def _wrt_rule(wrt: Any) -> _Wrt | None:
 
 class _Fixed:
     """The leaves of a call that ``wrt=`` keeps out of the computation's inputs (not arrays:
-    a function, a string, a Python number), by slot; in the ``_ArgsBox`` key, so JAX never
+    a function, a string, a Python number), by slot; in the ``ArgsBox`` key, so JAX never
     sees them as leaves. Compared by identity: ``jax.value_and_grad`` does not key on it."""
 
     __slots__ = ("values",)
@@ -263,7 +263,7 @@ def _filtered_grads(
 class _GradRunner(_lift.Runner):
     """The function ``jax.value_and_grad(..., argnums=0, has_aux=True)`` differentiates: of the
     distinct leaves of the differentiated arguments, with the other leaves and the call's key
-    in an ``_ArgsBox``. It returns the value to differentiate and, as JAX's aux output (so it
+    in an ``ArgsBox``. It returns the value to differentiate and, as JAX's aux output (so it
     comes back concrete), the lifted function's :class:`~treeclone._lift.Out`, whose record's
     ``extra`` says where the gradients go: per differentiated argument, JAX's structure of it
     and, per leaf of that structure, the differentiated input it is (-1: a leaf ``wrt=`` leaves
@@ -273,12 +273,12 @@ class _GradRunner(_lift.Runner):
     traced_for = "vjp"
 
     def __init__(
-        self, fun: Callable[..., Any], policy: Policy | ArgPolicies, naming: _Naming, has_aux: bool
+        self, fun: Callable[..., Any], policy: Policy | ArgPolicies, naming: Naming, has_aux: bool
     ):
         super().__init__(fun, policy, naming)
         self.has_aux = has_aux
 
-    def __call__(self, diff: list, box: _ArgsBox) -> tuple[Any, _lift.Out]:
+    def __call__(self, diff: list, box: ArgsBox) -> tuple[Any, _lift.Out]:
         sdef, mask, argnums, fixed, filtered = box.key
         it_diff, it_other = iter(diff), iter(box.leaves)
         if fixed is None:
@@ -350,7 +350,7 @@ class _Grad(_lift.Wrapper):
         self._has_aux, self._with_value = has_aux, with_value
         self._holomorphic, self._allow_int = holomorphic, allow_int
         self._fun = fun
-        self._naming = _Naming(fun)
+        self._naming = Naming(fun)
         self._lifted: dict[Policy | ArgPolicies, tuple[_GradRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
 
@@ -402,7 +402,7 @@ class _Grad(_lift.Wrapper):
         diff = [call.leaves[s] for s in diff_slots]
         kept = chosen if fixed is None else chosen | fixed.values.keys()
         others = [x for s, x in enumerate(call.leaves) if s not in kept]
-        box = _ArgsBox(others, (call.sdef, mask, argnums, fixed, self._wrt is not None))
+        box = ArgsBox(others, (call.sdef, mask, argnums, fixed, self._wrt is not None))
         runner, vg = self._runner(policy)
         slot_names = call.slot_names(self._naming) if DebugInfo is not None else None
         names = None if slot_names is None else [slot_names[s] for s in diff_slots]
@@ -595,14 +595,14 @@ def value_and_grad(
 
 
 class _CheckpointRunner(_lift.Runner):
-    """The function ``jax.checkpoint`` wraps: of an ``_ArgsBox`` of the call's distinct leaves
+    """The function ``jax.checkpoint`` wraps: of an ``ArgsBox`` of the call's distinct leaves
     (its key: the structure with sharing and the static arguments), returning the lifted
     function's :class:`~treeclone._lift.Out`. ``jax.checkpoint`` caches its trace by that
     structure; the plan comes back in its output structure either way."""
 
     traced_for = "checkpoint / remat"
 
-    def __call__(self, box: _ArgsBox) -> _lift.Out:
+    def __call__(self, box: ArgsBox) -> _lift.Out:
         sdef, statics, static = box.key
         plan, outputs = self.trace(sdef, list(box.leaves), statics, static=static)
         return _lift.Out(_lift.Record(plan), outputs)
@@ -635,7 +635,7 @@ class _Checkpoint(_lift.Wrapper):
         self._jax = jax.checkpoint(
             reporting(fun, frozenset(static_argnums), frozenset(static_argnames)), **clone_options
         )
-        self._naming = _Naming(fun)
+        self._naming = Naming(fun)
         self._lifted: dict[Policy | ArgPolicies, tuple[_CheckpointRunner, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
 
@@ -665,7 +665,7 @@ class _Checkpoint(_lift.Wrapper):
         call = _lift.flatten_call(
             self._naming, args, kwargs, self._static_nums, self._static_names, self._traced
         )
-        box = _ArgsBox(call.traced_leaves(), (call.sdef, call.statics, call.static))
+        box = ArgsBox(call.traced_leaves(), (call.sdef, call.statics, call.static))
         runner, checkpointed = self._runner(policy)
         prevent_cse = self._options.get("prevent_cse", True)
         if not isinstance(prevent_cse, bool):
@@ -694,7 +694,7 @@ class _Checkpoint(_lift.Wrapper):
             where[id(leaf)] = where.get(id(leaf), False) or bool(flag)
         per_slot = [where.get(id(x), True) for x in call.leaves]
         options = dict(self._options)
-        options["prevent_cse"] = (_ArgsBox(per_slot, (call.sdef, call.statics, call.static)),)
+        options["prevent_cse"] = (ArgsBox(per_slot, (call.sdef, call.statics, call.static)),)
         return jax.checkpoint(runner, **options)
 
 
@@ -778,7 +778,7 @@ def checkpoint(
     if remat_policy is not None:
         options["policy"] = remat_policy
     nums, names = tuple(static_argnums), tuple(static_argnames)
-    rule = _leaf_rule(traced)
+    rule = leaf_rule(traced)
     if fun is None:
         return lambda f: _Checkpoint(f, chosen, options, nums, names, rule)
     return _Checkpoint(fun, chosen, options, nums, names, rule)

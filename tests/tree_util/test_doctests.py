@@ -1,7 +1,8 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
 function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and of the
 lifted transformations (treeclone.transforms, treeclone.batching, treeclone.sharding,
-treeclone.loops, treeclone.control), and every public method of their classes, has one."""
+treeclone.loops, treeclone.control) and of the call machinery they share (treeclone._calls),
+and every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ MODULES = {
     name: importlib.import_module(name)
     for name in (
         "treeclone",
+        "treeclone._calls",
         "treeclone.call",
         "treeclone.control",
         "treeclone.jaxlib_tree_util",
@@ -36,6 +38,7 @@ MODULES = {
 
 # Modules whose every public function and method must have an example.
 WITH_EXAMPLES = (
+    "treeclone._calls",
     "treeclone.call",
     "treeclone.control",
     "treeclone.jit",
@@ -124,7 +127,8 @@ def test_the_listed_functions_are_found() -> None:
     names = {(module, name) for module, name in (p.values for p in FUNCTIONS)}
     for expected in [
         ("treeclone.jit", "jit"),
-        ("treeclone.jit", "argument_names"),
+        ("treeclone._calls", "argument_names"),  # also treeclone.jit's (re-exported)
+        ("treeclone._calls", "Naming.name"),
         ("treeclone.jit", "Jitted._cache_size"),
         ("treeclone.jit", "Jitted.lower"),
         ("treeclone.policies", "policy"),
