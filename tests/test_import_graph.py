@@ -1,0 +1,253 @@
+"""The import graph of ``python/treeclone``: no circle, and no private names across modules.
+
+Read from the source with ``ast`` (nothing is imported): every ``import treeclone...`` and
+``from treeclone... import ...``, at the top of a module or inside a function, is an edge from
+the module to the one it imports. The modules must form no cycle, so each can be read (and
+imported) after the ones below it: the shared call machinery (``_calls``) below ``jit``,
+``jit_partial`` and the lifted transformations, ``policies`` below them all.
+
+A name with a leading underscore is private to the module that defines it: no module imports
+one from another treeclone module (``from treeclone.jit import _Naming``) or reaches for one
+through a module it imported (``_trace._Paths``). What modules share has a public name in the
+module that owns it; a private *module* (``_native``, ``_trace``, ``_calls``) is imported as
+any other, its public names being its API inside the package.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "python" / "treeclone"
+
+# (importing module, "module.name") -> why it cannot be avoided. Empty: keep it so.
+ALLOWED_PRIVATE: Mapping[tuple[str, str], str] = {}
+
+
+def module_names(package: Path) -> set[str]:
+    """The package's modules, as imported: ``treeclone``, ``treeclone.jit``, the native
+    ``treeclone._native`` (a compiled module, with its ``.pyi``), the ``bench`` subpackage."""
+    names = {"treeclone"}
+    for path in package.iterdir():
+        stem = path.name.split(".")[0]
+        if path.suffix in (".py", ".pyi", ".so", ".pyd") and stem != "__init__":
+            names.add(f"treeclone.{stem}")
+        elif path.is_dir() and (path / "__init__.py").exists():
+            names.add(f"treeclone.{path.name}")
+    return names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` as a string, for a chain of attributes on a name (else None)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def scan(source: str, name: str, modules: set[str]) -> tuple[set[str], list[str]]:
+    """What the module ``name`` (its ``source``) imports from the package (module names), and
+    each private name it takes from another module, as ``"line N: module._name"``."""
+    tree = ast.parse(source)
+    package = name if name == "treeclone" else name.rsplit(".", 1)[0]
+    imported: set[str] = set()
+    private: list[str] = []
+    bound: dict[str, str] = {}  # a local name -> the treeclone module it is bound to
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "treeclone":
+                    continue
+                imported.add(alias.name)
+                if alias.asname is not None:
+                    bound[alias.asname] = alias.name
+                else:
+                    bound["treeclone"] = "treeclone"
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package the module is in
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source_module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source_module = node.module or ""
+            if source_module.split(".")[0] != "treeclone":
+                continue
+            for alias in node.names:
+                submodule = f"{source_module}.{alias.name}"
+                if submodule in modules:  # ``from treeclone import _native``: a module
+                    imported.add(submodule)
+                    bound[alias.asname or alias.name] = submodule
+                    continue
+                imported.add(source_module)
+                if _private(alias.name) and source_module != name:
+                    private.append(f"line {node.lineno}: {source_module}.{alias.name}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            dotted = _dotted(node.value)
+            if dotted is None:
+                continue
+            head, *rest = dotted.split(".")
+            if head not in bound:
+                continue
+            module = ".".join([bound[head], *rest])
+            if module in modules and module != name:
+                private.append(f"line {node.lineno}: {module}.{node.attr}")
+    imported.discard(name)
+    return imported, sorted(private, key=lambda where: int(where.split()[1].rstrip(":")))
+
+
+def read_package(package: Path) -> dict[str, tuple[set[str], list[str]]]:
+    """For each Python module of the package (``__init__`` and the top-level ``*.py``): what it
+    imports from the package and the private names it takes from other modules."""
+    modules = module_names(package)
+    found = {}
+    for path in sorted(package.glob("*.py")):
+        name = "treeclone" if path.stem == "__init__" else f"treeclone.{path.stem}"
+        found[name] = scan(path.read_text(encoding="utf-8"), name, modules)
+    return found
+
+
+def cycles(graph: Mapping[str, set[str]]) -> Iterator[list[str]]:
+    """A cycle through each strongly connected component of more than one module (Tarjan's
+    algorithm, then a path around the component), as ``[a, b, ..., a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    for component in components:
+        if len(component) < 2:
+            continue
+        members, start = set(component), min(component)
+        path, seen = [start], {start}
+        while True:  # inside a strongly connected component every step can stay inside it
+            nxt = sorted(w for w in graph[path[-1]] if w in members)
+            back = [w for w in nxt if w == start]
+            if back and len(path) > 1:
+                yield [*path, start]
+                break
+            fresh = [w for w in nxt if w not in seen]
+            if not fresh:  # closes on a module met before: report that loop
+                w = nxt[0]
+                yield [*path[path.index(w) :], w]
+                break
+            path.append(fresh[0])
+            seen.add(fresh[0])
+
+
+FOUND = read_package(PACKAGE)
+GRAPH = {name: imported for name, (imported, _) in FOUND.items()}
+
+
+def test_the_package_is_read() -> None:
+    """The scan sees the package: its modules and the imports everyone knows are there."""
+    assert {"treeclone", "treeclone.jit", "treeclone.policies", "treeclone.partial"} <= set(GRAPH)
+    assert "treeclone.policies" in GRAPH["treeclone.jit"]
+    assert "treeclone._native" in GRAPH["treeclone.jit"]  # ``from treeclone import _native``
+    assert "treeclone.jit" in GRAPH["treeclone"]
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    found = [" -> ".join(cycle) for cycle in cycles(GRAPH)]
+    assert not found, "modules of python/treeclone import each other:\n" + "\n".join(found)
+
+
+def test_no_module_takes_a_private_name_from_another() -> None:
+    found = [
+        f"{name} {where}"
+        for name, (_, private) in sorted(FOUND.items())
+        for where in private
+        if (name, where.split(": ", 1)[1]) not in ALLOWED_PRIVATE
+    ]
+    assert not found, (
+        "private names used across modules (give what is shared a public name in the module "
+        "that owns it):\n" + "\n".join(found)
+    )
+
+
+def test_every_allowed_exception_is_still_needed() -> None:
+    used = {
+        (name, where.split(": ", 1)[1]) for name, (_, private) in FOUND.items() for where in private
+    }
+    assert set(ALLOWED_PRIVATE) <= used, set(ALLOWED_PRIVATE) - used
+
+
+# --- the checker itself -------------------------------------------------------------------------
+
+MODULES = {"treeclone", "treeclone.jit", "treeclone._native", "treeclone._trace", "treeclone.a"}
+
+
+@pytest.mark.parametrize(
+    ("source", "imported", "private"),
+    [
+        ("from treeclone.jit import _Naming", {"treeclone.jit"}, ["treeclone.jit._Naming"]),
+        ("from treeclone.jit import Jitted as _J", {"treeclone.jit"}, []),
+        ("from treeclone import _native, _trace", {"treeclone._native", "treeclone._trace"}, []),
+        ("from treeclone import jit\njit._take([])", {"treeclone.jit"}, ["treeclone.jit._take"]),
+        (
+            "import treeclone._trace as t\nt._Paths",
+            {"treeclone._trace"},
+            ["treeclone._trace._Paths"],
+        ),
+        (
+            "import treeclone.jit\ntreeclone.jit._Naming",
+            {"treeclone.jit"},
+            ["treeclone.jit._Naming"],
+        ),
+        (
+            "def f():\n    from treeclone.jit import _keystr",
+            {"treeclone.jit"},
+            ["treeclone.jit._keystr"],
+        ),
+        ("from . import jit\nfrom .jit import _x", {"treeclone.jit"}, ["treeclone.jit._x"]),
+        ("from treeclone.a import _own", set(), []),  # its own name
+        ("from treeclone.jit import __all__", {"treeclone.jit"}, []),
+        ("import jax\njax._src", set(), []),
+    ],
+)
+def test_the_scan(source: str, imported: set[str], private: list[str]) -> None:
+    found_imported, found_private = scan(source, "treeclone.a", MODULES)
+    assert found_imported == imported
+    assert [p.split(": ", 1)[1] for p in found_private] == private
+
+
+def test_cycles_are_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert list(cycles(graph)) == [["a", "b", "c", "a"]]
+    assert list(cycles({"a": {"b"}, "b": set()})) == []
