@@ -23,9 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast, overload
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from treeclone import _lift
+from treeclone import _lift, _native
 from treeclone._calls import ArgsBox, Naming, is_array, leaf_rule, reporting
 from treeclone._jax_compat import DebugInfo
 from treeclone.policies import (
@@ -141,6 +142,27 @@ class _Fixed:
             values[s] if s in values else next(it_diff) if d else next(it_other)
             for s, d in enumerate(mask)
         ]
+
+
+def _untied(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call with each array met again at another place replaced by a copy, so that every
+    place is its own input: under ``clone`` (rule 29) a gradient with ``wrt=`` is
+    ``jax.grad``'s and ``eqx.filter_grad``'s, one per place, not the total of the places (the
+    lift flattens with identity). The call itself when no array is at two places."""
+    try:
+        leaves, treedef = _native.flatten((args, kwargs))
+    except ValueError:  # a cycle: the lift's flatten raises it, naming the argument
+        return args, kwargs
+    seen: set[int] = set()
+    untied, copied = [], False
+    for x in leaves:
+        if id(x) in seen and isinstance(x, (jax.Array, np.ndarray)):
+            x, copied = (x.copy() if isinstance(x, np.ndarray) else jnp.array(x, copy=True)), True
+        seen.add(id(x))
+        untied.append(x)
+    if not copied:
+        return args, kwargs
+    return treedef.unflatten(untied)
 
 
 def _variable_slots(call: _lift.Call, variables: Sequence[Any]) -> dict[int, list[int]]:
@@ -386,6 +408,13 @@ class _Grad(_lift.Wrapper):
                 f"to be passed by the caller, but got only {n} positional arguments."
             )
         argnums = tuple(i + n if i < 0 else i for i in self._argnums)
+        if (
+            self._wrt is not None
+            and self._wrt.kind != "nnx"  # nnx's own rule: a Variable is one parameter
+            and isinstance(policy, Policy)
+            and policy.identity == "duplicate"
+        ):
+            args, kwargs = _untied(args, kwargs)
         call = _lift.flatten_call(self._naming, args, kwargs)
         per_arg = call.arg_slots()
         fixed, forms, var_slots = None, None, None

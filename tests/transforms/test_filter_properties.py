@@ -394,29 +394,25 @@ def _shared_loss(tree: tuple, x: jax.Array) -> jax.Array:
     return jnp.sum(2.0 * tree[0](x) + tree[1](x))
 
 
-@pytest.mark.parametrize(
-    "policy",
-    [
-        pytest.param(
-            policy,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "issue 23: with wrt= every policy (clone included) flattens with identity, "
-                    "so an array at two places gets its total gradient at each (rule 29's "
-                    "alias rule), where eqx.filter_grad (and rule 29 for clone) gives each "
-                    "place its own"
-                ),
-            ),
-        )
-        for policy in POLICIES
-    ],
-)
-def test_an_array_at_two_places_gets_filter_grads_gradient_at_each(policy):
+def test_an_array_at_two_places_under_clone_gets_filter_grads_gradient_at_each():
+    """Rule 29 under clone: each place is its own input, as for jax.grad and
+    eqx.filter_grad (the lift, which flattens with identity, is given the places untied)."""
     tree, x = _shared_model(), jnp.ones(2)
     want = eqx.filter_grad(_shared_loss)(tree, x)
-    got = tc.grad(_shared_loss, wrt="arrays", policy=policy)(tree, x)
+    got = tc.grad(_shared_loss, wrt="arrays", policy="clone")(tree, x)
     assert_same_grads(got, want)
+    assert tree[0] is tree[1]  # the caller's tie is left as it was
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_an_array_at_two_places_under_alias_and_strict_gets_its_total_gradient(policy):
+    """Rule 29 under alias and strict: one array is one parameter (a tie), its gradient at
+    each place the total, as plain Python's loss of the one object would have it."""
+    tree, x = _shared_model(), jnp.ones(2)
+    per_place = eqx.filter_grad(_shared_loss)(tree, x)
+    total = jax.tree.map(lambda a, b: a + b, per_place[0], per_place[1])
+    got = tc.grad(_shared_loss, wrt="arrays", policy=policy)(tree, x)
+    assert_same_grads(got, (total, total))
 
 
 def test_a_shared_submodule_trains_as_under_filter_jit():
