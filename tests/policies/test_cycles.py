@@ -114,10 +114,20 @@ _CHILD = textwrap.dedent(
         loop.append(loop)  # cyclic, not hashable
         return {"plain": "fast", "cyclic": box, "refuses": Refuses(), "unhashable cyclic": loop}
 
+    old_jax = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7)
     for name, (transform, fun, options, how) in static_cases.items():
         for policy in ("clone", "alias", "strict"):
             for value_kind, opt in static_values().items():
                 for cfg_kind in ("cyclic", "plain"):
+                    if old_jax and policy == "clone" and cfg_kind == "plain" and value_kind in (
+                        "cyclic", "refuses"
+                    ):
+                        # jax.jit before 0.7 flattens its static arguments itself: a cyclic
+                        # one exhausts the recursion counter for good. clone is jax.jit.
+                        report[f"{name} {policy} {value_kind} {cfg_kind}"] = [
+                            "skip: jax.jit before JAX 0.7 flattens its static arguments", 500
+                        ]
+                        continue
                     f = transform(fun, policy=policy, **options)
                     cfg = {"w": jnp.ones(2)}
                     if cfg_kind == "cyclic":
@@ -215,6 +225,8 @@ def test_static_arguments_are_never_checked(report, case, policy, value):
     flatten raises, is no error beside valid dynamic arguments (an unhashable one of jax.jit
     is jax.jit's ValueError, under every policy)."""
     outcome, headroom = report[f"{case} {policy} {value} plain"]
+    if outcome.startswith("skip: "):
+        pytest.skip(outcome[len("skip: ") :])
     if value == "unhashable cyclic" and case.startswith("jit"):
         assert outcome.startswith("Non-hashable static arguments are not supported.")
     else:
