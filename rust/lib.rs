@@ -8,6 +8,7 @@
 //! - `sharing/`: the identity-tracking mode and `SharedTreeDef`;
 //! - `writeback/`: `CallPlan`, the all-or-nothing write into the caller's objects;
 //! - `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
+//! - `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call;
 //! - `api.rs`: the module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 
 mod api;
 mod bound;
+mod call;
 mod node;
 mod registry;
 mod sharing;
@@ -36,6 +38,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writeback::Source>()?;
     m.add_class::<writeback::Origin>()?;
     m.add_class::<bound::Snapshot>()?;
+    m.add_class::<call::LeanCall>()?;
+    m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::unflatten_floor, m)?)?;

@@ -72,6 +72,8 @@ _ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_a
 _SHARDINGS = ("in_shardings", "out_shardings")
 # Donation masks kept per jitted function (one per argument structure seen; cleared when full).
 _MASK_CACHE_SIZE = 64
+# Keys of argument structures kept per inner function for the lean path (cleared when full).
+_KEY_CACHE_SIZE = 256
 
 
 class _TraceInfo:
@@ -325,6 +327,17 @@ class Jitted:
             fun, None if options is None else (options, self._traced)
         )
         self._masks: dict[tuple, _Donation] = {}
+        # The lean path, for arguments that are all dynamic, none donated, every leaf traced:
+        # True until the first call makes its _native.LeanCall; None: the general path only.
+        lean = not (
+            self._static_nums
+            or self._static_names
+            or self._donate_nums
+            or self._donate_names
+            or self._traced is not None
+            or self._in_shardings_given
+        )
+        self._lean: Any = True if lean else None
 
     # --- policies -----------------------------------------------------------------------------
 
@@ -350,6 +363,8 @@ class Jitted:
         other = object.__new__(Jitted)
         other.__dict__.update(self.__dict__)
         other._policy = as_policy_spec(policy, self._fun)
+        if other._lean is not None:
+            other._lean = True  # its own, for its policy
         return other
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -364,6 +379,14 @@ class Jitted:
                 self._check_cycles(args, kwargs)  # names the argument
                 raise
             return self._jax_jitted(*args, **kwargs)
+        lean = self._lean
+        if lean is not None and policy is self._policy:
+            if lean is True:
+                lean = self._lean_call()
+            try:
+                return lean(args, kwargs)
+            except _native.FlattenFailed:
+                pass  # the general path's error names the argument
         return self._call_policy(policy, args, kwargs)
 
     def _check_cycles(self, args: tuple, kwargs: dict) -> None:
@@ -396,13 +419,32 @@ class Jitted:
             outputs = list(outputs)
             for i, value in info.static_outputs:
                 outputs[i] = value
-        if info.writes and not _jax_compat.trace_state_clean():
+        if info.writes and isinstance(outputs[0], Tracer):  # inside a JAX transformation
             _check_enclosing_writes(self._fun, call, info.writes, outputs)
         leaves = as_jit_outputs(call.leaves, info.returned_inputs)
         out = info.plan.apply(leaves, call.objects, outputs)
         if bound is not None:
             bound.advance(result.info.next_inputs, call.leaves, outputs)
         return out
+
+    def _lean_call(self) -> Any:
+        """The native call (``_native.LeanCall``) of ``self._policy``'s inner jit, made at the
+        first call on the lean path."""
+        inner, jitted = self._inner_entry(self._policy)
+        lean = _native.LeanCall(
+            inner, jitted, inner.keys, inner.key_of, ArgsBox, inner.local, Tracer, _finish_lean
+        )
+        self._lean = lean
+        return lean
+
+    def _inner_entry(self, policy: Policy | ArgPolicies) -> tuple[_Inner, Any]:
+        """The inner function under ``policy`` and its ``jax.jit`` (made at the first call)."""
+        entry = self._inner.get(policy)
+        if entry is None:
+            entry = self._inner[policy] = _make_inner(
+                self._fun, policy, self._kwargs, self._naming, self._shared, self._traced
+            )
+        return entry
 
     def _prepare(
         self,
@@ -413,11 +455,7 @@ class Jitted:
     ) -> _Call:
         """Everything about one call up to running the inner jit. With ``bound``, the first
         arguments are ``jit_partial``'s, flattened already: only the others are flattened."""
-        entry = self._inner.get(policy)
-        if entry is None:
-            entry = self._inner[policy] = _make_inner(
-                self._fun, policy, self._kwargs, self._naming, self._shared, self._traced
-            )
+        entry = self._inner_entry(policy)
         if kwargs and self._in_shardings_given:
             raise ValueError("pjit does not support kwargs when in_shardings is specified.")
         given = args, kwargs
@@ -768,6 +806,23 @@ class _Call:
         return slots if len(set(slots)) == len(self.leaves) else None
 
 
+def _lean_call_record(call: tuple) -> _Call:
+    """The ``_Call`` of a call on the lean path from what ``_native.LeanCall`` records of it:
+    ``(inner, jitted, box, None, leaves, objects, args, kwargs)``."""
+    return _Call(*call, range(len(call[6])))
+
+
+def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:
+    """The end of a call on the lean path whose result needs Python (``_native.LeanCall``): a
+    write-back inside a JAX transformation (checked first), inputs handed back as
+    ``jax.jit``'s arrays (strict)."""
+    inner, _, _, _, leaves, objects, *_ = call
+    if info.writes and isinstance(outputs[0], Tracer):
+        _check_enclosing_writes(inner._fun(), _lean_call_record(call), info.writes, outputs)
+    leaves = as_jit_outputs(leaves, info.returned_inputs)
+    return info.plan.apply(leaves, objects, outputs)
+
+
 # --- the inner function -------------------------------------------------------------------------
 
 
@@ -808,6 +863,23 @@ class _Inner:
         )
         self.local = threading.local()  # .call: the _Call running now in this thread
         self.retraces = _retrace.History(fun, policy, naming.name)
+        # The lean path's key of each argument structure, one object per structure: JAX
+        # compares a cached key with the call's by identity first.
+        self.keys: dict[Any, tuple] = {}
+
+    def key_of(self, sdef: Any) -> tuple:
+        """The key of a call of structure ``sdef`` on the lean path (``Jitted._call_lean``)."""
+        if len(self.keys) >= _KEY_CACHE_SIZE:
+            self.keys.clear()
+        key = self.keys[sdef] = (sdef, None, None, None)
+        return key
+
+    def call(self) -> _Call | None:
+        """The call running now in this thread (None when traced ahead of time)."""
+        call = getattr(self.local, "call", None)
+        if type(call) is tuple:  # the lean path's, made into a _Call when a trace needs it
+            call = self.local.call = _lean_call_record(call)
+        return call
 
     def __repr__(self) -> str:
         return repr(self._fun())
@@ -815,7 +887,7 @@ class _Inner:
     @property
     def __fun_debug_info__(self) -> Any:
         """jax's description of the function for the call now running (None: jax's own)."""
-        call = getattr(self.local, "call", None)
+        call = self.call()
         if call is None or _DebugInfo is None:
             return None
         try:
@@ -883,7 +955,7 @@ class _Inner:
                     keep_inputs[s] = id(leaves[s]) not in returned
             return out
 
-        call = getattr(self.local, "call", None)  # None when traced ahead of time
+        call = self.call()  # None when traced ahead of time
         layout = _trace.Layout(num_args, names)
         plan, outputs, next_inputs = _trace.run(
             self._fun(),

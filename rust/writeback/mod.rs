@@ -165,7 +165,7 @@ impl CallPlan {
     /// Build the results from the caller's `input_leaves` / `input_objects` (from
     /// `flatten_shared` of the call's arguments) and the computation's `outputs`, writing back
     /// into the caller's containers where the plan has origins. All writes happen or none does.
-    fn apply<'py>(
+    pub(crate) fn apply<'py>(
         &self,
         py: Python<'py>,
         input_leaves: &Bound<'py, PyList>,

@@ -1,0 +1,175 @@
+//! `LeanCall`: one call of `treeclone.jit` under `alias` or `strict`, for a function whose
+//! arguments are all dynamic, none donated and every leaf traced, in one native call.
+//!
+//! It does what `Jitted._call_policy` does for such a call, without its Python frames: flatten
+//! the arguments with identity (`flatten_shared`), find the key of their structure (one key
+//! object per structure, kept by the inner function, so that JAX compares it by identity),
+//! box the distinct leaves, run the inner `jax.jit` with the call recorded for its debug info,
+//! and apply the trace's `CallPlan`. What only some calls need stays in Python: the naming of
+//! an argument that cannot be flattened (`FlattenFailed` hands the call back), and `finish`,
+//! for a result that hands inputs back as `jax.jit`'s arrays (strict) or a write-back inside
+//! a JAX transformation.
+
+use crate::sharing::{flatten_shared, SharedTreeDef};
+use crate::writeback::CallPlan;
+use pyo3::exceptions::PyValueError;
+use pyo3::gc::PyVisit;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::PyTraverseError;
+
+pyo3::create_exception!(
+    treeclone,
+    FlattenFailed,
+    PyValueError,
+    "The arguments of a lean call could not be flattened: the caller takes the general path, \
+     whose error names the argument."
+);
+
+/// What the lean path of one `treeclone.jit` under one policy holds (see the module comment).
+#[pyclass(frozen, module = "treeclone")]
+pub struct LeanCall {
+    /// The inner function (`_Inner`), first item of the call recorded for its debug info.
+    inner: Py<PyAny>,
+    /// Its `jax.jit`, called as `jitted(box, None)`.
+    jitted: Py<PyAny>,
+    /// `inner.keys`: the key of each structure seen; `key_of(sdef)` makes a new one.
+    keys: Py<PyDict>,
+    key_of: Py<PyAny>,
+    /// `ArgsBox`, made without its Python `__init__` by `object.__new__`.
+    box_type: Py<PyType>,
+    object_new: Py<PyAny>,
+    /// `inner.local`: `.call` holds the running call while the inner jit runs.
+    local: Py<PyAny>,
+    /// `jax.core.Tracer`: an output that is one means a call inside a JAX transformation.
+    tracer: Py<PyType>,
+    /// `finish(call, info, outputs) -> result` for results that need Python.
+    finish: Py<PyAny>,
+}
+
+#[pymethods]
+impl LeanCall {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        inner: Py<PyAny>,
+        jitted: Py<PyAny>,
+        keys: Py<PyDict>,
+        key_of: Py<PyAny>,
+        box_type: Py<PyType>,
+        local: Py<PyAny>,
+        tracer: Py<PyType>,
+        finish: Py<PyAny>,
+        py: Python<'_>,
+    ) -> PyResult<Self> {
+        let object_new = py
+            .import("builtins")?
+            .getattr("object")?
+            .getattr("__new__")?
+            .unbind();
+        Ok(LeanCall {
+            inner,
+            jitted,
+            keys,
+            key_of,
+            box_type,
+            object_new,
+            local,
+            tracer,
+            finish,
+        })
+    }
+
+    /// `fun(*args, **kwargs)` under the policy; `FlattenFailed` when the arguments cannot be
+    /// flattened (nothing was run).
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Keyword order is not part of a call's structure, as in jax.jit.
+        let kwargs = if kwargs.len() > 1 {
+            sorted_by_key(kwargs)?
+        } else {
+            kwargs.clone()
+        };
+        let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
+        arguments.push(kwargs.clone().into_any());
+        let tree = PyTuple::new(py, arguments)?;
+        let flat = match flatten_shared(tree.as_any()) {
+            Ok(flat) => flat,
+            Err(e) if e.is_instance_of::<PyValueError>(py) => {
+                return Err(FlattenFailed::new_err(()));
+            }
+            Err(e) => return Err(e),
+        };
+        let num_slots = flat.leaves.len();
+        let leaves = PyList::new(py, flat.leaves)?;
+        let objects = PyList::new(py, flat.objects)?;
+        let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?;
+        let key = match self.keys.bind(py).get_item(&sdef)? {
+            Some(key) => key,
+            None => self.key_of.bind(py).call1((&sdef,))?,
+        };
+        let boxed = self.object_new.bind(py).call1((self.box_type.bind(py),))?;
+        boxed.setattr(intern!(py, "leaves"), &leaves)?;
+        boxed.setattr(intern!(py, "key"), &key)?;
+        // The call as `_Inner.call` reads it (a `_Call`'s fields, made into one at trace time).
+        let call = PyTuple::new(
+            py,
+            [
+                self.inner.bind(py).clone(),
+                self.jitted.bind(py).clone(),
+                boxed.clone(),
+                py.None().into_bound(py),
+                leaves.clone().into_any(),
+                objects.clone().into_any(),
+                args.clone().into_any(),
+                kwargs.into_any(),
+            ],
+        )?;
+        let local = self.local.bind(py);
+        local.setattr(intern!(py, "call"), &call)?;
+        let result = self.jitted.bind(py).call1((&boxed, py.None()));
+        local.setattr(intern!(py, "call"), py.None())?;
+        let result = result?;
+        let info = result.getattr(intern!(py, "info"))?;
+        let outputs = result.getattr(intern!(py, "leaves"))?;
+        if info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?
+            || (info.getattr(intern!(py, "writes"))?.is_truthy()?
+                && outputs.len()? > 0
+                && outputs.get_item(0)?.is_instance(self.tracer.bind(py))?)
+        {
+            return self.finish.bind(py).call1((call, info, outputs));
+        }
+        let plan = info.getattr(intern!(py, "plan"))?;
+        let plan = plan.cast::<CallPlan>()?;
+        plan.get().apply(py, &leaves, &objects, &outputs)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.inner)?;
+        visit.call(&self.jitted)?;
+        visit.call(&self.keys)?;
+        visit.call(&self.key_of)?;
+        visit.call(&self.box_type)?;
+        visit.call(&self.object_new)?;
+        visit.call(&self.local)?;
+        visit.call(&self.tracer)?;
+        visit.call(&self.finish)
+    }
+}
+
+/// A copy of `kwargs` with its keys sorted (keyword names are strings).
+fn sorted_by_key<'py>(kwargs: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
+    let items = kwargs.items();
+    items.sort()?;
+    let sorted = PyDict::new(kwargs.py());
+    for item in items.iter() {
+        let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+        sorted.set_item(k, v)?;
+    }
+    Ok(sorted)
+}
