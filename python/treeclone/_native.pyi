@@ -132,6 +132,33 @@ class Snapshot:
     @property
     def checkable(self) -> bool: ...
 
+class FlattenFailed(ValueError):
+    """A lean call's arguments could not be flattened: the general path names the argument."""
+
+class LeanCall:
+    """``treeclone.jit``'s whole call under a policy, for arguments all dynamic, none donated."""
+
+    def __init__(
+        self,
+        inner: Any,
+        jitted: Any,
+        keys: dict[Any, tuple[Any, ...]],
+        key_of: Callable[[Any], tuple[Any, ...]],
+        box_type: type,
+        local: Any,
+        tracer: type,
+        finish: Callable[[tuple[Any, ...], Any, Any], Any],
+    ) -> None: ...
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def call_joined(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        sdef: Any,
+        objects: list[Any],
+    ) -> tuple[Any, Any, Any]: ...
+
 class Source:
     """Where a result leaf comes from: the caller's input slot or the computation's output."""
 

@@ -809,7 +809,8 @@ class _Call:
 def _lean_call_record(call: tuple) -> _Call:
     """The ``_Call`` of a call on the lean path from what ``_native.LeanCall`` records of it:
     ``(inner, jitted, box, None, leaves, objects, args, kwargs)``."""
-    return _Call(*call, range(len(call[6])))
+    inner, jitted, box, donated, leaves, objects, args, kwargs = call
+    return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, range(len(args)))
 
 
 def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:

@@ -147,9 +147,26 @@ class JitPartial:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy."""
-        policy = policy_override.get() or self._jitted._policy
-        _check_policy(policy)
-        return self._jitted._call_policy(policy, (*self._bound.args, *args), kwargs, self._bound)
+        jitted, bound = self._jitted, self._bound
+        policy = policy_override.get() or jitted._policy
+        args = (*bound.args, *args)
+        lean = jitted._lean
+        if lean is None or policy is not jitted._policy:
+            _check_policy(policy)
+            return jitted._call_policy(policy, args, kwargs, bound)
+        # The lean path (Jitted.__call__'s): the bound arguments joined, then one native call.
+        if lean is True:
+            lean = jitted._lean_call()
+        if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
+            kwargs = dict(sorted(kwargs.items()))
+        try:
+            leaves, sdef, objects = bound.join(args, kwargs)
+        except ValueError:
+            jitted._check_cycles(args, kwargs)  # names the argument
+            raise
+        out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
+        bound.advance(info.next_inputs, leaves, outputs)
+        return out
 
     def clear_cache(self) -> None:
         """Empty the compiled-code caches (see :meth:`treeclone.Jitted.clear_cache`).

@@ -109,6 +109,49 @@ impl LeanCall {
         let leaves = PyList::new(py, flat.leaves)?;
         let objects = PyList::new(py, flat.objects)?;
         let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?;
+        let (out, _, _) = self.run(py, args, kwargs, leaves, sdef.into_any(), objects)?;
+        Ok(out)
+    }
+
+    /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
+    /// already: `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))` (`kwargs`
+    /// sorted). Returns `(result, the trace's _TraceInfo, the computation's outputs)`.
+    fn call_joined<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+        leaves: Bound<'py, PyList>,
+        sdef: Bound<'py, PyAny>,
+        objects: Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        self.run(py, args, kwargs.clone(), leaves, sdef, objects)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.inner)?;
+        visit.call(&self.jitted)?;
+        visit.call(&self.keys)?;
+        visit.call(&self.key_of)?;
+        visit.call(&self.box_type)?;
+        visit.call(&self.object_new)?;
+        visit.call(&self.local)?;
+        visit.call(&self.tracer)?;
+        visit.call(&self.finish)
+    }
+}
+
+impl LeanCall {
+    /// Everything after the flatten: the key, the box, the inner jit, the plan.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Bound<'py, PyDict>,
+        leaves: Bound<'py, PyList>,
+        sdef: Bound<'py, PyAny>,
+        objects: Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let key = match self.keys.bind(py).get_item(&sdef)? {
             Some(key) => key,
             None => self.key_of.bind(py).call1((&sdef,))?,
@@ -137,28 +180,18 @@ impl LeanCall {
         let result = result?;
         let info = result.getattr(intern!(py, "info"))?;
         let outputs = result.getattr(intern!(py, "leaves"))?;
-        if info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?
+        let out = if info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?
             || (info.getattr(intern!(py, "writes"))?.is_truthy()?
                 && outputs.len()? > 0
                 && outputs.get_item(0)?.is_instance(self.tracer.bind(py))?)
         {
-            return self.finish.bind(py).call1((call, info, outputs));
-        }
-        let plan = info.getattr(intern!(py, "plan"))?;
-        let plan = plan.cast::<CallPlan>()?;
-        plan.get().apply(py, &leaves, &objects, &outputs)
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.inner)?;
-        visit.call(&self.jitted)?;
-        visit.call(&self.keys)?;
-        visit.call(&self.key_of)?;
-        visit.call(&self.box_type)?;
-        visit.call(&self.object_new)?;
-        visit.call(&self.local)?;
-        visit.call(&self.tracer)?;
-        visit.call(&self.finish)
+            self.finish.bind(py).call1((call, &info, &outputs))?
+        } else {
+            let plan = info.getattr(intern!(py, "plan"))?;
+            let plan = plan.cast::<CallPlan>()?;
+            plan.get().apply(py, &leaves, &objects, &outputs)?
+        };
+        Ok((out, info, outputs))
     }
 }
 
