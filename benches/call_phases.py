@@ -4,21 +4,24 @@ the harness's models, for reading next to the harness's ratios (what limits a ra
     python benches/call_phases.py                  # rewrites its table in docs/benchmarks.md
     python benches/call_phases.py --out /tmp/phases.md
 
-Phases, each timed over many calls after compilation (medians of rounds, microseconds):
-``prepare`` (flatten the arguments with identity, or check and join the bound ones, and box
-them), ``jitted`` (JAX's dispatch of the inner jit: its own flatten of the boxed leaves and
-the launch of the computation), ``apply`` (the plan: rebuild the result, write back), and for
-context the flatten alone (``flatten_shared``) and, for ``jit_partial``, the check of the
-bound containers (``snapshot``). The phases are timed one by one, so they add up to a little
-more than a whole call, whose computation runs while the next phases do. No speed claim is
-made from this table (the harness's interleaved ratios are the claims): it says where the
-time of the calls the harness measures goes. The Markdown goes between
-``<!-- call-phases:begin -->`` and ``<!-- call-phases:end -->``.
+Both run on the lean path (``_native.LeanCall``: one native call per call). Phases, each timed
+over many calls after compilation (medians of rounds, microseconds): ``call`` (a whole call,
+waited for), ``flatten`` (the arguments flattened with identity; for ``jit_partial``, the
+bound ones checked and joined with the others flattened: ``_BoundArguments.join``),
+``jitted`` (JAX's dispatch of the inner jit, its flatten of the boxed leaves and the
+computation, waited for), ``apply`` (the plan: rebuild the result, write back), and for
+``jit_partial`` the check of the bound containers alone (``snapshot``, part of ``flatten``).
+The phases are timed one by one, so ``flatten + jitted + apply`` is a little more than
+``call``, whose computation runs while the next phases do. No speed claim is made from this
+table (the harness's interleaved ratios are the claims): it says where the time of the calls
+the harness measures goes. The Markdown goes between ``<!-- call-phases:begin -->`` and
+``<!-- call-phases:end -->``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -49,16 +52,18 @@ def _median_us(fn: Callable[[], Any], n: int = 200, rounds: int = 7) -> float:
     return statistics.median(samples)
 
 
-def phases(jitted: tc.Jitted, args: tuple, bound: Any = None) -> dict[str, float]:
-    """Median time of each phase of ``jitted(*args)`` (``bound``: a jit_partial's)."""
-    call = jitted._prepare(ALIAS, args, {}, bound)
+def phases(jitted: tc.Jitted, args: tuple, whole: Callable[[], Any], bound: Any = None):
+    """Median time of each phase of ``jitted(*args)`` (``bound``: a jit_partial's, whose call
+    is ``whole``)."""
+    out = {"call": _median_us(lambda: jax.block_until_ready(whole()))}
+    call = jitted._prepare(ALIAS, args, {}, bound)  # the box the lean path makes, and its key
     result = call.jitted(call.box, call.donated)
     jax.block_until_ready(result.leaves)
-    out = {
-        "prepare": _median_us(lambda: jitted._prepare(ALIAS, args, {}, bound)),
-        "jitted": _median_us(lambda: jax.block_until_ready(call.jitted(call.box, call.donated))),
-        "flatten_shared": _median_us(lambda: _native.flatten_shared((*args, {}))),
-    }
+    if bound is None:
+        out["flatten"] = _median_us(lambda: _native.flatten_shared((*args, {})))
+    else:
+        out["flatten"] = _median_us(lambda: bound.join(args, {}))
+    out["jitted"] = _median_us(lambda: jax.block_until_ready(call.jitted(call.box, call.donated)))
     if bound is not None:  # before any write-back below: it would make the check fail early
         out["snapshot"] = _median_us(bound.snapshot.unchanged)
     out["apply"] = _median_us(
@@ -81,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     state = {"params": params, "opt_state": tx.init(params)}
     step = tc.jit(inplace_step(M.mlp_loss, tx), policy="alias")
     step(state, x, y)
-    rows = {"mlp_adam, jit[alias]": phases(step, (state, x, y))}
+    rows = {
+        "mlp_adam, jit[alias]": phases(step, (state, x, y), functools.partial(step, state, x, y))
+    }
 
     cls = overhead_model_class()
     for depth, body in ((20, "empty"), (20, "train"), (100, "empty")):
@@ -97,23 +104,29 @@ def main(argv: list[str] | None = None) -> int:
         fn = train if body == "train" else (lambda model, optimizer, x, y: None)
         plain = tc.jit(fn, policy="alias")
         plain(model, optimizer, bx, by)
-        rows[f"nnx_{body}_{depth}, jit[alias]"] = phases(plain, (model, optimizer, bx, by))
+        rows[f"nnx_{body}_{depth}, jit[alias]"] = phases(
+            plain, (model, optimizer, bx, by), functools.partial(plain, model, optimizer, bx, by)
+        )
         bound = tc.jit_partial(fn, model, optimizer)
         bound(bx, by)
         rows[f"nnx_{body}_{depth}, jit_partial[alias]"] = phases(
-            bound._jitted, (model, optimizer, bx, by), bound._bound
+            bound._jitted,
+            (model, optimizer, bx, by),
+            functools.partial(bound, bx, by),
+            bound._bound,
         )
-    names = ["prepare", "jitted", "apply", "flatten_shared", "snapshot"]
+    names = ["call", "flatten", "jitted", "apply", "snapshot"]
     lines = [
         "## Where a call's time goes",
         "",
         f"Produced by `{script_command('call_phases.py', argv)}` (from the repository root): "
-        "the median time of each phase of one call, timed phase by phase after compilation "
-        "(module docstring of `benches/call_phases.py`); microseconds. `prepare`: flatten the "
-        "arguments with identity (for `jit_partial`: check the bound ones and flatten the "
-        "rest) and box them; `jitted`: JAX's dispatch of the inner jit and the computation; "
-        "`apply`: the plan (results, write-back); `flatten_shared`: the flatten alone; "
-        "`snapshot`: `jit_partial`'s check of the bound containers.",
+        "the median time of each phase of one call on the lean path (`_native.LeanCall`), "
+        "timed phase by phase after compilation (module docstring of "
+        "`benches/call_phases.py`); microseconds. `call`: a whole call, waited for; "
+        "`flatten`: the arguments flattened with identity (for `jit_partial`: the bound ones "
+        "checked and joined with the others flattened); `jitted`: JAX's dispatch of the inner "
+        "jit and the computation, waited for; `apply`: the plan (results, write-back); "
+        "`snapshot`: `jit_partial`'s check of the bound containers (part of its `flatten`).",
         "",
         *(f"- {k}: {v}" for k, v in machine_info().items()),
         "",

@@ -18,6 +18,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
+use std::sync::Mutex;
 
 pyo3::create_exception!(
     treeclone,
@@ -46,6 +47,9 @@ pub struct LeanCall {
     tracer: Py<PyType>,
     /// `finish(call, info, outputs) -> result` for results that need Python.
     finish: Py<PyAny>,
+    /// The last structure met and its key: a training loop meets one structure call after
+    /// call, and comparing with it costs less than hashing the call's new structure.
+    last: Mutex<Option<(Py<PyAny>, Py<PyAny>)>>,
 }
 
 #[pymethods]
@@ -78,6 +82,7 @@ impl LeanCall {
             local,
             tracer,
             finish,
+            last: Mutex::new(None),
         })
     }
 
@@ -137,11 +142,43 @@ impl LeanCall {
         visit.call(&self.object_new)?;
         visit.call(&self.local)?;
         visit.call(&self.tracer)?;
-        visit.call(&self.finish)
+        visit.call(&self.finish)?;
+        if let Ok(last) = self.last.try_lock() {
+            if let Some((sdef, key)) = last.as_ref() {
+                visit.call(sdef)?;
+                visit.call(key)?;
+            }
+        }
+        Ok(())
     }
 }
 
 impl LeanCall {
+    /// The key of structure `sdef`: the last one's when equal, else the inner function's.
+    fn key<'py>(&self, py: Python<'py>, sdef: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let last = self.last_entry(py);
+        if let Some((last_sdef, key)) = last {
+            // Python code may run in `eq` (a node's data): nothing is held locked meanwhile.
+            if last_sdef.is(sdef) || last_sdef.bind(py).eq(sdef)? {
+                return Ok(key.into_bound(py));
+            }
+        }
+        let key = match self.keys.bind(py).get_item(sdef)? {
+            Some(key) => key,
+            None => self.key_of.bind(py).call1((sdef,))?,
+        };
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some((sdef.clone().unbind(), key.clone().unbind()));
+        }
+        Ok(key)
+    }
+
+    fn last_entry(&self, py: Python<'_>) -> Option<(Py<PyAny>, Py<PyAny>)> {
+        let last = self.last.lock().ok()?;
+        last.as_ref()
+            .map(|(s, k)| (s.clone_ref(py), k.clone_ref(py)))
+    }
+
     /// Everything after the flatten: the key, the box, the inner jit, the plan.
     fn run<'py>(
         &self,
@@ -152,10 +189,7 @@ impl LeanCall {
         sdef: Bound<'py, PyAny>,
         objects: Bound<'py, PyList>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let key = match self.keys.bind(py).get_item(&sdef)? {
-            Some(key) => key,
-            None => self.key_of.bind(py).call1((&sdef,))?,
-        };
+        let key = self.key(py, &sdef)?;
         let boxed = self.object_new.bind(py).call1((self.box_type.bind(py),))?;
         boxed.setattr(intern!(py, "leaves"), &leaves)?;
         boxed.setattr(intern!(py, "key"), &key)?;
