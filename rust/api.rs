@@ -76,7 +76,7 @@ fn py_check_arguments<'py>(
     static_nums: &Bound<'py, PyFrozenSet>,
     static_names: &Bound<'py, PyFrozenSet>,
 ) -> PyResult<()> {
-    check_arguments(args, kwargs, static_nums, static_names)
+    check_arguments(args, Some(kwargs), static_nums, static_names)
 }
 
 /// Rebuild the tree of `treedef` (treeclone's or jaxlib's) from `leaves`; a jaxlib treedef

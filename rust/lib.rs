@@ -39,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writeback::Origin>()?;
     m.add_class::<bound::Snapshot>()?;
     m.add_class::<call::LeanCall>()?;
+    m.add_class::<call::JitCore>()?;
     m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;

@@ -135,6 +135,23 @@ class Snapshot:
 class FlattenFailed(ValueError):
     """A lean call's arguments could not be flattened: the general path names the argument."""
 
+class JitCore:
+    """The native base of ``treeclone.Jitted``: its ``__call__``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+    def _init_core(
+        self,
+        policy: Any,
+        clone: Any,
+        policy_override: Any,
+        jax_jitted: Any,
+        static_nums: frozenset[int],
+        static_names: frozenset[str],
+        lean_allowed: bool,
+    ) -> None: ...
+    def _lean_for(self, policy: Any) -> LeanCall | None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
 class LeanCall:
     """``treeclone.jit``'s whole call under a policy, for arguments all dynamic, none donated."""
 

@@ -261,7 +261,7 @@ class _FunSignature:
         return inspect.signature(obj._fun) if signature is None else signature
 
 
-class Jitted:
+class Jitted(_native.JitCore):
     """What ``treeclone.jit(fun, ...)`` returns: call it like the ``jax.jit`` of ``fun``.
 
     It has what user code reaches for on ``jax.jit``'s wrapper: ``fun``'s name, docstring,
@@ -327,9 +327,9 @@ class Jitted:
             fun, None if options is None else (options, self._traced)
         )
         self._masks: dict[tuple, _Donation] = {}
-        # The lean path, for arguments that are all dynamic, none donated, every leaf traced:
-        # True until the first call makes its _native.LeanCall; None: the general path only.
-        lean = not (
+        # The lean path (_native.LeanCall), for arguments all dynamic, none donated, every
+        # leaf traced; the others take _call_policy.
+        self._lean_allowed = not (
             self._static_nums
             or self._static_names
             or self._donate_nums
@@ -337,7 +337,21 @@ class Jitted:
             or self._traced is not None
             or self._in_shardings_given
         )
-        self._lean: Any = True if lean else None
+        self._set_up_calls()
+
+    def _set_up_calls(self) -> None:
+        """Hand the native base class (``_native.JitCore``, whose ``__call__`` every call runs:
+        ``clone``'s check then ``jax.jit``'s call, or the lean path, or ``_call_policy``) what
+        calls need."""
+        self._init_core(
+            self._policy,
+            CLONE,
+            policy_override,
+            self._jax_jitted if self._traced is None else None,
+            self._static_nums,
+            self._static_names,
+            self._lean_allowed,
+        )
 
     # --- policies -----------------------------------------------------------------------------
 
@@ -360,34 +374,11 @@ class Jitted:
         >>> jitted.with_policy("alias").policy, jitted.policy
         (Policy.alias, Policy.clone)
         """
-        other = object.__new__(Jitted)
+        other = Jitted.__new__(Jitted)
         other.__dict__.update(self.__dict__)
         other._policy = as_policy_spec(policy, self._fun)
-        if other._lean is not None:
-            other._lean = True  # its own, for its policy
+        other._set_up_calls()
         return other
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``fun(*args, **kwargs)``, compiled, under the policy (see :func:`jit`)."""
-        policy = policy_override.get() or self._policy
-        if policy is CLONE and self._traced is None:  # presets are canonical (as_policy)
-            # check_arguments, inlined (a Python call is 1-2% of the cheapest jax.jit call):
-            # docs/benchmarks.md, jit call path, small_dispatch and static_argnum.
-            try:
-                _native.check_arguments(args, kwargs, self._static_nums, self._static_names)
-            except ValueError:
-                self._check_cycles(args, kwargs)  # names the argument
-                raise
-            return self._jax_jitted(*args, **kwargs)
-        lean = self._lean
-        if lean is not None and policy is self._policy:
-            if lean is True:
-                lean = self._lean_call()
-            try:
-                return lean(args, kwargs)
-            except _native.FlattenFailed:
-                pass  # the general path's error names the argument
-        return self._call_policy(policy, args, kwargs)
 
     def _check_cycles(self, args: tuple, kwargs: dict) -> None:
         check_cycles(self._naming, args, kwargs, self._static_nums, self._static_names)
@@ -427,15 +418,13 @@ class Jitted:
             bound.advance(result.info.next_inputs, call.leaves, outputs)
         return out
 
-    def _lean_call(self) -> Any:
-        """The native call (``_native.LeanCall``) of ``self._policy``'s inner jit, made at the
-        first call on the lean path."""
+    def _lean_call(self) -> _native.LeanCall:
+        """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
+        ``JitCore`` makes it with this at the first call that takes the lean path."""
         inner, jitted = self._inner_entry(self._policy)
-        lean = _native.LeanCall(
+        return _native.LeanCall(
             inner, jitted, inner.keys, inner.key_of, ArgsBox, inner.local, Tracer, _finish_lean
         )
-        self._lean = lean
-        return lean
 
     def _inner_entry(self, policy: Policy | ArgPolicies) -> tuple[_Inner, Any]:
         """The inner function under ``policy`` and its ``jax.jit`` (made at the first call)."""
@@ -869,7 +858,7 @@ class _Inner:
         self.keys: dict[Any, tuple] = {}
 
     def key_of(self, sdef: Any) -> tuple:
-        """The key of a call of structure ``sdef`` on the lean path (``Jitted._call_lean``)."""
+        """The key of a call of structure ``sdef`` on the lean path (``_native.LeanCall``)."""
         if len(self.keys) >= _KEY_CACHE_SIZE:
             self.keys.clear()
         key = self.keys[sdef] = (sdef, None, None, None)

@@ -150,13 +150,11 @@ class JitPartial:
         jitted, bound = self._jitted, self._bound
         policy = policy_override.get() or jitted._policy
         args = (*bound.args, *args)
-        lean = jitted._lean
-        if lean is None or policy is not jitted._policy:
+        lean = jitted._lean_for(policy)
+        if lean is None:
             _check_policy(policy)
             return jitted._call_policy(policy, args, kwargs, bound)
-        # The lean path (Jitted.__call__'s): the bound arguments joined, then one native call.
-        if lean is True:
-            lean = jitted._lean_call()
+        # The lean path (Jitted's): the bound arguments joined, then one native call.
         if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
             kwargs = dict(sorted(kwargs.items()))
         try:

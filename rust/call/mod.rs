@@ -10,6 +10,10 @@
 //! for a result that hands inputs back as `jax.jit`'s arrays (strict) or a write-back inside
 //! a JAX transformation.
 
+mod core;
+
+pub use core::JitCore;
+
 use crate::sharing::{flatten_shared, SharedTreeDef};
 use crate::writeback::CallPlan;
 use pyo3::exceptions::PyValueError;
@@ -94,28 +98,7 @@ impl LeanCall {
         args: &Bound<'py, PyTuple>,
         kwargs: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // Keyword order is not part of a call's structure, as in jax.jit.
-        let kwargs = if kwargs.len() > 1 {
-            sorted_by_key(kwargs)?
-        } else {
-            kwargs.clone()
-        };
-        let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
-        arguments.push(kwargs.clone().into_any());
-        let tree = PyTuple::new(py, arguments)?;
-        let flat = match flatten_shared(tree.as_any()) {
-            Ok(flat) => flat,
-            Err(e) if e.is_instance_of::<PyValueError>(py) => {
-                return Err(FlattenFailed::new_err(()));
-            }
-            Err(e) => return Err(e),
-        };
-        let num_slots = flat.leaves.len();
-        let leaves = PyList::new(py, flat.leaves)?;
-        let objects = PyList::new(py, flat.objects)?;
-        let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?;
-        let (out, _, _) = self.run(py, args, kwargs, leaves, sdef.into_any(), objects)?;
-        Ok(out)
+        self.call(py, args, kwargs)
     }
 
     /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
@@ -154,6 +137,37 @@ impl LeanCall {
 }
 
 impl LeanCall {
+    /// `fun(*args, **kwargs)` under the policy (see `__call__`).
+    pub(crate) fn call<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Keyword order is not part of a call's structure, as in jax.jit.
+        let kwargs = if kwargs.len() > 1 {
+            sorted_by_key(kwargs)?
+        } else {
+            kwargs.clone()
+        };
+        let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
+        arguments.push(kwargs.clone().into_any());
+        let tree = PyTuple::new(py, arguments)?;
+        let flat = match flatten_shared(tree.as_any()) {
+            Ok(flat) => flat,
+            Err(e) if e.is_instance_of::<PyValueError>(py) => {
+                return Err(FlattenFailed::new_err(()));
+            }
+            Err(e) => return Err(e),
+        };
+        let num_slots = flat.leaves.len();
+        let leaves = PyList::new(py, flat.leaves)?;
+        let objects = PyList::new(py, flat.objects)?;
+        let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?;
+        let (out, _, _) = self.run(py, args, kwargs, leaves, sdef.into_any(), objects)?;
+        Ok(out)
+    }
+
     /// The key of structure `sdef`: the last one's when equal, else the inner function's.
     fn key<'py>(&self, py: Python<'py>, sdef: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let last = self.last_entry(py);

@@ -95,11 +95,12 @@ pub fn check<'py>(tree: &Bound<'py, PyAny>, opts: &Options<'py>) -> PyResult<()>
 /// `static_names` holds. The arguments left are looked through as one tuple.
 pub fn check_arguments<'py>(
     args: &Bound<'py, PyTuple>,
-    kwargs: &Bound<'py, PyDict>,
+    kwargs: Option<&Bound<'py, PyDict>>,
     static_nums: &Bound<'py, PyFrozenSet>,
     static_names: &Bound<'py, PyFrozenSet>,
 ) -> PyResult<()> {
-    let mut dynamic: Vec<Bound<'py, PyAny>> = Vec::with_capacity(args.len() + kwargs.len());
+    let kwargs = kwargs.filter(|kwargs| !kwargs.is_empty()); // an empty dict holds no cycle
+    let mut dynamic: Vec<Bound<'py, PyAny>> = Vec::with_capacity(args.len() + 1);
     if static_nums.is_empty() {
         dynamic.push(args.clone().into_any());
     } else {
@@ -110,14 +111,17 @@ pub fn check_arguments<'py>(
             }
         }
     }
-    if static_names.is_empty() {
-        dynamic.push(kwargs.clone().into_any());
-    } else if !kwargs.is_empty() {
-        // The items are copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
-        for item in kwargs.items().iter() {
-            let (key, value) = item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?;
-            if !static_names.contains(key)? {
-                dynamic.push(value);
+    if let Some(kwargs) = kwargs {
+        if static_names.is_empty() {
+            dynamic.push(kwargs.clone().into_any());
+        } else {
+            // The items are copied out first: a keyword's `__eq__` (a `str` subclass's) runs
+            // Python.
+            for item in kwargs.items().iter() {
+                let (key, value) = item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?;
+                if !static_names.contains(key)? {
+                    dynamic.push(value);
+                }
             }
         }
     }

@@ -1,0 +1,181 @@
+//! `JitCore`: the native base class of `treeclone.Jitted`, whose `__call__` it is.
+//!
+//! A call of a `treeclone.jit` function runs no Python frame of treeclone's on its two fast
+//! paths: under `clone` (the check of the arguments for cycles, then `jax.jit`'s own call with
+//! the caller's very arguments) and on the lean path of `alias`/`strict` (`LeanCall`). Every
+//! other call goes to the Python method `_call_policy`, and a failed check or flatten to the
+//! Python methods whose errors name the argument.
+
+use super::{FlattenFailed, LeanCall};
+use crate::traverse::plain::check_arguments;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::gc::PyVisit;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFrozenSet, PyTuple};
+use pyo3::PyTraverseError;
+use std::sync::OnceLock;
+
+/// What `Jitted._init_core` hands over once the wrapper is set up.
+struct Core {
+    /// The wrapper's own policy (a `Policy` or `ArgPolicies`), and the `clone` preset.
+    policy: Py<PyAny>,
+    clone: Py<PyAny>,
+    /// `treeclone.policies.policy_override`: a `with treeclone.policy(...)` block's policy.
+    policy_override: Py<PyAny>,
+    /// `jax.jit` of the function, for `clone`; None when `clone` takes the general path
+    /// (`traced=`).
+    jax_jitted: Option<Py<PyAny>>,
+    static_nums: Py<PyFrozenSet>,
+    static_names: Py<PyFrozenSet>,
+    /// Whether calls under the wrapper's own policy (not `clone`) take the lean path.
+    lean_allowed: bool,
+    /// The lean path's `LeanCall`, made by `_lean_call()` at the first call that takes it.
+    lean: OnceLock<Py<LeanCall>>,
+}
+
+#[pyclass(frozen, subclass, module = "treeclone")]
+pub struct JitCore {
+    core: OnceLock<Core>,
+}
+
+#[pymethods]
+impl JitCore {
+    /// Made with any arguments: the subclass's `__init__` takes them.
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        JitCore {
+            core: OnceLock::new(),
+        }
+    }
+
+    /// Set what calls need, once per object (`with_policy` makes a new object).
+    #[allow(clippy::too_many_arguments)]
+    fn _init_core(
+        &self,
+        policy: Py<PyAny>,
+        clone: Py<PyAny>,
+        policy_override: Py<PyAny>,
+        jax_jitted: Option<Py<PyAny>>,
+        static_nums: Py<PyFrozenSet>,
+        static_names: Py<PyFrozenSet>,
+        lean_allowed: bool,
+    ) -> PyResult<()> {
+        let core = Core {
+            policy,
+            clone,
+            policy_override,
+            jax_jitted,
+            static_nums,
+            static_names,
+            lean_allowed,
+            lean: OnceLock::new(),
+        };
+        self.core
+            .set(core)
+            .map_err(|_| PyTypeError::new_err("treeclone.jit: the wrapper is set up already"))
+    }
+
+    /// The lean path's `LeanCall` for calls under `policy`, or None when they take the
+    /// general path (for `jit_partial`).
+    fn _lean_for<'py>(
+        slf: &Bound<'py, Self>,
+        policy: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, LeanCall>>> {
+        let core = core_of(slf)?;
+        if !core.lean_allowed || !policy.is(&core.policy) {
+            return Ok(None);
+        }
+        lean_of(slf, core).map(Some)
+    }
+
+    /// `fun(*args, **kwargs)`, compiled, under the policy (see `treeclone.jit`).
+    #[pyo3(signature = (*args, **kwargs))]
+    fn __call__<'py>(
+        slf: &Bound<'py, Self>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let core = core_of(slf)?;
+        let given = core
+            .policy_override
+            .bind(py)
+            .call_method0(intern!(py, "get"))?;
+        let policy = if given.is_none() {
+            core.policy.bind(py).clone()
+        } else {
+            given
+        };
+        if policy.is(&core.clone) {
+            if let Some(jax_jitted) = &core.jax_jitted {
+                let (nums, names) = (core.static_nums.bind(py), core.static_names.bind(py));
+                if let Err(err) = check_arguments(args, kwargs, nums, names) {
+                    if err.is_instance_of::<PyValueError>(py) {
+                        // The text of every policy, naming the argument.
+                        let kwargs = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+                        slf.call_method1(intern!(py, "_check_cycles"), (args, kwargs))?;
+                    }
+                    return Err(err);
+                }
+                return jax_jitted.bind(py).call(args, kwargs);
+            }
+        }
+        let empty;
+        let kwargs = match kwargs {
+            Some(kwargs) => kwargs,
+            None => {
+                empty = PyDict::new(py);
+                &empty
+            }
+        };
+        if !policy.is(&core.clone) && core.lean_allowed && policy.is(&core.policy) {
+            let lean = lean_of(slf, core)?;
+            match lean.get().call(py, args, kwargs) {
+                // The general path's error names the argument.
+                Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
+                result => return result,
+            }
+        }
+        slf.call_method1(intern!(py, "_call_policy"), (policy, args, kwargs))
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(core) = self.core.get() else {
+            return Ok(());
+        };
+        visit.call(&core.policy)?;
+        visit.call(&core.clone)?;
+        visit.call(&core.policy_override)?;
+        if let Some(jax_jitted) = &core.jax_jitted {
+            visit.call(jax_jitted)?;
+        }
+        visit.call(&core.static_nums)?;
+        visit.call(&core.static_names)?;
+        if let Some(lean) = core.lean.get() {
+            visit.call(lean)?;
+        }
+        Ok(())
+    }
+}
+
+fn core_of<'a>(slf: &'a Bound<'_, JitCore>) -> PyResult<&'a Core> {
+    slf.get()
+        .core
+        .get()
+        .ok_or_else(|| PyTypeError::new_err("treeclone.jit: the wrapper is not set up"))
+}
+
+/// The `LeanCall`, made by the subclass's `_lean_call()` the first time.
+fn lean_of<'py>(slf: &Bound<'py, JitCore>, core: &Core) -> PyResult<Bound<'py, LeanCall>> {
+    let py = slf.py();
+    if let Some(lean) = core.lean.get() {
+        return Ok(lean.bind(py).clone());
+    }
+    let made = slf.call_method0(intern!(py, "_lean_call"))?;
+    let made = made.cast_into::<LeanCall>()?;
+    // Another thread may have made one meanwhile: either serves.
+    let _ = core.lean.set(made.clone().unbind());
+    Ok(made)
+}
