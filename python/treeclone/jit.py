@@ -327,12 +327,10 @@ class Jitted(_native.JitCore):
             fun, None if options is None else (options, self._traced)
         )
         self._masks: dict[tuple, _Donation] = {}
-        # The lean path (_native.LeanCall), for arguments all dynamic, none donated, every
-        # leaf traced; the others take _call_policy.
+        # The lean path (_native.LeanCall), for arguments none donated, every leaf traced;
+        # the others take _call_policy.
         self._lean_allowed = not (
-            self._static_nums
-            or self._static_names
-            or self._donate_nums
+            self._donate_nums
             or self._donate_names
             or self._traced is not None
             or self._in_shardings_given
@@ -422,8 +420,19 @@ class Jitted(_native.JitCore):
         """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
         ``JitCore`` makes it with this at the first call that takes the lean path."""
         inner, jitted = self._inner_entry(self._policy)
+        statics = None
+        if self._static_nums or self._static_names:
+            statics = (self._static_nums, self._static_names, _hash_static)
         return _native.LeanCall(
-            inner, jitted, inner.keys, inner.key_of, ArgsBox, inner.local, Tracer, _finish_lean
+            inner,
+            jitted,
+            inner.keys,
+            inner.key_of,
+            ArgsBox,
+            inner.local,
+            Tracer,
+            _finish_lean,
+            statics,
         )
 
     def _inner_entry(self, policy: Policy | ArgPolicies) -> tuple[_Inner, Any]:
@@ -797,9 +806,12 @@ class _Call:
 
 def _lean_call_record(call: tuple) -> _Call:
     """The ``_Call`` of a call on the lean path from what ``_native.LeanCall`` records of it:
-    ``(inner, jitted, box, None, leaves, objects, args, kwargs)``."""
-    inner, jitted, box, donated, leaves, objects, args, kwargs = call
-    return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, range(len(args)))
+    ``(inner, jitted, box, None, leaves, objects, args, kwargs, positions)``, the dynamic
+    arguments and their positions among all the positional ones (None: all)."""
+    inner, jitted, box, donated, leaves, objects, args, kwargs, positions = call
+    if positions is None:
+        positions = range(len(args))
+    return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
 
 
 def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:
@@ -857,11 +869,14 @@ class _Inner:
         # compares a cached key with the call's by identity first.
         self.keys: dict[Any, tuple] = {}
 
-    def key_of(self, sdef: Any) -> tuple:
-        """The key of a call of structure ``sdef`` on the lean path (``_native.LeanCall``)."""
+    def key_of(self, sdef: Any, statics: tuple | None = None) -> tuple:
+        """The key of a call of structure ``sdef`` and static arguments ``statics`` (as
+        ``Jitted._split_statics`` gives them) on the lean path (``_native.LeanCall``), kept
+        under ``sdef`` or ``(sdef, statics)``."""
         if len(self.keys) >= _KEY_CACHE_SIZE:
             self.keys.clear()
-        key = self.keys[sdef] = (sdef, None, None, None)
+        key = (sdef, statics, None, None)
+        self.keys[sdef if statics is None else (sdef, statics)] = key
         return key
 
     def call(self) -> _Call | None:

@@ -150,7 +150,9 @@ class JitPartial:
         jitted, bound = self._jitted, self._bound
         policy = policy_override.get() or jitted._policy
         args = (*bound.args, *args)
-        lean = jitted._lean_for(policy)
+        # (Static arguments among the others: _prepare splits them out before the join.)
+        static = jitted._static_nums or jitted._static_names
+        lean = None if static else jitted._lean_for(policy)
         if lean is None:
             _check_policy(policy)
             return jitted._call_policy(policy, args, kwargs, bound)

@@ -20,7 +20,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use std::sync::Mutex;
 
@@ -51,14 +51,41 @@ pub struct LeanCall {
     tracer: Py<PyType>,
     /// `finish(call, info, outputs) -> result` for results that need Python.
     finish: Py<PyAny>,
-    /// The last structure met and its key: a training loop meets one structure call after
-    /// call, and comparing with it costs less than hashing the call's new structure.
-    last: Mutex<Option<(Py<PyAny>, Py<PyAny>)>>,
+    /// The static arguments, when the function has some.
+    statics: Option<Statics>,
+    /// The last structure met (with the static arguments' key) and its key: a training loop
+    /// meets one structure call after call, and comparing with it costs less than hashing.
+    last: Mutex<Option<Last>>,
 }
+
+/// `static_argnums` (negative ones count from the end) and `static_argnames`, and
+/// `hash_static(value)`, which raises jax.jit's error for a value that cannot be hashed.
+struct Statics {
+    nums: Py<PyFrozenSet>,
+    names: Py<PyFrozenSet>,
+    hash_static: Py<PyAny>,
+}
+
+/// A call's arguments with the static ones taken out, as `Jitted._split_statics` does.
+struct Split<'py> {
+    args: Bound<'py, PyTuple>,
+    kwargs: Bound<'py, PyDict>,
+    /// `(number of positional arguments, ((position, type, value), ...), ((name, type,
+    /// value), ...))`: jax.jit keys a static value with its type (2 and 2.0 trace apart).
+    key: Bound<'py, PyTuple>,
+    values: Vec<Bound<'py, PyAny>>,
+    /// The position of each dynamic positional argument among all of them.
+    positions: Bound<'py, PyList>,
+}
+
+/// `(structure, static arguments' key or None, the call's key)`.
+type Last = (Py<PyAny>, Option<Py<PyAny>>, Py<PyAny>);
 
 #[pymethods]
 impl LeanCall {
+    /// `statics`: `(static_argnums, static_argnames, hash_static)`, or None.
     #[new]
+    #[pyo3(signature = (inner, jitted, keys, key_of, box_type, local, tracer, finish, statics=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         inner: Py<PyAny>,
@@ -69,6 +96,7 @@ impl LeanCall {
         local: Py<PyAny>,
         tracer: Py<PyType>,
         finish: Py<PyAny>,
+        statics: Option<(Py<PyFrozenSet>, Py<PyFrozenSet>, Py<PyAny>)>,
         py: Python<'_>,
     ) -> PyResult<Self> {
         let object_new = py
@@ -86,6 +114,11 @@ impl LeanCall {
             local,
             tracer,
             finish,
+            statics: statics.map(|(nums, names, hash_static)| Statics {
+                nums,
+                names,
+                hash_static,
+            }),
             last: Mutex::new(None),
         })
     }
@@ -113,7 +146,9 @@ impl LeanCall {
         sdef: Bound<'py, PyAny>,
         objects: Bound<'py, PyList>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        self.run(py, args, kwargs.clone(), leaves, sdef, objects)
+        let key = self.key(py, &sdef, None)?;
+        let record = (args.clone(), kwargs.clone(), py.None().into_bound(py));
+        self.run(py, record, key, leaves, objects)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -126,9 +161,17 @@ impl LeanCall {
         visit.call(&self.local)?;
         visit.call(&self.tracer)?;
         visit.call(&self.finish)?;
+        if let Some(statics) = &self.statics {
+            visit.call(&statics.nums)?;
+            visit.call(&statics.names)?;
+            visit.call(&statics.hash_static)?;
+        }
         if let Ok(last) = self.last.try_lock() {
-            if let Some((sdef, key)) = last.as_ref() {
+            if let Some((sdef, statics, key)) = last.as_ref() {
                 visit.call(sdef)?;
+                if let Some(statics) = statics {
+                    visit.call(statics)?;
+                }
                 visit.call(key)?;
             }
         }
@@ -144,6 +187,14 @@ impl LeanCall {
         args: &Bound<'py, PyTuple>,
         kwargs: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let split = match &self.statics {
+            Some(statics) => Some(statics.split(py, args, kwargs)?),
+            None => None,
+        };
+        let (args, kwargs) = match &split {
+            Some(split) => (&split.args, &split.kwargs),
+            None => (args, kwargs),
+        };
         // Keyword order is not part of a call's structure, as in jax.jit.
         let kwargs = if kwargs.len() > 1 {
             sorted_by_key(kwargs)?
@@ -163,47 +214,87 @@ impl LeanCall {
         let num_slots = flat.leaves.len();
         let leaves = PyList::new(py, flat.leaves)?;
         let objects = PyList::new(py, flat.objects)?;
-        let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?;
-        let (out, _, _) = self.run(py, args, kwargs, leaves, sdef.into_any(), objects)?;
+        let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?.into_any();
+        let (key, positions) = match (&split, &self.statics) {
+            (Some(split), Some(statics)) => {
+                // Hashed after the flatten, as jax.jit orders its errors.
+                let hash_static = statics.hash_static.bind(py);
+                for value in &split.values {
+                    if value.hash().is_err() {
+                        hash_static.call1((value,))?;
+                    }
+                }
+                let key = self.key(py, &sdef, Some(split.key.as_any()))?;
+                (key, split.positions.clone().into_any())
+            }
+            _ => (self.key(py, &sdef, None)?, py.None().into_bound(py)),
+        };
+        let record = (args.clone(), kwargs, positions);
+        let (out, _, _) = self.run(py, record, key, leaves, objects)?;
         Ok(out)
     }
 
-    /// The key of structure `sdef`: the last one's when equal, else the inner function's.
-    fn key<'py>(&self, py: Python<'py>, sdef: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let last = self.last_entry(py);
-        if let Some((last_sdef, key)) = last {
-            // Python code may run in `eq` (a node's data): nothing is held locked meanwhile.
-            if last_sdef.is(sdef) || last_sdef.bind(py).eq(sdef)? {
+    /// The key of structure `sdef` (with the static arguments' `statics`): the last one's
+    /// when equal, else the inner function's (`key_of(sdef, statics)`).
+    fn key<'py>(
+        &self,
+        py: Python<'py>,
+        sdef: &Bound<'py, PyAny>,
+        statics: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some((last_sdef, last_statics, key)) = self.last_entry(py) {
+            // Python code may run in `eq` (a node's data, a static value's `__eq__`): nothing
+            // is held locked meanwhile.
+            let same_statics = match (&last_statics, statics) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.is(b) || a.bind(py).eq(b)?,
+                _ => false,
+            };
+            if same_statics && (last_sdef.is(sdef) || last_sdef.bind(py).eq(sdef)?) {
                 return Ok(key.into_bound(py));
             }
         }
-        let key = match self.keys.bind(py).get_item(sdef)? {
+        let lookup = match statics {
+            None => sdef.clone(),
+            Some(statics) => PyTuple::new(py, [sdef, statics])?.into_any(),
+        };
+        let key = match self.keys.bind(py).get_item(&lookup)? {
             Some(key) => key,
-            None => self.key_of.bind(py).call1((sdef,))?,
+            None => self.key_of.bind(py).call1((sdef, statics))?,
         };
         if let Ok(mut last) = self.last.lock() {
-            *last = Some((sdef.clone().unbind(), key.clone().unbind()));
+            *last = Some((
+                sdef.clone().unbind(),
+                statics.map(|s| s.clone().unbind()),
+                key.clone().unbind(),
+            ));
         }
         Ok(key)
     }
 
-    fn last_entry(&self, py: Python<'_>) -> Option<(Py<PyAny>, Py<PyAny>)> {
+    fn last_entry(&self, py: Python<'_>) -> Option<Last> {
         let last = self.last.lock().ok()?;
-        last.as_ref()
-            .map(|(s, k)| (s.clone_ref(py), k.clone_ref(py)))
+        last.as_ref().map(|(sdef, statics, key)| {
+            (
+                sdef.clone_ref(py),
+                statics.as_ref().map(|s| s.clone_ref(py)),
+                key.clone_ref(py),
+            )
+        })
     }
 
-    /// Everything after the flatten: the key, the box, the inner jit, the plan.
+    /// Everything after the flatten and the key: the box, the inner jit, the plan. `record`:
+    /// the call's dynamic arguments, as `_Inner.call` names them, and their positions among
+    /// all the positional ones (None: all of them).
     fn run<'py>(
         &self,
         py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Bound<'py, PyDict>,
+        record: (Bound<'py, PyTuple>, Bound<'py, PyDict>, Bound<'py, PyAny>),
+        key: Bound<'py, PyAny>,
         leaves: Bound<'py, PyList>,
-        sdef: Bound<'py, PyAny>,
         objects: Bound<'py, PyList>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let key = self.key(py, &sdef)?;
+        let (args, kwargs, positions) = record;
         let boxed = self.object_new.bind(py).call1((self.box_type.bind(py),))?;
         boxed.setattr(intern!(py, "leaves"), &leaves)?;
         boxed.setattr(intern!(py, "key"), &key)?;
@@ -217,8 +308,9 @@ impl LeanCall {
                 py.None().into_bound(py),
                 leaves.clone().into_any(),
                 objects.clone().into_any(),
-                args.clone().into_any(),
+                args.into_any(),
                 kwargs.into_any(),
+                positions,
             ],
         )?;
         let local = self.local.bind(py);
@@ -240,6 +332,84 @@ impl LeanCall {
             plan.get().apply(py, &leaves, &objects, &outputs)?
         };
         Ok((out, info, outputs))
+    }
+}
+
+impl Statics {
+    /// Take the static arguments out of a call (see `Split`).
+    fn split<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<Split<'py>> {
+        let (nums, names) = (self.nums.bind(py), self.names.bind(py));
+        let n = args.len() as isize;
+        let mut dynamic = Vec::with_capacity(args.len());
+        let mut positions = Vec::with_capacity(args.len());
+        let mut fixed = Vec::new();
+        let mut values = Vec::new();
+        for (i, arg) in (0..n).zip(args.iter()) {
+            if nums.contains(i)? || nums.contains(i - n)? {
+                fixed.push(PyTuple::new(
+                    py,
+                    [
+                        i.into_pyobject(py)?.into_any(),
+                        arg.get_type().into_any(),
+                        arg.clone(),
+                    ],
+                )?);
+                values.push(arg);
+            } else {
+                dynamic.push(arg);
+                positions.push(i);
+            }
+        }
+        let dynamic_kwargs = PyDict::new(py);
+        let mut named = Vec::new();
+        // The items are copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
+        for item in kwargs.items().iter() {
+            let (name, value) = item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?;
+            if names.contains(&name)? {
+                named.push((name, value));
+            } else {
+                dynamic_kwargs.set_item(name, value)?;
+            }
+        }
+        let named = PyList::new(
+            py,
+            named
+                .iter()
+                .map(|(name, value)| {
+                    PyTuple::new(
+                        py,
+                        [name.clone(), value.get_type().into_any(), value.clone()],
+                    )
+                })
+                .collect::<PyResult<Vec<_>>>()?,
+        )?;
+        named.sort()?;
+        values.extend(
+            named
+                .iter()
+                .map(|item| item.get_item(2))
+                .collect::<PyResult<Vec<_>>>()?,
+        );
+        let key = PyTuple::new(
+            py,
+            [
+                n.into_pyobject(py)?.into_any(),
+                PyTuple::new(py, fixed)?.into_any(),
+                named.to_tuple().into_any(),
+            ],
+        )?;
+        Ok(Split {
+            args: PyTuple::new(py, dynamic)?,
+            kwargs: dynamic_kwargs,
+            key,
+            values,
+            positions: PyList::new(py, positions)?,
+        })
     }
 }
 

@@ -146,3 +146,44 @@ def test_a_call_inside_a_jax_transformation_takes_the_checked_end() -> None:
     inside = copy.copy(outside)
     assert jax.grad(lambda x: jitted({"w": x}, x))(3.0) == 1.0
     assert inside["w"] == 1.0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("static_argnums", [(1,), (-2,)])
+def test_static_arguments_are_taken_out_as_on_the_general_path(
+    policy: str, static_argnums: tuple
+) -> None:
+    traces = []
+
+    def step(state, n, x, *, mode, scale):
+        traces.append((n, type(n), mode))
+        state["w"] = state["w"] * scale + x * n
+        return (state["w"].sum() if mode == "sum" else state["w"].max()), state
+
+    jitted = tc.jit(step, policy=policy, static_argnums=static_argnums, static_argnames=("mode",))
+    assert jitted._lean_for(jitted.policy) is not None
+    general_path = jitted._call_policy
+    general_calls = []  # calls that reached the general path without being sent there
+
+    def spy(*args: Any) -> Any:
+        general_calls.append(args)
+        return general_path(*args)
+
+    jitted._call_policy = spy  # type: ignore[method-assign]
+    lean, general = {"w": jnp.ones(3)}, {"w": jnp.ones(3)}
+    # 2 and 2.0 are equal but trace apart (jax.jit keys a static value with its type).
+    for n, mode in [(2, "sum"), (2, "sum"), (2.0, "sum"), (2, "max")]:
+        x = jnp.arange(3.0)
+        out_lean = jitted(lean, n, x, scale=jnp.ones(()), mode=mode)
+        out_general = general_path(
+            as_policy(policy), (general, n, x), {"mode": mode, "scale": jnp.ones(())}
+        )
+        _same(out_lean, out_general)
+        _same(lean, general)
+    assert general_calls == []
+    assert traces == [(2, int, "sum"), (2.0, float, "sum"), (2, int, "max")]
+    with pytest.raises(ValueError, match="Non-hashable static arguments") as lean_error:
+        jitted(lean, [2], jnp.ones(3), scale=1.0, mode="sum")
+    with pytest.raises(ValueError, match="Non-hashable static arguments") as general_error:
+        general_path(as_policy(policy), (lean, [2], jnp.ones(3)), {"scale": 1.0, "mode": "sum"})
+    assert str(lean_error.value) == str(general_error.value)
