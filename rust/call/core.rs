@@ -122,14 +122,13 @@ impl JitCore {
                 return jax_jitted.bind(py).call(args, kwargs);
             }
         }
-        let empty;
+        // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
+        // caller's `d` over as it is): it is a node of the arguments' structure.
         let kwargs = match kwargs {
-            Some(kwargs) => kwargs,
-            None => {
-                empty = PyDict::new(py);
-                &empty
-            }
+            Some(kwargs) if !kwargs.is_empty() => kwargs.copy()?,
+            _ => PyDict::new(py),
         };
+        let kwargs = &kwargs;
         if !policy.is(&core.clone) && core.lean_allowed && policy.is(&core.policy) {
             let lean = lean_of(slf, core)?;
             match lean.get().call(py, args, kwargs) {

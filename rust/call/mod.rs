@@ -1,9 +1,10 @@
 //! `LeanCall`: one call of `treeclone.jit` under `alias` or `strict`, for a function whose
-//! arguments are all dynamic, none donated and every leaf traced, in one native call.
+//! arguments are none donated and every leaf traced, in one native call.
 //!
-//! It does what `Jitted._call_policy` does for such a call, without its Python frames: flatten
-//! the arguments with identity (`flatten_shared`), find the key of their structure (one key
-//! object per structure, kept by the inner function, so that JAX compares it by identity),
+//! It does what `Jitted._call_policy` does for such a call, without its Python frames: take
+//! the static arguments out, flatten the others with identity (`flatten_shared`), find the
+//! key of their structure (one key object per structure, kept by the inner function, so that
+//! JAX compares it by identity),
 //! box the distinct leaves, run the inner `jax.jit` with the call recorded for its debug info,
 //! and apply the trace's `CallPlan`. What only some calls need stays in Python: the naming of
 //! an argument that cannot be flattened (`FlattenFailed` hands the call back), and `finish`,

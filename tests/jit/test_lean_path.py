@@ -187,3 +187,24 @@ def test_static_arguments_are_taken_out_as_on_the_general_path(
     with pytest.raises(ValueError, match="Non-hashable static arguments") as general_error:
         general_path(as_policy(policy), (lean, [2], jnp.ones(3)), {"scale": 1.0, "mode": "sum"})
     assert str(lean_error.value) == str(general_error.value)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_keyword_dict_passed_along_is_the_calls_own(policy: str) -> None:
+    # f(d, **d) hands the caller's own dict to the native __call__; as with a Python
+    # function's **kwargs, the call's keywords are a dict of its own, not shared with d.
+    traces = []
+
+    def f(d, **kw):
+        traces.append(1)
+        d["a"] = d["a"] + 1
+        return kw["a"], d
+
+    d = {"a": jnp.zeros(())}
+    jitted = tc.jit(f, policy=policy)
+    out, _ = jitted(d, **d)
+    out_again, _ = jitted(d, **dict(d))
+    assert len(traces) == 1
+    assert float(out) == 0.0
+    if policy == "alias":
+        assert float(out_again) == 1.0 and float(d["a"]) == 2.0
