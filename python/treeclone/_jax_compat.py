@@ -243,9 +243,6 @@ flatten_axes = internal("jax.api_util", "flatten_axes") or internal(
 )
 # jit's ahead-of-time stages under alias/strict evaluate the inner trace's jaxpr (public).
 jaxpr_as_fun = internal("jax.extend.core", "jaxpr_as_fun")
-# Whether a call runs inside a JAX transformation (jit's write-back must not leave its tracers
-# in objects from outside it): true at the top level.
-trace_state_clean = internal("jax._src.core", "trace_state_clean")
 # Retracing explanations (_retrace) read JAX's own switch as JAX does (a context-aware state).
 explain_cache_misses = internal("jax._src.config", "explain_cache_misses")
 
