@@ -167,7 +167,6 @@ class LeanCall:
         finish: Callable[[tuple[Any, ...], Any, Any], Any],
         statics: tuple[frozenset[int], frozenset[str], Callable[[Any], None]] | None = None,
     ) -> None: ...
-    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
     def call_joined(
         self,
         args: tuple[Any, ...],

@@ -408,10 +408,7 @@ class Jitted(_native.JitCore):
             outputs = list(outputs)
             for i, value in info.static_outputs:
                 outputs[i] = value
-        if info.writes and isinstance(outputs[0], Tracer):  # inside a JAX transformation
-            _check_enclosing_writes(self._fun, call, info.writes, outputs)
-        leaves = as_jit_outputs(call.leaves, info.returned_inputs)
-        out = info.plan.apply(leaves, call.objects, outputs)
+        out = _end_of_call(self._fun, lambda: call, info, call.leaves, call.objects, outputs)
         if bound is not None:
             bound.advance(result.info.next_inputs, call.leaves, outputs)
         return out
@@ -814,15 +811,27 @@ def _lean_call_record(call: tuple) -> _Call:
     return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
 
 
-def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:
-    """The end of a call on the lean path whose result needs Python (``_native.LeanCall``): a
-    write-back inside a JAX transformation (checked first), inputs handed back as
-    ``jax.jit``'s arrays (strict)."""
-    inner, _, _, _, leaves, objects, *_ = call
+def _end_of_call(
+    fun: Callable,
+    the_call: Callable[[], _Call],
+    info: _TraceInfo,
+    leaves: list,
+    objects: list,
+    outputs: list,
+) -> Any:
+    """The result of a call and its write-back: rule 25a's check first for a write-back inside
+    a JAX transformation (a Tracer output), then the plan, with the inputs strict hands back
+    as ``jax.jit``'s arrays."""
     if info.writes and isinstance(outputs[0], Tracer):
-        _check_enclosing_writes(inner._fun(), _lean_call_record(call), info.writes, outputs)
-    leaves = as_jit_outputs(leaves, info.returned_inputs)
-    return info.plan.apply(leaves, objects, outputs)
+        _check_enclosing_writes(fun, the_call(), info.writes, outputs)
+    return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
+
+
+def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:
+    """The end of a call on the lean path whose result needs Python (``_native.LeanCall``)."""
+    inner, _, _, _, leaves, objects, *_ = call
+    record = functools.partial(_lean_call_record, call)
+    return _end_of_call(inner._fun(), record, info, leaves, objects, outputs)
 
 
 # --- the inner function -------------------------------------------------------------------------

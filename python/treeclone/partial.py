@@ -134,6 +134,9 @@ class JitPartial:
         if jitted._static_nums & set(range(len(bound))):
             raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
         self._bound = _BoundArguments(bound, jitted._naming)
+        # Static arguments among the others keep the general path (_prepare splits them out
+        # before the join).
+        self._lean_allowed = not (jitted._static_nums or jitted._static_names)
 
     @property
     def policy(self) -> Policy | ArgPolicies:
@@ -150,9 +153,7 @@ class JitPartial:
         jitted, bound = self._jitted, self._bound
         policy = policy_override.get() or jitted._policy
         args = (*bound.args, *args)
-        # (Static arguments among the others: _prepare splits them out before the join.)
-        static = jitted._static_nums or jitted._static_names
-        lean = None if static else jitted._lean_for(policy)
+        lean = jitted._lean_for(policy) if self._lean_allowed else None
         if lean is None:
             _check_policy(policy)
             return jitted._call_policy(policy, args, kwargs, bound)

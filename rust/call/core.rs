@@ -84,7 +84,7 @@ impl JitCore {
         policy: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, LeanCall>>> {
         let core = core_of(slf)?;
-        if !core.lean_allowed || !policy.is(&core.policy) {
+        if !core.takes_lean(policy) {
             return Ok(None);
         }
         lean_of(slf, core).map(Some)
@@ -122,14 +122,7 @@ impl JitCore {
                 return jax_jitted.bind(py).call(args, kwargs);
             }
         }
-        // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
-        // caller's `d` over as it is): it is a node of the arguments' structure.
-        let kwargs = match kwargs {
-            Some(kwargs) if !kwargs.is_empty() => kwargs.copy()?,
-            _ => PyDict::new(py),
-        };
-        let kwargs = &kwargs;
-        if !policy.is(&core.clone) && core.lean_allowed && policy.is(&core.policy) {
+        if core.takes_lean(&policy) {
             let lean = lean_of(slf, core)?;
             match lean.get().call(py, args, kwargs) {
                 // The general path's error names the argument.
@@ -137,6 +130,12 @@ impl JitCore {
                 result => return result,
             }
         }
+        // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
+        // caller's `d` over as it is): it is a node of the arguments' structure.
+        let kwargs = match kwargs {
+            Some(kwargs) => kwargs.copy()?,
+            None => PyDict::new(py),
+        };
         slf.call_method1(intern!(py, "_call_policy"), (policy, args, kwargs))
     }
 
@@ -156,6 +155,14 @@ impl JitCore {
             visit.call(lean)?;
         }
         Ok(())
+    }
+}
+
+impl Core {
+    /// Whether a call under `policy` takes the lean path: the wrapper's own policy, when its
+    /// options allow it (`clone`'s own path has returned before).
+    fn takes_lean(&self, policy: &Bound<'_, PyAny>) -> bool {
+        self.lean_allowed && policy.is(&self.policy)
     }
 }
 

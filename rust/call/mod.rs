@@ -15,7 +15,7 @@ mod core;
 
 pub use core::JitCore;
 
-use crate::sharing::{flatten_shared, SharedTreeDef};
+use crate::sharing::flatten_shared;
 use crate::writeback::CallPlan;
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
@@ -70,7 +70,6 @@ struct Statics {
 /// A call's arguments with the static ones taken out, as `Jitted._split_statics` does.
 struct Split<'py> {
     args: Bound<'py, PyTuple>,
-    kwargs: Bound<'py, PyDict>,
     /// `(number of positional arguments, ((position, type, value), ...), ((name, type,
     /// value), ...))`: jax.jit keys a static value with its type (2 and 2.0 trace apart).
     key: Bound<'py, PyTuple>,
@@ -124,17 +123,6 @@ impl LeanCall {
         })
     }
 
-    /// `fun(*args, **kwargs)` under the policy; `FlattenFailed` when the arguments cannot be
-    /// flattened (nothing was run).
-    fn __call__<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: &Bound<'py, PyDict>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.call(py, args, kwargs)
-    }
-
     /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
     /// already: `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))` (`kwargs`
     /// sorted). Returns `(result, the trace's _TraceInfo, the computation's outputs)`.
@@ -181,41 +169,38 @@ impl LeanCall {
 }
 
 impl LeanCall {
-    /// `fun(*args, **kwargs)` under the policy (see `__call__`).
+    /// `fun(*args, **kwargs)` under the policy; `FlattenFailed` when the arguments cannot be
+    /// flattened (nothing was run). `kwargs` is the caller's: the call makes its own dict.
     pub(crate) fn call<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
-        kwargs: &Bound<'py, PyDict>,
+        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let mut items = Vec::new();
+        if let Some(kwargs) = kwargs {
+            // Copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
+            for item in kwargs.items().iter() {
+                items.push(item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?);
+            }
+        }
         let split = match &self.statics {
-            Some(statics) => Some(statics.split(py, args, kwargs)?),
+            Some(statics) => Some(statics.split(py, args, &mut items)?),
             None => None,
         };
-        let (args, kwargs) = match &split {
-            Some(split) => (&split.args, &split.kwargs),
-            None => (args, kwargs),
-        };
-        // Keyword order is not part of a call's structure, as in jax.jit.
-        let kwargs = if kwargs.len() > 1 {
-            sorted_by_key(kwargs)?
-        } else {
-            kwargs.clone()
-        };
+        let args = split.as_ref().map_or(args, |split| &split.args);
+        let kwargs = sorted_dict(py, items)?;
         let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
         arguments.push(kwargs.clone().into_any());
         let tree = PyTuple::new(py, arguments)?;
-        let flat = match flatten_shared(tree.as_any()) {
-            Ok(flat) => flat,
+        let (leaves, sdef, objects) = match flatten_shared(tree.as_any()) {
+            Ok(flat) => flat.into_python(py)?,
             Err(e) if e.is_instance_of::<PyValueError>(py) => {
                 return Err(FlattenFailed::new_err(()));
             }
             Err(e) => return Err(e),
         };
-        let num_slots = flat.leaves.len();
-        let leaves = PyList::new(py, flat.leaves)?;
-        let objects = PyList::new(py, flat.objects)?;
-        let sdef = Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?.into_any();
+        let sdef = sdef.into_any();
         let (key, positions) = match (&split, &self.statics) {
             (Some(split), Some(statics)) => {
                 // Hashed after the flatten, as jax.jit orders its errors.
@@ -337,12 +322,13 @@ impl LeanCall {
 }
 
 impl Statics {
-    /// Take the static arguments out of a call (see `Split`).
+    /// Take the static arguments out of a call (see `Split`); the static keywords leave
+    /// `items` (the call's keyword items), the dynamic ones stay.
     fn split<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
-        kwargs: &Bound<'py, PyDict>,
+        items: &mut Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
     ) -> PyResult<Split<'py>> {
         let (nums, names) = (self.nums.bind(py), self.names.bind(py));
         let n = args.len() as isize;
@@ -352,13 +338,10 @@ impl Statics {
         let mut values = Vec::new();
         for (i, arg) in (0..n).zip(args.iter()) {
             if nums.contains(i)? || nums.contains(i - n)? {
+                let position = i.into_pyobject(py)?.into_any();
                 fixed.push(PyTuple::new(
                     py,
-                    [
-                        i.into_pyobject(py)?.into_any(),
-                        arg.get_type().into_any(),
-                        arg.clone(),
-                    ],
+                    [position, arg.get_type().into_any(), arg.clone()],
                 )?);
                 values.push(arg);
             } else {
@@ -366,36 +349,24 @@ impl Statics {
                 positions.push(i);
             }
         }
-        let dynamic_kwargs = PyDict::new(py);
         let mut named = Vec::new();
-        // The items are copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
-        for item in kwargs.items().iter() {
-            let (name, value) = item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?;
+        let mut kept = Vec::with_capacity(items.len());
+        for (name, value) in items.drain(..) {
             if names.contains(&name)? {
-                named.push((name, value));
+                named.push(PyTuple::new(
+                    py,
+                    [name, value.get_type().into_any(), value],
+                )?);
             } else {
-                dynamic_kwargs.set_item(name, value)?;
+                kept.push((name, value));
             }
         }
-        let named = PyList::new(
-            py,
-            named
-                .iter()
-                .map(|(name, value)| {
-                    PyTuple::new(
-                        py,
-                        [name.clone(), value.get_type().into_any(), value.clone()],
-                    )
-                })
-                .collect::<PyResult<Vec<_>>>()?,
-        )?;
-        named.sort()?;
-        values.extend(
-            named
-                .iter()
-                .map(|item| item.get_item(2))
-                .collect::<PyResult<Vec<_>>>()?,
-        );
+        *items = kept;
+        let named = PyList::new(py, named)?;
+        named.sort()?; // by name: the names differ
+        for item in named.iter() {
+            values.push(item.get_item(2)?);
+        }
         let key = PyTuple::new(
             py,
             [
@@ -406,7 +377,6 @@ impl Statics {
         )?;
         Ok(Split {
             args: PyTuple::new(py, dynamic)?,
-            kwargs: dynamic_kwargs,
             key,
             values,
             positions: PyList::new(py, positions)?,
@@ -414,14 +384,28 @@ impl Statics {
     }
 }
 
-/// A copy of `kwargs` with its keys sorted (keyword names are strings).
-fn sorted_by_key<'py>(kwargs: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
-    let items = kwargs.items();
-    items.sort()?;
-    let sorted = PyDict::new(kwargs.py());
-    for item in items.iter() {
-        let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
-        sorted.set_item(k, v)?;
+/// The call's own keyword dict, in sorted order: keyword order is not part of a call's
+/// structure, as in jax.jit (keyword names are strings).
+fn sorted_dict<'py>(
+    py: Python<'py>,
+    mut items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    if items.len() > 1 {
+        let pairs = PyList::new(
+            py,
+            items
+                .drain(..)
+                .map(|(k, v)| PyTuple::new(py, [k, v]))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?;
+        pairs.sort()?;
+        for pair in pairs.iter() {
+            dict.set_item(pair.get_item(0)?, pair.get_item(1)?)?;
+        }
     }
-    Ok(sorted)
+    for (k, v) in items {
+        dict.set_item(k, v)?;
+    }
+    Ok(dict)
 }

@@ -127,12 +127,25 @@ pub fn py_flatten_shared<'py>(
     Bound<'py, SharedTreeDef>,
     Bound<'py, PyList>,
 )> {
-    let py = tree.py();
-    let flat = flatten_shared(tree)?;
-    let num_slots = flat.leaves.len();
-    Ok((
-        PyList::new(py, flat.leaves)?,
-        Bound::new(py, SharedTreeDef::new(flat.entries, num_slots))?,
-        PyList::new(py, flat.objects)?,
-    ))
+    flatten_shared(tree)?.into_python(tree.py())
+}
+
+impl<'py> Sharing<'py> {
+    /// `(leaves, shared_treedef, objects)` as Python objects (see `py_flatten_shared`).
+    #[allow(clippy::type_complexity)]
+    pub fn into_python(
+        self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Bound<'py, PyList>,
+        Bound<'py, SharedTreeDef>,
+        Bound<'py, PyList>,
+    )> {
+        let num_slots = self.leaves.len();
+        Ok((
+            PyList::new(py, self.leaves)?,
+            Bound::new(py, SharedTreeDef::new(self.entries, num_slots))?,
+            PyList::new(py, self.objects)?,
+        ))
+    }
 }
