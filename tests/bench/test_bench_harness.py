@@ -71,6 +71,35 @@ def test_quick_run_writes_every_file_and_status(tmp_path: Path) -> None:
                 assert res["detail"], res  # every non-ok status says why
     # The progress bar goes to stderr; stdout stays clean.
     assert "%" in proc.stderr
+    _check_from_results(tmp_path, results)
+
+
+def _check_from_results(tmp_path: Path, results: dict) -> None:
+    """--from-results merges runs of disjoint workloads (a device run split into commands)
+    into one report and writes it into the docs section of the runs' platform."""
+    from treeclone.bench.__main__ import main
+    from treeclone.bench.report import END, section_markers
+
+    assert results["platform"] == "cpu"
+    paths = []
+    for name in results["workloads"]:  # one file per workload, as if run on a TPU
+        part = {**results, "platform": "tpu", "workloads": {name: results["workloads"][name]}}
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(part))
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\ncpu section\n{END}\n")
+    out = tmp_path / "merged"
+    assert main(["--from-results", *map(str, paths), "--out", str(out), "--docs", str(doc)]) == 0
+    begin, end = section_markers("tpu")
+    text = doc.read_text()
+    assert text.startswith(f"# Benchmarks\n\ncpu section\n{END}\n") and text.count(begin) == 1
+    section = text[text.index(begin) : text.index(end)]
+    assert (out / "report.md").read_text().count("\n## `") == len(results["workloads"])
+    for name in results["workloads"]:
+        assert f"#### `{name}`" in section
+    assert section.count(" ; python -m treeclone.bench") == len(paths) - 1
+    # The same workload in two runs is refused, not silently overwritten.
+    assert main(["--from-results", str(paths[0]), str(paths[0]), "--out", str(out)]) == 2
 
 
 def test_missing_peers_are_reported_not_dropped(tmp_path: Path) -> None:

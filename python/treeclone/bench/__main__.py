@@ -3,6 +3,7 @@
 python -m treeclone.bench                      # full run, writes bench-out/
 python -m treeclone.bench --quick --only mlp_adam,seed_pattern --out /tmp/b
 python -m treeclone.bench --docs docs/benchmarks.md   # also rewrite the docs section
+python -m treeclone.bench --from-results a/results.json b/results.json --docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--device",
-        help="cpu, gpu or cuda (default: JAX's default backend, a GPU when there is one)",
+        help="cpu, gpu, cuda or tpu (default: JAX's default backend, an accelerator when there is one)",
     )
     p.add_argument(
         "--only",
@@ -75,7 +76,16 @@ def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
         "--docs",
         type=Path,
         metavar="PATH",
-        help="also write the report between the bench-harness markers of this Markdown file",
+        help="also write the report into this Markdown file, between the bench-harness "
+        "markers of the device's platform (bench-harness for the CPU, bench-harness-tpu, ...)",
+    )
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: write report.md (and --docs) from these results.json files, merged "
+        "(runs of disjoint workloads on one device, e.g. a device run split into commands)",
     )
     p.add_argument(
         "--fail-on-error",
@@ -107,11 +117,40 @@ def _load() -> float | None:
         return None
 
 
+def _write_docs(path: Path, results: dict[str, Any]) -> None:
+    from . import report
+
+    platform = results.get("platform") or results["device"].split()[0]
+    title = "Training-loop results" + ("" if platform == "cpu" else f" on {results['device']}")
+    report.write_section(path, report.render(results, heading="###", title=title), platform)
+    print(f"wrote the {platform} bench-harness section of {path}", file=sys.stderr)
+
+
+def _from_results(paths: list[Path], out: Path, docs: Path | None) -> int:
+    import json
+
+    from . import report
+
+    try:
+        results = report.merge([json.loads(p.read_text()) for p in paths])
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(report.render(results, heading="#"))
+    print(f"wrote {out / 'report.md'}", file=sys.stderr)
+    if docs is not None:
+        _write_docs(docs, results)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .workloads import WORKLOADS
 
     args = _parser(list(WORKLOADS)).parse_args(argv)
+    if args.from_results:
+        return _from_results(args.from_results, args.out, args.docs)
     only: list[str] = []
     for item in args.only or []:
         only += [n.strip() for n in item.split(",") if n.strip()]
@@ -166,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "command": report.command_line(argv),
         "device": report.device_label(device),
+        "platform": device.platform,
         "config": {
             "quick": args.quick,
             "rounds": rounds,
@@ -209,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(out / "results.json", results)
     (out / "report.md").write_text(report.render(results, heading="#"))
     if args.docs is not None:
-        report.write_section(
-            args.docs, report.render(results, heading="###", title="Training-loop results")
-        )
-        print(f"wrote the bench-harness section of {args.docs}", file=sys.stderr)
+        _write_docs(args.docs, results)
     print(
         f"wrote {out / 'results.json'}, {out / 'report.md'}"
         + ("" if no_plot else f", {out / 'bench.png'}"),

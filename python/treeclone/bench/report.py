@@ -17,6 +17,15 @@ from .timing import format_us
 BEGIN = "<!-- bench-harness:begin -->"
 END = "<!-- bench-harness:end -->"
 
+
+def section_markers(platform: str) -> tuple[str, str]:
+    """The markers of a run's section in the docs: ``bench-harness`` for the CPU, one section
+    per accelerator platform (``bench-harness-tpu``, ``bench-harness-gpu``) beside it."""
+    if platform == "cpu":
+        return BEGIN, END
+    return f"<!-- bench-harness-{platform}:begin -->", f"<!-- bench-harness-{platform}:end -->"
+
+
 # --------------------------------------------------------------------------- machine
 
 
@@ -256,9 +265,29 @@ def write_plot(path: Path, results: dict[str, Any]) -> str:
     return ""
 
 
-def write_section(path: Path, section: str) -> None:
-    """Put ``section`` between the markers of ``path``, keeping the rest of the file."""
-    timing.write_section(path, section, BEGIN, END)
+def write_section(path: Path, section: str, platform: str = "cpu") -> None:
+    """Put ``section`` between the markers of ``platform``'s section of ``path``, keeping the
+    rest of the file."""
+    timing.write_section(path, section, *section_markers(platform))
+
+
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One set of results from runs of the same harness on disjoint workloads (a device run
+    split into commands that each fit a time limit): the first run's machine and
+    configuration, every run's workloads in order, the commands joined with ``;``."""
+    merged = dict(runs[0])
+    merged["command"] = " ; ".join(r["command"] for r in runs)
+    merged["workloads"] = {}
+    for r in runs:
+        if r["device"] != runs[0]["device"] or r["config"]["rounds"] != runs[0]["config"]["rounds"]:
+            raise ValueError("runs on different devices or with different rounds do not merge")
+        twice = set(merged["workloads"]) & set(r["workloads"])
+        if twice:
+            raise ValueError(f"workloads in more than one run: {', '.join(sorted(twice))}")
+        merged["workloads"].update(r["workloads"])
+    merged["config"] = {**runs[0]["config"], "workloads": list(merged["workloads"])}
+    merged["elapsed_s"] = sum(r.get("elapsed_s", 0.0) for r in runs)
+    return merged
 
 
 def command_line(argv: list[str]) -> str:

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Run the training-loop benchmarks (python -m treeclone.bench) on an accelerator machine (an
+# NVIDIA GPU or a TPU) that has no network and already has JAX for its accelerator.
+#
+#   bash benches/device_run.sh [WHEEL] [OUT_DIR]
+#
+# Installs the treeclone wheel, the wheels in $WHEELS and the packages in $PACKAGES (from the
+# local index $INDEX) into one folder put at the END of PYTHONPATH, so the machine's own JAX
+# stays the one imported; prints the accelerator and jax.devices(), then runs the harness.
+#
+#   WHEEL    a treeclone wheel for the machine's Python (default: the newest
+#            dist/treeclone-*-cpXY-*.whl for that Python, else the newest dist/treeclone-*.whl)
+#   OUT_DIR  where results.json, report.md and bench.png go (default: $OUT if set, else
+#            bench-out)
+#
+# Environment: PYTHON (default python3); WHEELS (a folder of more wheels, installed with no
+# dependencies and no index, e.g. equinox); INDEX (a local package index such as
+# file:///opt/pypi/simple) and PACKAGES (installed from it with their dependencies, default
+# "flax optax"; nothing is installed from an index without INDEX); BENCH_ARGS (more harness
+# options, e.g. "--only mlp_adam --rounds 9"); BENCH_TIMEOUT (seconds, default 280: the
+# harness writes its results after every workload, so a run cut short keeps what it did).
+#
+#   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
+#   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python3}"
+WHEEL="${1:-}"
+OUT_DIR="${2:-${OUT:-bench-out}}"
+START=$SECONDS
+
+section() {
+    printf '\n==== [%4ds] %s ====\n' "$((SECONDS - START))" "$*"
+}
+
+newest() {
+    # The newest file matching the glob in $1 (nothing if none).
+    # shellcheck disable=SC2086
+    ls -t $1 2>/dev/null | head -n 1 || true
+}
+
+section "python"
+"$PY" --version
+TAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+if [ -z "$WHEEL" ]; then
+    WHEEL="$(newest "dist/treeclone-*-$TAG-*.whl")"
+    [ -n "$WHEEL" ] || WHEEL="$(newest 'dist/treeclone-*.whl')"
+fi
+if [ -z "$WHEEL" ] || [ ! -f "$WHEEL" ]; then
+    echo "error: no treeclone wheel: pass its path, or put one for $TAG in dist/" >&2
+    exit 2
+fi
+
+SITE="$(mktemp -d)"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
+pip_install() {
+    PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --no-compile --no-cache-dir \
+        --disable-pip-version-check --upgrade --target "$SITE" "$@"
+}
+section "install $WHEEL ${WHEELS:+and $WHEELS/*.whl }into $SITE (end of PYTHONPATH)"
+# shellcheck disable=SC2046
+pip_install --no-index --no-deps "$WHEEL" $([ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl)
+if [ -n "${INDEX:-}" ]; then
+    section "install ${PACKAGES:-flax optax} from $INDEX"
+    # shellcheck disable=SC2086
+    pip_install --only-binary=:all: --index-url "$INDEX" ${PACKAGES:-flax optax}
+fi
+"$PY" -c 'import treeclone; print("treeclone", treeclone.__version__, "from", treeclone.__file__)'
+"$PY" -c 'import jax, flax, optax, equinox; print(*(f"{m.__name__} {m.__version__}" for m in (jax, flax, optax, equinox)))' || true
+
+section "accelerator"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi
+fi
+"$PY" -c 'import jax; print(jax.__version__, jax.default_backend(), jax.devices())'
+
+section "python -m treeclone.bench --out $OUT_DIR ${BENCH_ARGS:-}"
+mkdir -p "$OUT_DIR"
+rc=0
+# shellcheck disable=SC2086
+timeout "${BENCH_TIMEOUT:-280}" "$PY" -m treeclone.bench --out "$OUT_DIR" ${BENCH_ARGS:-} || rc=$?
+if [ "$rc" -eq 124 ]; then
+    echo "error: the harness ran past ${BENCH_TIMEOUT:-280} s; partial results in $OUT_DIR" >&2
+fi
+
+section "report ($((SECONDS - START)) s in all)"
+if [ -f "$OUT_DIR/report.md" ]; then
+    cat "$OUT_DIR/report.md"
+fi
+ls -l "$OUT_DIR"
+exit "$rc"
