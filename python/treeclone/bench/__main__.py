@@ -40,7 +40,7 @@ def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--device",
-        help="cpu, gpu, cuda or tpu (default: JAX's default backend, an accelerator when there is one)",
+        help="cpu, gpu, cuda or tpu (default: JAX's default backend, an accelerator if any)",
     )
     p.add_argument(
         "--only",
