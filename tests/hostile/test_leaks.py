@@ -107,6 +107,6 @@ assert growth < 8.0, growth
 assert state["frozen"] is frozen
 print("REPORT", {{"calls": 3 * rounds, "rss_growth_mib": round(growth, 3)}})
 """,
-        timeout=120 + JIT_CALLS / 1_000,
+        timeout=120 + JIT_CALLS / 300,  # a hang guard: CI ran it in 114 s, 150 s under load
     )
     print(next(x for x in out.splitlines() if x.startswith("REPORT ")))
