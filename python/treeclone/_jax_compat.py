@@ -17,6 +17,7 @@ later, through any of JAX's public functions, because the size of that dict chan
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import jax
@@ -277,12 +278,26 @@ def classify_type(ty: type):
     """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None."""
     entry = registry.get(ty)
     if entry is not None:
-        return TypeKind.Custom, entry.to_iter, entry.from_iter
+        return _custom_kind(entry.to_iter), entry.to_iter, entry.from_iter
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
         return TypeKind.NamedTuple, None, None
     if _is_registry_only_node(ty):
         return (TypeKind.Custom, *_opaque_functions(ty))
     return TypeKind.Leaf, None, None
+
+
+def _custom_kind(flatten) -> TypeKind:
+    """``TypeKind.Custom``, or the kind that says ``flatten`` is one of flax nnx's flatten
+    functions, which the core runs natively (``rust/node/known.rs``). Recognised by identity,
+    and only where flax is already imported (its nodes cannot exist otherwise)."""
+    pytreelib = sys.modules.get("flax.nnx.pytreelib")
+    pytree = getattr(pytreelib, "Pytree", None)
+    if pytree is not None and flatten is getattr(pytree, "_pytree__flatten", None):
+        return TypeKind.NnxPytree
+    variablelib = sys.modules.get("flax.nnx.variablelib")
+    if variablelib is not None and flatten is getattr(variablelib, "_variable_flatten", None):
+        return TypeKind.NnxVariable
+    return TypeKind.Custom
 
 
 def unflatten_node(ty: type, aux, children):

@@ -78,6 +78,8 @@ class TypeKind:
     Leaf: TypeKind
     NamedTuple: TypeKind
     Custom: TypeKind
+    NnxPytree: TypeKind
+    NnxVariable: TypeKind
 
 class EntryInfo:
     """One entry of a ``SharedTreeDef`` (``node_info()``), in post-order."""

@@ -1,14 +1,26 @@
 //! Taking a node apart: its children (and their JAX key entries) and its payload.
 
-use super::NodeKind;
+use super::{known, NodeKind};
 use crate::registry::{compat, CustomType, Kind};
 use crate::traverse::keysort;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-/// Call a custom node's flatten function and check its result as JAX does.
+/// A custom node's children and aux data: from its flatten function, or from the native
+/// version of a function treeclone knows (`known`), which returns the same.
 pub fn call_custom_flatten<'py>(
+    obj: &Bound<'py, PyAny>,
+    custom: &CustomType,
+) -> PyResult<(Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>)> {
+    match known::flatten(obj, custom, || python_flatten(obj, custom))? {
+        Some(flat) => Ok(flat),
+        None => python_flatten(obj, custom),
+    }
+}
+
+/// Call a custom node's flatten function and check its result as JAX does.
+fn python_flatten<'py>(
     obj: &Bound<'py, PyAny>,
     custom: &CustomType,
 ) -> PyResult<(Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>)> {

@@ -4,9 +4,11 @@
 
 mod build;
 mod expand;
+mod known;
 
 pub use build::{build_node, new_dict, new_sequence};
 pub use expand::{call_custom_flatten, expand, key_entry_of};
+pub use known::{Known, KnownFlatten};
 
 use crate::registry::{CustomType, Kind};
 use pyo3::exceptions::PyValueError;

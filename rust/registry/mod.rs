@@ -10,6 +10,7 @@ mod compat;
 
 pub use compat::compat;
 
+use crate::node::{Known, KnownFlatten};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -24,6 +25,8 @@ pub struct CustomType {
     pub flatten: Py<PyAny>,
     /// `(aux_data, children_tuple) -> obj`
     pub unflatten: Py<PyAny>,
+    /// The native version of `flatten`, where treeclone knows the function (flax nnx's).
+    pub known: Option<KnownFlatten>,
 }
 
 /// What JAX's registry says an object is.
@@ -46,6 +49,10 @@ pub enum TypeKind {
     Leaf,
     NamedTuple,
     Custom,
+    /// Custom, with flax nnx's `Pytree._pytree__flatten` (run natively: `node::known`).
+    NnxPytree,
+    /// Custom, with flax nnx's `_variable_flatten` (run natively: `node::known`).
+    NnxVariable,
 }
 
 /// The kind of an object whose type is list, tuple, dict or NoneType, from the type pointer
@@ -226,10 +233,15 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     {
         TypeKind::Leaf => Kind::Leaf,
         TypeKind::NamedTuple => Kind::NamedTuple,
-        TypeKind::Custom => Kind::Custom(Arc::new(CustomType {
+        custom => Kind::Custom(Arc::new(CustomType {
             ty: ty.clone().unbind(),
             flatten: answer.get_item(1)?.unbind(),
             unflatten: answer.get_item(2)?.unbind(),
+            known: match custom {
+                TypeKind::NnxPytree => Some(KnownFlatten::new(Known::NnxPytree)),
+                TypeKind::NnxVariable => Some(KnownFlatten::new(Known::NnxVariable)),
+                _ => None,
+            },
         })),
     };
 

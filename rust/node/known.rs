@@ -1,0 +1,204 @@
+//! Flatten functions of well-known node types, run natively: flax nnx's
+//! `Pytree._pytree__flatten` (every nnx Module, `nnx.Optimizer`, ...) and `_variable_flatten`
+//! (every `nnx.Variable`). An nnx model is mostly such nodes, and their Python flatten functions
+//! (a sort of `vars(self)`, three tuples per Module; a sorted metadata tuple per Variable) were
+//! most of the cost of flattening one.
+//!
+//! Each is reproduced exactly: the same children and an aux equal to the function's, made of the
+//! same objects. A node outside the case reproduced (int keys, a `__dict__` that is not a dict,
+//! a key that is not a str, an attribute that raises) runs the Python function instead, which
+//! then gives its own result or error. The first node of each type is flattened both ways and
+//! compared: a flax release whose function returns something else turns the native path off for
+//! that type, so a change in flax costs speed, never correctness.
+
+use crate::registry::CustomType;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A flatten function treeclone knows, recognised by identity when the type is classified.
+pub enum Known {
+    /// `flax.nnx.pytreelib.Pytree._pytree__flatten`.
+    NnxPytree,
+    /// `flax.nnx.variablelib._variable_flatten`.
+    NnxVariable,
+}
+
+/// Whether the native flatten of a type has been checked against its Python function.
+pub struct KnownFlatten {
+    pub known: Known,
+    check: AtomicU8,
+}
+
+const UNCHECKED: u8 = 0;
+const AGREES: u8 = 1;
+const DIFFERS: u8 = 2;
+
+impl KnownFlatten {
+    pub fn new(known: Known) -> Self {
+        KnownFlatten {
+            known,
+            check: AtomicU8::new(UNCHECKED),
+        }
+    }
+}
+
+type Flat<'py> = (Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>);
+
+/// `obj`'s children and aux data from the native version of its type's flatten function, or
+/// None where the Python function must run (no native version, or a case it does not cover).
+/// `python` is that function, run on the first node of each type to check the native one.
+pub fn flatten<'py>(
+    obj: &Bound<'py, PyAny>,
+    custom: &CustomType,
+    python: impl FnOnce() -> PyResult<Flat<'py>>,
+) -> PyResult<Option<Flat<'py>>> {
+    let Some(known) = &custom.known else {
+        return Ok(None);
+    };
+    let state = known.check.load(Ordering::Relaxed);
+    if state == DIFFERS {
+        return Ok(None);
+    }
+    let native = match known.known {
+        Known::NnxPytree => nnx_pytree(obj),
+        Known::NnxVariable => nnx_variable(obj),
+    };
+    let Some(native) = native else {
+        return Ok(None);
+    };
+    if state == AGREES {
+        return Ok(Some(native));
+    }
+    let expected = python()?;
+    let agrees = native.0.len() == expected.0.len()
+        && native.0.iter().zip(&expected.0).all(|(a, b)| a.is(b))
+        && same_objects(&native.1, &expected.1);
+    known
+        .check
+        .store(if agrees { AGREES } else { DIFFERS }, Ordering::Relaxed);
+    Ok(Some(expected))
+}
+
+/// The same object, or tuples of the same length whose items are (recursively) the same.
+fn same_objects(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
+    if a.is(b) {
+        return true;
+    }
+    match (a.cast_exact::<PyTuple>(), b.cast_exact::<PyTuple>()) {
+        (Ok(x), Ok(y)) => {
+            x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| same_objects(&p, &q))
+        }
+        _ => false,
+    }
+}
+
+/// A dict's items with str keys, sorted by key (Python's order for str: by code point, which
+/// is UTF-8's byte order); None if a key is not an exact str or is not valid UTF-8 (a lone
+/// surrogate). Only increfs happen while the dict is read, so no Python code runs meanwhile.
+fn sorted_str_items<'py>(
+    dict: &Bound<'py, PyDict>,
+) -> Option<Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)>> {
+    let mut items = Vec::with_capacity(dict.len());
+    for (key, value) in dict.iter() {
+        items.push((key.cast_into_exact::<PyString>().ok()?, value));
+    }
+    if items.iter().any(|(key, _)| key.to_str().is_err()) {
+        return None;
+    }
+    items.sort_unstable_by(|(a, _), (b, _)| utf8(a).cmp(utf8(b)));
+    Some(items)
+}
+
+/// A str's text (checked as UTF-8 before: the default never stands in for a key).
+fn utf8<'a>(key: &'a Bound<'_, PyString>) -> &'a str {
+    key.to_str().unwrap_or_default()
+}
+
+/// flax's `HashableMapping` (the type of a Pytree's `_pytree__nodes`).
+fn hashable_mapping(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TYPE.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        Ok(py
+            .import("flax.typing")?
+            .getattr("HashableMapping")?
+            .cast_into::<PyType>()?
+            .unbind())
+    })
+    .ok()
+    .map(|t| t.bind(py))
+}
+
+/// `Pytree._pytree__flatten`: the attributes of `vars(self)` sorted by name, those marked as
+/// data in `_pytree__nodes` the children, and aux `(data names, static names, static values)`.
+fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+    let py = obj.py();
+    let vars = obj
+        .getattr(intern!(py, "__dict__"))
+        .ok()?
+        .cast_into_exact::<PyDict>()
+        .ok()?;
+    if obj
+        .getattr(intern!(py, "_pytree__has_int_keys"))
+        .ok()?
+        .is_truthy()
+        .ok()?
+    {
+        return None;
+    }
+    let nodes = obj.getattr(intern!(py, "_pytree__nodes")).ok()?;
+    if !nodes.get_type().is(hashable_mapping(py)?) {
+        return None;
+    }
+    let nodes = nodes
+        .getattr(intern!(py, "_mapping"))
+        .ok()?
+        .cast_into_exact::<PyDict>()
+        .ok()?;
+    let items = sorted_str_items(&vars)?;
+    let (mut children, mut node_keys) = (Vec::new(), Vec::new());
+    let (mut static_keys, mut static_values) = (Vec::new(), Vec::new());
+    for (key, value) in items {
+        let is_data = match nodes.get_item(&key).ok()? {
+            Some(flag) => flag.is_truthy().ok()?,
+            None => false,
+        };
+        if is_data {
+            node_keys.push(key);
+            children.push(value);
+        } else {
+            static_keys.push(key);
+            static_values.push(value);
+        }
+    }
+    let aux = PyTuple::new(
+        py,
+        [
+            PyTuple::new(py, node_keys).ok()?,
+            PyTuple::new(py, static_keys).ok()?,
+            PyTuple::new(py, static_values).ok()?,
+        ],
+    )
+    .ok()?;
+    Some((children, aux.into_any()))
+}
+
+/// `_variable_flatten`: child `x._raw_value`, aux the sorted items of `x._var_metadata`.
+fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+    let py = obj.py();
+    let metadata = obj
+        .getattr(intern!(py, "_var_metadata"))
+        .ok()?
+        .cast_into_exact::<PyDict>()
+        .ok()?;
+    let value = obj.getattr(intern!(py, "_raw_value")).ok()?;
+    let items = sorted_str_items(&metadata)?;
+    let mut pairs = Vec::with_capacity(items.len());
+    for (key, item) in items {
+        pairs.push(PyTuple::new(py, [key.into_any(), item]).ok()?);
+    }
+    let aux = PyTuple::new(py, pairs).ok()?;
+    Some((vec![value], aux.into_any()))
+}

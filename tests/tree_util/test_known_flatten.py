@@ -1,0 +1,232 @@
+"""flax nnx's flatten functions, which the core runs natively (``rust/node/known.rs``), against
+JAX running flax's own: the same leaves (``is``), and at every node the same type and an aux
+made of the same objects; the same error where flax's function raises; Python's function
+wherever the native one does not cover a node (int keys) or would disagree with it."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import profiles
+import pytest
+import treeclone.tree_util as tc
+from helpers import check_same_error
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from treeclone import _jax_compat, _native
+
+nnx = pytest.importorskip("flax.nnx")
+optax = pytest.importorskip("optax")
+HashableMapping = pytest.importorskip("flax.typing").HashableMapping
+
+
+def same_parts(a: Any, b: Any) -> bool:
+    """The same object, or tuples (lists: a dict's keys) whose items are the same objects."""
+    if a is b:
+        return True
+    return (
+        type(a) in (tuple, list)
+        and type(a) is type(b)
+        and len(a) == len(b)
+        and all(same_parts(x, y) for x, y in zip(a, b, strict=True))
+    )
+
+
+def assert_flattens_as_jax(tree: Any) -> None:
+    leaves, treedef = tc.tree_flatten(tree)
+    jax_leaves, jax_treedef = jtu.tree_flatten(tree)
+    assert len(leaves) == len(jax_leaves)
+    assert all(a is b for a, b in zip(leaves, jax_leaves, strict=True))
+    assert treedef.to_jax() == jax_treedef
+    stack = [(treedef, jax_treedef, "root")]
+    while stack:
+        td, jd, where = stack.pop()
+        node, jax_node = td.node_data(), jd.node_data()
+        if jax_node is None:
+            assert node is None, where
+            continue
+        assert node[0] is jax_node[0], f"{where}: {node[0]} is not {jax_node[0]}"
+        assert same_parts(node[1], jax_node[1]), f"{where}: aux {node[1]!r} != {jax_node[1]!r}"
+        kids, jax_kids = td.children(), jd.children()
+        assert len(kids) == len(jax_kids), where
+        stack.extend(
+            (k, j, f"{where}/{i}") for i, (k, j) in enumerate(zip(kids, jax_kids, strict=True))
+        )
+    assert tc.tree_unflatten(treedef, leaves) is not None
+
+
+class Block(nnx.Module):
+    def __init__(self, din: int, dout: int, rngs: Any):
+        self.linear = nnx.Linear(din, dout, rngs=rngs)
+        self.bn = nnx.BatchNorm(dout, rngs=rngs)
+        self.name = "block"  # static: a str
+        self.scale = nnx.data(2.0)  # data: marked by nnx.data
+        self.sizes = (din, dout)  # static: a tuple of ints
+        self.extra = nnx.data({"a": nnx.Param(jnp.ones(2), note="x", alpha=1), "b": None})
+
+    def __call__(self, x):
+        return nnx.relu(self.bn(self.linear(x)))
+
+
+def model_and_optimizer() -> tuple[Any, Any]:
+    rngs = nnx.Rngs(0)
+    model = nnx.Sequential(Block(3, 4, rngs), Block(4, 2, rngs))  # nnx.List: int keys
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    return model, optimizer
+
+
+@functools.cache
+def _kinds() -> dict[type, Any]:
+    return {
+        t: _jax_compat.classify_type(t)[0]
+        for t in (Block, nnx.Linear, nnx.Param, nnx.Sequential, nnx.Optimizer)
+    }
+
+
+def test_nnx_flatten_functions_are_recognised():
+    kinds = _kinds()
+    assert kinds[Block] is _native.TypeKind.NnxPytree
+    assert kinds[nnx.Linear] is _native.TypeKind.NnxPytree
+    assert kinds[nnx.Optimizer] is _native.TypeKind.NnxPytree
+    assert kinds[nnx.Param] is _native.TypeKind.NnxVariable
+
+
+def test_a_model_and_its_optimizer_flatten_as_jax():
+    model, optimizer = model_and_optimizer()
+    assert_flattens_as_jax((model, optimizer))
+    assert_flattens_as_jax(nnx.split((model, optimizer))[1])  # the functional form: State
+
+
+def test_native_flatten_after_a_training_step_and_attribute_changes():
+    model, optimizer = model_and_optimizer()
+
+    def loss(model):
+        return jnp.sum(model(jnp.ones((1, 3))) ** 2)
+
+    optimizer.update(model, nnx.grad(loss)(model))
+    model.layers[0].new_attr = nnx.Param(jnp.zeros(1))  # a data attribute added later
+    model.layers[0].zz_static = "late"  # and a static one, sorted after the others
+    del model.layers[1].name
+    assert_flattens_as_jax((model, optimizer))
+
+
+def test_bad_nodes_raise_what_flax_raises():
+    model, _ = model_and_optimizer()
+    block = model.layers[0]
+    vars(block)[1] = "not a str key"  # flax's sort of vars() fails: int < str
+    check_same_error(lambda: tc.tree_flatten(block), lambda: jtu.tree_flatten(block))
+    param = nnx.Param(jnp.ones(2))
+    param._var_metadata[0] = "int key"  # the same for a Variable's metadata
+    check_same_error(lambda: tc.tree_flatten(param), lambda: jtu.tree_flatten(param))
+
+
+def test_a_function_that_differs_from_the_native_one_wins(monkeypatch):
+    """The first node of a type is flattened both ways: where the native version disagrees
+    (here: a type said to use flax's function that does not), Python's result is used, for
+    that node and every later one."""
+
+    class Reversed:
+        """Not an nnx Module, but with the attributes the native flatten reads."""
+
+        _pytree__has_int_keys = False
+
+        def __init__(self, a: Any = None, b: Any = None):
+            self.a = nnx.Param(jnp.ones(1)) if a is None else a
+            self.b = nnx.Param(jnp.zeros(1)) if b is None else b
+            self._pytree__nodes = HashableMapping({"a": True, "b": True})
+
+    def reversed_flatten(obj):
+        return [obj.b, obj.a], (("b", "a"), (), ())
+
+    def reversed_unflatten(aux, children):
+        b, a = children
+        return Reversed(a, b)
+
+    jtu.register_pytree_node(Reversed, reversed_flatten, reversed_unflatten)
+    real = _jax_compat._custom_kind
+
+    def custom_kind(flatten):
+        return _native.TypeKind.NnxPytree if flatten is reversed_flatten else real(flatten)
+
+    monkeypatch.setattr(_jax_compat, "_custom_kind", custom_kind)
+    _native.invalidate_registry_cache()
+    try:
+        assert _jax_compat.classify_type(Reversed)[0] is _native.TypeKind.NnxPytree
+        for _ in range(3):
+            assert_flattens_as_jax(Reversed())
+    finally:
+        monkeypatch.undo()
+        _native.invalidate_registry_cache()
+
+
+# ------------------------------------------------------------------ generated modules
+
+NAMES = st.sampled_from(["a", "b", "c", "kernel", "bias", "Ä", "_private", "z1", "é", "x_y"])
+VALUES = st.one_of(
+    st.integers(-3, 3),
+    st.text(max_size=3),
+    st.none(),
+    st.builds(lambda n: np.arange(n, dtype=np.float32), st.integers(0, 3)),
+)
+
+
+class Generated(nnx.Module):
+    pass
+
+
+def _variable(value: Any, metadata: dict[str, Any], kind: int) -> Any:
+    cls = (nnx.Param, nnx.BatchStat, nnx.Variable)[kind]
+    return cls(jnp.asarray(value), **metadata)
+
+
+VARIABLES = st.builds(
+    _variable,
+    st.builds(lambda n: np.arange(n, dtype=np.float32), st.integers(0, 3)),
+    st.dictionaries(st.sampled_from(["note", "alpha", "tag", "zeta"]), VALUES, max_size=3),
+    st.integers(0, 2),
+)
+
+
+def _module(attrs: list[tuple[str, str, Any]]) -> Any:
+    module = Generated()
+    for name, how, value in attrs:
+        if how == "data":
+            value = nnx.data(value)
+        elif how == "static":
+            value = nnx.static(value)
+        try:
+            setattr(module, name, value)
+        except (ValueError, TypeError):
+            pass  # a value nnx refuses for this marking: not part of the tree under test
+    return module
+
+
+MODULES = st.recursive(
+    st.builds(
+        _module,
+        st.lists(st.tuples(NAMES, st.sampled_from(["auto", "data", "static"]), VARIABLES)),
+    ),
+    lambda inner: st.builds(
+        _module,
+        st.lists(
+            st.tuples(
+                NAMES,
+                st.sampled_from(["auto", "data"]),
+                st.one_of(inner, VARIABLES, st.lists(inner, max_size=2), VALUES),
+            ),
+            max_size=4,
+        ),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=profiles.max_examples(60))
+@given(MODULES)
+def test_generated_modules_flatten_as_jax(module):
+    assert_flattens_as_jax(module)
+    assert_flattens_as_jax([module, {"again": module}])
