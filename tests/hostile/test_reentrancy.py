@@ -44,20 +44,52 @@ class Box:
     @classmethod
     def tree_unflatten(cls, aux, children): return cls(list(children))
 
+try:  # flax nnx's nodes, whose flatten runs natively (rust/node/known.rs)
+    from flax import nnx
+    from flax.typing import HashableMapping
+except ImportError:
+    nnx = None
+else:
+    class Mod(nnx.Module):
+        def __init__(self, t):
+            for i in range(8):
+                setattr(self, f"m{i}-{t}", nnx.data({f"v{i}": float(i)}))
+                setattr(self, f"s{i}-{t}", i)
+
+    _prototypes = {}
+
+def nnx_module(t):
+    # A copy of a prototype: making an nnx Module is far slower than this.
+    proto = _prototypes.setdefault(t, Mod(t))
+    new = object.__new__(Mod)
+    vars(new).update({k: dict(v) if type(v) is dict else v for k, v in vars(proto).items()})
+    return new
+
+def target(c):
+    # What a finalizer mutates: a container, or an nnx Module's own __dict__.
+    return vars(c) if nnx is not None and isinstance(c, nnx.Module) else c
+
 def containers(t):
     s = {f"k{i}-{t}": float(i) for i in range(40)}
     n = {i * 7919 + t: [float(i)] for i in range(40)}
     l = [{f"x{i}-{t}": i} for i in range(30)]
     o = collections.OrderedDict((f"o{i}-{t}", (i, [i])) for i in range(20))
     b = Box([{f"b{i}-{t}": i} for i in range(20)])
-    return {"str-dict": s, "int-dict": n, "list": l, "ordered": o, "box": b}
+    kinds = {"str-dict": s, "int-dict": n, "list": l, "ordered": o, "box": b}
+    if nnx is not None:
+        kinds["nnx"] = nnx_module(t)
+    return kinds
 
 def mutations(c):
-    yield lambda: c.clear() if hasattr(c, "clear") else None
-    yield lambda: c.update({f"new{i}": i for i in range(50)}) if isinstance(c, dict) else None
-    yield lambda: c.popitem() if isinstance(c, dict) and c else None
+    d = target(c)
+    yield lambda: d.clear() if hasattr(d, "clear") else None
+    yield lambda: d.update({f"new{i}": i for i in range(50)}) if isinstance(d, dict) else None
+    yield lambda: d.popitem() if isinstance(d, dict) and d else None
     yield lambda: c.extend(range(50)) if isinstance(c, list) else None
-    yield lambda: setattr(c, "items", []) if isinstance(c, Box) else None
+    if nnx is not None and isinstance(c, nnx.Module):  # no attribute is data any more
+        yield lambda: d.__setitem__("_pytree__nodes", HashableMapping({}))
+    else:
+        yield lambda: setattr(c, "items", []) if isinstance(c, Box) else None
 
 def traversals(c, twin):
     # Each traversal of `c`; `twin`, an equal tree of other objects, gives the treedef and the
