@@ -294,6 +294,8 @@ def _custom_kind(flatten) -> TypeKind:
     pytree = getattr(pytreelib, "Pytree", None)
     if pytree is not None and flatten is getattr(pytree, "_pytree__flatten", None):
         return TypeKind.NnxPytree
+    if pytreelib is not None and flatten is getattr(pytreelib, "_flatten_pytree_state", None):
+        return TypeKind.NnxPytreeState
     variablelib = sys.modules.get("flax.nnx.variablelib")
     if variablelib is not None and flatten is getattr(variablelib, "_variable_flatten", None):
         return TypeKind.NnxVariable

@@ -80,6 +80,7 @@ class TypeKind:
     Custom: TypeKind
     NnxPytree: TypeKind
     NnxVariable: TypeKind
+    NnxPytreeState: TypeKind
 
 class EntryInfo:
     """One entry of a ``SharedTreeDef`` (``node_info()``), in post-order."""

@@ -1,8 +1,9 @@
 //! Flatten functions of well-known node types, run natively: flax nnx's
-//! `Pytree._pytree__flatten` (every nnx Module, `nnx.Optimizer`, ...) and `_variable_flatten`
-//! (every `nnx.Variable`). An nnx model is mostly such nodes, and their Python flatten functions
-//! (a sort of `vars(self)`, three tuples per Module; a sorted metadata tuple per Variable) were
-//! most of the cost of flattening one.
+//! `Pytree._pytree__flatten` (every nnx Module, `nnx.Optimizer`, ...), `_variable_flatten`
+//! (every `nnx.Variable`) and `_flatten_pytree_state` (the `PytreeState` each Module holds). An
+//! nnx model is mostly such nodes, and their Python flatten functions (a sort of `vars(self)`,
+//! three tuples per Module; a sorted metadata tuple per Variable) were most of the cost of
+//! flattening one.
 //!
 //! Each is reproduced exactly: the same children and an aux equal to the function's, made of the
 //! same objects. A node outside the case reproduced (int keys, a `__dict__` that is not a dict,
@@ -18,12 +19,15 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// A flatten function treeclone knows, recognised by identity when the type is classified.
+/// A flatten function treeclone knows (all flax nnx's), recognised by identity when the type
+/// is classified.
 pub enum Known {
     /// `flax.nnx.pytreelib.Pytree._pytree__flatten`.
-    NnxPytree,
+    Pytree,
     /// `flax.nnx.variablelib._variable_flatten`.
-    NnxVariable,
+    Variable,
+    /// `flax.nnx.pytreelib._flatten_pytree_state`.
+    PytreeState,
 }
 
 /// Whether the native flatten of a type has been checked against its Python function.
@@ -63,8 +67,9 @@ pub fn flatten<'py>(
         return Ok(None);
     }
     let native = match known.known {
-        Known::NnxPytree => nnx_pytree(obj),
-        Known::NnxVariable => nnx_variable(obj),
+        Known::Pytree => nnx_pytree(obj),
+        Known::Variable => nnx_variable(obj),
+        Known::PytreeState => nnx_pytree_state(obj),
     };
     let Some(native) = native else {
         return Ok(None);
@@ -201,4 +206,14 @@ fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     }
     let aux = PyTuple::new(py, pairs).ok()?;
     Some((vec![value], aux.into_any()))
+}
+
+/// `_flatten_pytree_state`: no children, aux `(state.initializing, state.is_setup)` (read
+/// through the same attributes, properties of `PytreeState`).
+fn nnx_pytree_state<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+    let py = obj.py();
+    let initializing = obj.getattr(intern!(py, "initializing")).ok()?;
+    let is_setup = obj.getattr(intern!(py, "is_setup")).ok()?;
+    let aux = PyTuple::new(py, [initializing, is_setup]).ok()?;
+    Some((Vec::new(), aux.into_any()))
 }

@@ -53,6 +53,8 @@ pub enum TypeKind {
     NnxPytree,
     /// Custom, with flax nnx's `_variable_flatten` (run natively: `node::known`).
     NnxVariable,
+    /// Custom, with flax nnx's `_flatten_pytree_state` (run natively: `node::known`).
+    NnxPytreeState,
 }
 
 /// The kind of an object whose type is list, tuple, dict or NoneType, from the type pointer
@@ -238,8 +240,9 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
             flatten: answer.get_item(1)?.unbind(),
             unflatten: answer.get_item(2)?.unbind(),
             known: match custom {
-                TypeKind::NnxPytree => Some(KnownFlatten::new(Known::NnxPytree)),
-                TypeKind::NnxVariable => Some(KnownFlatten::new(Known::NnxVariable)),
+                TypeKind::NnxPytree => Some(KnownFlatten::new(Known::Pytree)),
+                TypeKind::NnxVariable => Some(KnownFlatten::new(Known::Variable)),
+                TypeKind::NnxPytreeState => Some(KnownFlatten::new(Known::PytreeState)),
                 _ => None,
             },
         })),

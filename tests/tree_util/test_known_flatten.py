@@ -22,6 +22,7 @@ from treeclone import _jax_compat, _native
 nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
 HashableMapping = pytest.importorskip("flax.typing").HashableMapping
+PytreeState = pytest.importorskip("flax.nnx.pytreelib").PytreeState
 
 
 def same_parts(a: Any, b: Any) -> bool:
@@ -83,7 +84,7 @@ def model_and_optimizer() -> tuple[Any, Any]:
 def _kinds() -> dict[type, Any]:
     return {
         t: _jax_compat.classify_type(t)[0]
-        for t in (Block, nnx.Linear, nnx.Param, nnx.Sequential, nnx.Optimizer)
+        for t in (Block, nnx.Linear, nnx.Param, nnx.Sequential, nnx.Optimizer, PytreeState)
     }
 
 
@@ -93,6 +94,7 @@ def test_nnx_flatten_functions_are_recognised():
     assert kinds[nnx.Linear] is _native.TypeKind.NnxPytree
     assert kinds[nnx.Optimizer] is _native.TypeKind.NnxPytree
     assert kinds[nnx.Param] is _native.TypeKind.NnxVariable
+    assert kinds[PytreeState] is _native.TypeKind.NnxPytreeState
 
 
 def test_a_model_and_its_optimizer_flatten_as_jax():
