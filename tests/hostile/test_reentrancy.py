@@ -144,9 +144,8 @@ def attempt(fn):
     except Exception:
         pass  # a clean Python error is allowed; a BaseException or a crash is not
 
-# What the imports made (JAX's and flax's modules) is left out of every GC pass: with a
-# threshold of 1, passes over it took most of the time. Containers and finalizers made later
-# are collected as before.
+# What the imports made (JAX's and flax's modules) is left out of the GC passes, which a
+# threshold of 1 makes constant; the containers and finalizers, made later, are not.
 gc.freeze()
 """
 
