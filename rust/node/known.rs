@@ -110,16 +110,21 @@ fn sorted_str_items<'py>(
     for (key, value) in dict.iter() {
         items.push((key.cast_into_exact::<PyString>().ok()?, value));
     }
-    if items.iter().any(|(key, _)| key.to_str().is_err()) {
-        return None;
-    }
-    items.sort_unstable_by(|(a, _), (b, _)| utf8(a).cmp(utf8(b)));
-    Some(items)
+    let texts = items
+        .iter()
+        .map(|(key, _)| key.to_str().ok())
+        .collect::<Option<Vec<&str>>>()?;
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_unstable_by_key(|&i| texts[i]);
+    Some(order.into_iter().map(|i| items[i].clone()).collect())
 }
 
-/// A str's text (checked as UTF-8 before: the default never stands in for a key).
-fn utf8<'a>(key: &'a Bound<'_, PyString>) -> &'a str {
-    key.to_str().unwrap_or_default()
+/// `obj.<name>` when it is an exact dict.
+fn dict_attr<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> Option<Bound<'py, PyDict>> {
+    obj.getattr(name).ok()?.cast_into_exact::<PyDict>().ok()
 }
 
 /// flax's `HashableMapping` (the type of a Pytree's `_pytree__nodes`).
@@ -140,11 +145,7 @@ fn hashable_mapping(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
 /// data in `_pytree__nodes` the children, and aux `(data names, static names, static values)`.
 fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     let py = obj.py();
-    let vars = obj
-        .getattr(intern!(py, "__dict__"))
-        .ok()?
-        .cast_into_exact::<PyDict>()
-        .ok()?;
+    let vars = dict_attr(obj, intern!(py, "__dict__"))?;
     if obj
         .getattr(intern!(py, "_pytree__has_int_keys"))
         .ok()?
@@ -157,11 +158,7 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     if !nodes.get_type().is(hashable_mapping(py)?) {
         return None;
     }
-    let nodes = nodes
-        .getattr(intern!(py, "_mapping"))
-        .ok()?
-        .cast_into_exact::<PyDict>()
-        .ok()?;
+    let nodes = dict_attr(&nodes, intern!(py, "_mapping"))?;
     let items = sorted_str_items(&vars)?;
     let (mut children, mut node_keys) = (Vec::new(), Vec::new());
     let (mut static_keys, mut static_values) = (Vec::new(), Vec::new());
@@ -193,11 +190,7 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
 /// `_variable_flatten`: child `x._raw_value`, aux the sorted items of `x._var_metadata`.
 fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     let py = obj.py();
-    let metadata = obj
-        .getattr(intern!(py, "_var_metadata"))
-        .ok()?
-        .cast_into_exact::<PyDict>()
-        .ok()?;
+    let metadata = dict_attr(obj, intern!(py, "_var_metadata"))?;
     let value = obj.getattr(intern!(py, "_raw_value")).ok()?;
     let items = sorted_str_items(&metadata)?;
     let mut pairs = Vec::with_capacity(items.len());

@@ -5,7 +5,6 @@ wherever the native one does not cover a node (int keys) or would disagree with 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -80,16 +79,11 @@ def model_and_optimizer() -> tuple[Any, Any]:
     return model, optimizer
 
 
-@functools.cache
-def _kinds() -> dict[type, Any]:
-    return {
-        t: _jax_compat.classify_type(t)[0]
-        for t in (Block, nnx.Linear, nnx.Param, nnx.Sequential, nnx.Optimizer, PytreeState)
-    }
-
-
 def test_nnx_flatten_functions_are_recognised():
-    kinds = _kinds()
+    kinds = {
+        t: _jax_compat.classify_type(t)[0]
+        for t in (Block, nnx.Linear, nnx.Param, nnx.Optimizer, PytreeState)
+    }
     assert kinds[Block] is _native.TypeKind.NnxPytree
     assert kinds[nnx.Linear] is _native.TypeKind.NnxPytree
     assert kinds[nnx.Optimizer] is _native.TypeKind.NnxPytree
