@@ -8,7 +8,8 @@
 //! - `sharing/`: the identity-tracking mode and `SharedTreeDef`;
 //! - `writeback/`: `CallPlan`, the all-or-nothing write into the caller's objects;
 //! - `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
-//! - `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call;
+//! - `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, and
+//!   the native bases of `Jitted` and `JitPartial`, whose `__call__` they are;
 //! - `api.rs`: the module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.
@@ -40,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<bound::Snapshot>()?;
     m.add_class::<call::LeanCall>()?;
     m.add_class::<call::JitCore>()?;
+    m.add_class::<call::PartialCore>()?;
     m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;

@@ -114,7 +114,7 @@ class _BoundArguments:
             self.snapshot.refresh(written)
 
 
-class JitPartial:
+class JitPartial(_native.PartialCore):
     """What :func:`jit_partial` returns: call it with the remaining arguments.
 
     >>> import jax.numpy as jnp, treeclone
@@ -137,6 +137,9 @@ class JitPartial:
         # Static arguments among the others keep the general path (_prepare splits them out
         # before the join).
         self._lean_allowed = not (jitted._static_nums or jitted._static_names)
+        # The native base's __call__ takes jit's lean path while the bound containers are
+        # replaced at every call (nothing cached then), else calls _call_bound.
+        self._init_partial(jitted, self._bound.args, self._lean_allowed)
 
     @property
     def policy(self) -> Policy | ArgPolicies:
@@ -148,8 +151,21 @@ class JitPartial:
         """
         return self._jitted.policy
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``fun(*bound, *args, **kwargs)``, compiled, under the policy."""
+    def _call_bound(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
+        bound arguments."""
+        try:
+            return self._call_cached(args, kwargs)
+        finally:
+            self._set_replaced(self._bound.replaced)
+
+    def _resume(self) -> None:
+        """After a call on the native path (``PartialCore``) that replaced no bound container:
+        flatten the bound arguments again, so that the next call uses the cache."""
+        self._bound._flatten()
+        self._set_replaced(False)
+
+    def _call_cached(self, args: tuple, kwargs: dict) -> Any:
         jitted, bound = self._jitted, self._bound
         policy = policy_override.get() or jitted._policy
         args = (*bound.args, *args)

@@ -166,6 +166,24 @@ impl Core {
     }
 }
 
+/// The lean path of calls under `jit`'s own policy (no `with treeclone.policy(...)` block
+/// overriding it), or None when they take the general path.
+pub(crate) fn own_lean<'py>(jit: &Bound<'py, JitCore>) -> PyResult<Option<Bound<'py, LeanCall>>> {
+    let py = jit.py();
+    let core = core_of(jit)?;
+    if !core.lean_allowed {
+        return Ok(None);
+    }
+    let given = core
+        .policy_override
+        .bind(py)
+        .call_method0(intern!(py, "get"))?;
+    if !given.is_none() && !given.is(&core.policy) {
+        return Ok(None);
+    }
+    lean_of(jit, core).map(Some)
+}
+
 fn core_of<'a>(slf: &'a Bound<'_, JitCore>) -> PyResult<&'a Core> {
     slf.get()
         .core

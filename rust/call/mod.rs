@@ -12,8 +12,10 @@
 //! a JAX transformation.
 
 mod core;
+mod partial;
 
 pub use core::JitCore;
+pub use partial::PartialCore;
 
 use crate::sharing::flatten_shared;
 use crate::writeback::CallPlan;
@@ -177,6 +179,16 @@ impl LeanCall {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.call_traced(py, args, kwargs)?.0)
+    }
+
+    /// `call`, returning `(result, the trace's _TraceInfo, the computation's outputs)`.
+    pub(crate) fn call_traced<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let mut items = Vec::new();
         if let Some(kwargs) = kwargs {
             // Copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
@@ -216,8 +228,7 @@ impl LeanCall {
             _ => (self.key(py, &sdef, None)?, py.None().into_bound(py)),
         };
         let record = (args.clone(), kwargs, positions);
-        let (out, _, _) = self.run(py, record, key, leaves, objects)?;
-        Ok(out)
+        self.run(py, record, key, leaves, objects)
     }
 
     /// The key of structure `sdef` (with the static arguments' `statics`): the last one's

@@ -621,3 +621,51 @@ def test_calls_after_one_that_replaced_bound_containers_equal_jit_and_flatten_on
         assert values(ours) == values(theirs), (i, mode)
         if i == 1:  # after a replacing call: one flatten of everything, as jit's one
             assert counted == [3], counted  # (state, x, kwargs)
+
+
+def _step_by_structure(state, x):
+    """``_replacing_step`` with the mode given by the structure of ``x`` (no static argument,
+    so that calls take the lean path): a tuple replaces, a list updates, a dict grows."""
+    mode = {tuple: "replace", list: "update", dict: "grow"}[type(x)]
+    return _replacing_step(state, jax.tree.leaves(x)[0], mode)
+
+
+def test_replacing_calls_on_the_native_path_equal_jit(monkeypatch):
+    """While every call replaces containers of the bound state, a call runs jit's lean path
+    natively (``PartialCore``: no ``_call_bound``); the results and the caller's state stay
+    jit's through replacing, updating and growing calls, changes made between calls, and a
+    ``with treeclone.policy`` block, which takes the Python path."""
+    ours = {"params": {"w": jnp.ones(2)}}
+    theirs = {"params": {"w": jnp.ones(2)}}
+    bound = tc.jit_partial(_step_by_structure, ours)
+    jitted = tc.jit(_step_by_structure, policy="alias")
+    python_calls: list[int] = []
+    real = bound._call_bound
+
+    def counting(*args, **kwargs):
+        python_calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bound, "_call_bound", counting)
+    two = jnp.full((), 2.0)
+    args = {"replace": (two,), "update": [two], "grow": {"g": two}}
+    modes = ["replace", "replace", "replace", "update", "update", "replace", "outside"]
+    modes += ["replace", "grow", "replace", "replace", "update"]
+    native = []
+    for i, mode in enumerate(modes):
+        if mode == "outside":  # changed between calls: seen by the next call
+            for state in (ours, theirs):
+                state["params"] = {"w": jnp.full(2, 5.0), "v": jnp.zeros(3)}
+            continue
+        python_calls.clear()
+        got = bound(args[mode])
+        native.append(not python_calls)
+        want = jitted(theirs, args[mode])
+        np.testing.assert_allclose(got, want)
+        assert values(ours) == values(theirs), (i, mode)
+    # Native exactly when the call before replaced containers or changed the structure.
+    assert native == [False, True, True, True, False, False, True, True, True, True, True]
+    with tc.policy("strict"):  # the block's policy, on the Python path
+        with pytest.raises(tc.MutationError, match=r"params"):
+            bound(args["replace"])
+    assert python_calls
