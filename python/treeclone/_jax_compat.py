@@ -275,15 +275,39 @@ def _opaque_functions(ty: type):
 
 
 def classify_type(ty: type):
-    """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None."""
+    """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None;
+    for a type registered by ``register_dataclass``, ``(TypeKind.Dataclass, flatten, unflatten,
+    (data_fields, meta_fields))``."""
     entry = registry.get(ty)
     if entry is not None:
+        fields = _dataclass_fields(entry.to_iter)
+        if fields is not None:
+            return TypeKind.Dataclass, entry.to_iter, entry.from_iter, fields
         return _custom_kind(entry.to_iter), entry.to_iter, entry.from_iter
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
         return TypeKind.NamedTuple, None, None
     if _is_registry_only_node(ty):
         return (TypeKind.Custom, *_opaque_functions(ty))
     return TypeKind.Leaf, None, None
+
+
+def _dataclass_fields(flatten) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """``(data_fields, meta_fields)`` of a flatten function ``jax.tree_util.register_dataclass``
+    made (the names it closes over), which the core runs natively (``rust/node/known.rs``,
+    checked there against the function on the first node); None for any other function."""
+    if getattr(flatten, "__qualname__", None) != "register_dataclass.<locals>.flatten_func":
+        return None
+    try:
+        cells = flatten.__code__.co_freevars, flatten.__closure__ or ()
+        names = {name: cell.cell_contents for name, cell in zip(*cells, strict=True)}
+    except (AttributeError, ValueError):  # not a plain function, or an empty cell
+        return None
+    data, meta = names.get("data_fields"), names.get("meta_fields")
+    if not (isinstance(data, tuple) and isinstance(meta, tuple)):
+        return None
+    if not all(type(name) is str for name in (*data, *meta)):
+        return None
+    return data, meta
 
 
 def _custom_kind(flatten) -> TypeKind:

@@ -81,6 +81,7 @@ class TypeKind:
     NnxPytree: TypeKind
     NnxVariable: TypeKind
     NnxPytreeState: TypeKind
+    Dataclass: TypeKind
 
 class EntryInfo:
     """One entry of a ``SharedTreeDef`` (``node_info()``), in post-order."""

@@ -14,7 +14,7 @@ use crate::node::{Known, KnownFlatten};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::types::{PyString, PyTuple, PyType, PyWeakrefMethods, PyWeakrefReference};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -55,6 +55,9 @@ pub enum TypeKind {
     NnxVariable,
     /// Custom, with flax nnx's `_flatten_pytree_state` (run natively: `node::known`).
     NnxPytreeState,
+    /// Custom, registered by `jax.tree_util.register_dataclass`, whose flatten reads the
+    /// fields `classify_type` names as a fourth item (run natively: `node::known`).
+    Dataclass,
 }
 
 /// The kind of an object whose type is list, tuple, dict or NoneType, from the type pointer
@@ -222,9 +225,10 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
 
     // Python code runs here: no lock is held.
     let answer = compat.classify_type.bind(py).call1((ty,))?;
-    let bad = || PyTypeError::new_err("treeclone: classify_type must return (TypeKind, f, g)");
+    let bad =
+        || PyTypeError::new_err("treeclone: classify_type must return (TypeKind, f, g[, fields])");
     let answer = answer.cast::<PyTuple>().map_err(|_| bad())?;
-    if answer.len() != 3 {
+    if answer.len() != 3 && answer.len() != 4 {
         return Err(bad());
     }
     let kind = match *answer
@@ -243,6 +247,13 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
                 TypeKind::NnxPytree => Some(KnownFlatten::new(Known::Pytree)),
                 TypeKind::NnxVariable => Some(KnownFlatten::new(Known::Variable)),
                 TypeKind::NnxPytreeState => Some(KnownFlatten::new(Known::PytreeState)),
+                TypeKind::Dataclass => {
+                    let (data, meta) = answer
+                        .get_item(3)?
+                        .extract::<(Vec<Py<PyString>>, Vec<Py<PyString>>)>()
+                        .map_err(|_| bad())?;
+                    Some(KnownFlatten::new(Known::Dataclass { data, meta }))
+                }
                 _ => None,
             },
         })),

@@ -13,7 +13,7 @@ import numpy as np
 import profiles
 import pytest
 import treeclone.tree_util as tc
-from helpers import check_same_error
+from helpers import assert_flattens_as_jax, check_same_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from treeclone import _jax_compat, _native
@@ -22,41 +22,6 @@ nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
 HashableMapping = pytest.importorskip("flax.typing").HashableMapping
 PytreeState = pytest.importorskip("flax.nnx.pytreelib").PytreeState
-
-
-def same_parts(a: Any, b: Any) -> bool:
-    """The same object, or tuples (lists: a dict's keys) whose items are the same objects."""
-    if a is b:
-        return True
-    return (
-        type(a) in (tuple, list)
-        and type(a) is type(b)
-        and len(a) == len(b)
-        and all(same_parts(x, y) for x, y in zip(a, b, strict=True))
-    )
-
-
-def assert_flattens_as_jax(tree: Any) -> None:
-    leaves, treedef = tc.tree_flatten(tree)
-    jax_leaves, jax_treedef = jtu.tree_flatten(tree)
-    assert len(leaves) == len(jax_leaves)
-    assert all(a is b for a, b in zip(leaves, jax_leaves, strict=True))
-    assert treedef.to_jax() == jax_treedef
-    stack = [(treedef, jax_treedef, "root")]
-    while stack:
-        td, jd, where = stack.pop()
-        node, jax_node = td.node_data(), jd.node_data()
-        if jax_node is None:
-            assert node is None, where
-            continue
-        assert node[0] is jax_node[0], f"{where}: {node[0]} is not {jax_node[0]}"
-        assert same_parts(node[1], jax_node[1]), f"{where}: aux {node[1]!r} != {jax_node[1]!r}"
-        kids, jax_kids = td.children(), jd.children()
-        assert len(kids) == len(jax_kids), where
-        stack.extend(
-            (k, j, f"{where}/{i}") for i, (k, j) in enumerate(zip(kids, jax_kids, strict=True))
-        )
-    assert tc.tree_unflatten(treedef, leaves) is not None
 
 
 class Block(nnx.Module):
