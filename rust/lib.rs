@@ -40,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writeback::Origin>()?;
     m.add_class::<bound::Snapshot>()?;
     m.add_class::<call::LeanCall>()?;
+    m.add_class::<call::ResultBox>()?;
     m.add_class::<call::JitCore>()?;
     m.add_class::<call::PartialCore>()?;
     m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;

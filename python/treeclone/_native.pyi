@@ -166,6 +166,16 @@ class PartialCore:
     def _set_replaced(self, replaced: bool) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
+@final
+class ResultBox:
+    """The inner jit's result: its outputs, with the trace's ``_TraceInfo`` as static data."""
+
+    def __new__(cls, info: Any, leaves: Any) -> ResultBox: ...
+    @property
+    def info(self) -> Any: ...
+    @property
+    def leaves(self) -> Any: ...
+
 class LeanCall:
     """``treeclone.jit``'s whole call under a policy, for arguments all dynamic, none donated."""
 

@@ -123,14 +123,8 @@ class _TraceInfo:
         self.static_outputs: tuple[tuple[int, Any], ...] = ()
 
 
-class _ResultBox:
-    """The computation's outputs, with the trace's ``_TraceInfo`` as static data."""
-
-    __slots__ = ("info", "leaves")
-
-    def __init__(self, info: _TraceInfo, leaves: Any):
-        self.info = info
-        self.leaves = leaves
+# The inner jit's result: the outputs, with the trace's _TraceInfo as static data.
+_ResultBox = _native.ResultBox
 
 
 def _result_keys(box: _ResultBox) -> tuple[list, _TraceInfo]:
@@ -138,7 +132,7 @@ def _result_keys(box: _ResultBox) -> tuple[list, _TraceInfo]:
     return list(zip(box.info.paths, box.leaves, strict=True)), box.info
 
 
-# jax rebuilds a _ResultBox at every call: attrgetter and the class itself do it without a
+# jax rebuilds a _ResultBox at every call: attrgetter and the native type do it without a
 # Python frame (rebuilding the result as anything but a _ResultBox would take jax.jit off its
 # C++ fast path). The ArgsBox of the arguments is _calls's.
 jax.tree_util.register_pytree_with_keys(
@@ -344,7 +338,7 @@ class Jitted(_native.JitCore):
         self._init_core(
             self._policy,
             CLONE,
-            policy_override,
+            policy_override.get,
             self._jax_jitted if self._traced is None else None,
             self._static_nums,
             self._static_names,

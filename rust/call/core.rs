@@ -21,7 +21,8 @@ struct Core {
     /// The wrapper's own policy (a `Policy` or `ArgPolicies`), and the `clone` preset.
     policy: Py<PyAny>,
     clone: Py<PyAny>,
-    /// `treeclone.policies.policy_override`: a `with treeclone.policy(...)` block's policy.
+    /// `treeclone.policies.policy_override.get`: a `with treeclone.policy(...)` block's
+    /// policy, or None (the bound method, called with no arguments: the cheapest read).
     policy_override: Py<PyAny>,
     /// `jax.jit` of the function, for `clone`; None when `clone` takes the general path
     /// (`traced=`).
@@ -99,10 +100,7 @@ impl JitCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let core = core_of(slf)?;
-        let given = core
-            .policy_override
-            .bind(py)
-            .call_method0(intern!(py, "get"))?;
+        let given = core.policy_override.bind(py).call0()?;
         let policy = if given.is_none() {
             core.policy.bind(py).clone()
         } else {
@@ -174,10 +172,7 @@ pub(crate) fn own_lean<'py>(jit: &Bound<'py, JitCore>) -> PyResult<Option<Bound<
     if !core.lean_allowed {
         return Ok(None);
     }
-    let given = core
-        .policy_override
-        .bind(py)
-        .call_method0(intern!(py, "get"))?;
+    let given = core.policy_override.bind(py).call0()?;
     if !given.is_none() && !given.is(&core.policy) {
         return Ok(None);
     }

@@ -35,6 +35,31 @@ pyo3::create_exception!(
      whose error names the argument."
 );
 
+/// What the inner `jax.jit` returns: the computation's outputs (`leaves`) with the trace's
+/// `_TraceInfo` (`info`) as static data, a pytree node (registered in `jit.py`). JAX makes one
+/// at every call from the output's treedef, calling the type: a native type builds it with no
+/// Python frame.
+#[pyclass(frozen, module = "treeclone._native")]
+pub struct ResultBox {
+    #[pyo3(get)]
+    info: Py<PyAny>,
+    #[pyo3(get)]
+    leaves: Py<PyAny>,
+}
+
+#[pymethods]
+impl ResultBox {
+    #[new]
+    fn new(info: Py<PyAny>, leaves: Py<PyAny>) -> Self {
+        ResultBox { info, leaves }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.info)?;
+        visit.call(&self.leaves)
+    }
+}
+
 /// What the lean path of one `treeclone.jit` under one policy holds (see the module comment).
 #[pyclass(frozen, module = "treeclone")]
 pub struct LeanCall {
@@ -59,7 +84,14 @@ pub struct LeanCall {
     /// The last structure met (with the static arguments' key) and its key: a training loop
     /// meets one structure call after call, and comparing with it costs less than hashing.
     last: Mutex<Option<Last>>,
+    /// What `run` reads of the last trace's `_TraceInfo` (set at trace time, not changed
+    /// after): read again only when another trace's comes back.
+    last_info: Mutex<Option<InfoParts>>,
 }
+
+/// Of a `_TraceInfo`: itself, whether its result hands inputs back (`returned_inputs`),
+/// whether it writes back (`writes`), and its plan.
+type InfoParts = (Py<PyAny>, bool, bool, Py<CallPlan>);
 
 /// `static_argnums` (negative ones count from the end) and `static_argnames`, and
 /// `hash_static(value)`, which raises jax.jit's error for a value that cannot be hashed.
@@ -122,6 +154,7 @@ impl LeanCall {
                 hash_static,
             }),
             last: Mutex::new(None),
+            last_info: Mutex::new(None),
         })
     }
 
@@ -164,6 +197,12 @@ impl LeanCall {
                     visit.call(statics)?;
                 }
                 visit.call(key)?;
+            }
+        }
+        if let Ok(last) = self.last_info.try_lock() {
+            if let Some((info, _, _, plan)) = last.as_ref() {
+                visit.call(info)?;
+                visit.call(plan)?;
             }
         }
         Ok(())
@@ -315,20 +354,49 @@ impl LeanCall {
         let result = self.jitted.bind(py).call1((&boxed, py.None()));
         local.setattr(intern!(py, "call"), py.None())?;
         let result = result?;
-        let info = result.getattr(intern!(py, "info"))?;
-        let outputs = result.getattr(intern!(py, "leaves"))?;
-        let out = if info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?
-            || (info.getattr(intern!(py, "writes"))?.is_truthy()?
+        let result = result.cast::<ResultBox>()?.get();
+        let info = result.info.bind(py).clone();
+        let outputs = result.leaves.bind(py).clone();
+        let (returns_inputs, writes, plan) = self.info_parts(&info)?;
+        let out = if returns_inputs
+            || (writes
                 && outputs.len()? > 0
                 && outputs.get_item(0)?.is_instance(self.tracer.bind(py))?)
         {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
-            let plan = info.getattr(intern!(py, "plan"))?;
-            let plan = plan.cast::<CallPlan>()?;
-            plan.get().apply(py, &leaves, &objects, &outputs)?
+            plan.bind(py).get().apply(py, &leaves, &objects, &outputs)?
         };
         Ok((out, info, outputs))
+    }
+
+    /// `(info.returned_inputs, info.writes, info.plan)`, the first two as bools: the last
+    /// info's when `info` is it.
+    fn info_parts(&self, info: &Bound<'_, PyAny>) -> PyResult<(bool, bool, Py<CallPlan>)> {
+        let py = info.py();
+        if let Ok(last) = self.last_info.lock() {
+            if let Some((last, returns_inputs, writes, plan)) = last.as_ref() {
+                if last.is(info) {
+                    return Ok((*returns_inputs, *writes, plan.clone_ref(py)));
+                }
+            }
+        }
+        // Python code may run in these reads: nothing is held locked meanwhile.
+        let returns_inputs = info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?;
+        let writes = info.getattr(intern!(py, "writes"))?.is_truthy()?;
+        let plan = info
+            .getattr(intern!(py, "plan"))?
+            .cast_into::<CallPlan>()?
+            .unbind();
+        if let Ok(mut last) = self.last_info.lock() {
+            *last = Some((
+                info.clone().unbind(),
+                returns_inputs,
+                writes,
+                plan.clone_ref(py),
+            ));
+        }
+        Ok((returns_inputs, writes, plan))
     }
 }
 
