@@ -18,7 +18,9 @@
 # file:///opt/pypi/simple) and PACKAGES (installed from it with their dependencies, default
 # "flax optax"; nothing is installed from an index without INDEX); BENCH_ARGS (more harness
 # options, e.g. "--only mlp_adam --rounds 9"); BENCH_TIMEOUT (seconds, default 280: the
-# harness writes its results after every workload, so a run cut short keeps what it did).
+# harness writes its results after every workload, so a run cut short keeps what it did);
+# TREECLONE_REVISION (the revision the report names: the wheel's, e.g. `git rev-parse --short
+# HEAD` where it was built; default: the git state of this copy of the tree).
 #
 #   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
 #   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine

@@ -62,6 +62,12 @@ def treeclone_info() -> str:
 
 
 def git_revision() -> str:
+    """The revision benchmarks name: ``$TREECLONE_REVISION`` when set (a run on another machine
+    of a wheel built here, whose copy of the tree has a git state of its own), else the git
+    checkout of this file or of the working directory."""
+    given = os.environ.get("TREECLONE_REVISION", "").strip()
+    if given:
+        return given
     for where in (Path(__file__).resolve().parent, Path.cwd()):
         rev = _git_revision_at(where)
         if rev:
