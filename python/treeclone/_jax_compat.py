@@ -323,6 +323,9 @@ def _custom_kind(flatten) -> TypeKind:
     variablelib = sys.modules.get("flax.nnx.variablelib")
     if variablelib is not None and flatten is getattr(variablelib, "_variable_flatten", None):
         return TypeKind.NnxVariable
+    statelib = sys.modules.get("flax.nnx.statelib")
+    if statelib is not None and flatten is getattr(statelib, "_state_flatten", None):
+        return TypeKind.NnxState
     return TypeKind.Custom
 
 

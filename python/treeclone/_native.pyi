@@ -81,6 +81,7 @@ class TypeKind:
     NnxPytree: TypeKind
     NnxVariable: TypeKind
     NnxPytreeState: TypeKind
+    NnxState: TypeKind
     Dataclass: TypeKind
 
 class EntryInfo:

@@ -1,6 +1,7 @@
 //! Flatten functions of well-known node types, run natively: flax nnx's
 //! `Pytree._pytree__flatten` (every nnx Module, `nnx.Optimizer`, ...), `_variable_flatten`
-//! (every `nnx.Variable`) and `_flatten_pytree_state` (the `PytreeState` each Module holds). An
+//! (every `nnx.Variable`), `_flatten_pytree_state` (the `PytreeState` each Module holds) and
+//! `_state_flatten` (every `nnx.State`, the functional form's nested mappings). An
 //! nnx model is mostly such nodes, and their Python flatten functions (a sort of `vars(self)`,
 //! three tuples per Module; a sorted metadata tuple per Variable) were most of the cost of
 //! flattening one. And the flatten `jax.tree_util.register_dataclass` makes (its fields read
@@ -17,7 +18,7 @@ use crate::registry::CustomType;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyInt, PyString, PyTuple, PyType};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A flatten function treeclone knows, recognised when the type is classified (flax nnx's by
@@ -29,6 +30,8 @@ pub enum Known {
     Variable,
     /// `flax.nnx.pytreelib._flatten_pytree_state`.
     PytreeState,
+    /// `flax.nnx.statelib._state_flatten`.
+    State,
     /// `register_dataclass`'s `flatten_func`: children the `data` fields, aux a tuple of the
     /// `meta` fields (read first, as the function reads them).
     Dataclass {
@@ -77,6 +80,7 @@ pub fn flatten<'py>(
         Known::Pytree => nnx_pytree(obj),
         Known::Variable => nnx_variable(obj),
         Known::PytreeState => nnx_pytree_state(obj),
+        Known::State => nnx_state(obj),
         Known::Dataclass { data, meta } => dataclass(obj, data, meta),
     };
     let Some(native) = native else {
@@ -217,6 +221,33 @@ fn nnx_pytree_state<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     let is_setup = obj.getattr(intern!(py, "is_setup")).ok()?;
     let aux = PyTuple::new(py, [initializing, is_setup]).ok()?;
     Some((Vec::new(), aux.into_any()))
+}
+
+/// `_state_flatten`: the items of `state._mapping` sorted (by key: keys are distinct), the
+/// values the children, aux the keys. Covered: keys all str, or all int (nnx.List's layers).
+fn nnx_state<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+    let py = obj.py();
+    let mapping = dict_attr(obj, intern!(py, "_mapping"))?;
+    let items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = match sorted_str_items(&mapping) {
+        Some(items) => items.into_iter().map(|(k, v)| (k.into_any(), v)).collect(),
+        None => sorted_int_items(&mapping)?,
+    };
+    let (keys, children): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+    Some((children, PyTuple::new(py, keys).ok()?.into_any()))
+}
+
+/// A dict's items with exact int keys that fit an i64, sorted by key; None otherwise. Only
+/// increfs happen while the dict is read.
+fn sorted_int_items<'py>(
+    dict: &Bound<'py, PyDict>,
+) -> Option<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let mut items = Vec::with_capacity(dict.len());
+    for (key, value) in dict.iter() {
+        let number = key.cast_exact::<PyInt>().ok()?.extract::<i64>().ok()?;
+        items.push((number, key, value));
+    }
+    items.sort_unstable_by_key(|(number, _, _)| *number);
+    Some(items.into_iter().map(|(_, k, v)| (k, v)).collect())
 }
 
 /// `register_dataclass`'s `flatten_func`: `(tuple(getattr(obj, f) for f in data), tuple(getattr(obj,

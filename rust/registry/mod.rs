@@ -55,6 +55,8 @@ pub enum TypeKind {
     NnxVariable,
     /// Custom, with flax nnx's `_flatten_pytree_state` (run natively: `node::known`).
     NnxPytreeState,
+    /// Custom, with flax nnx's `_state_flatten` (`nnx.State`: run natively: `node::known`).
+    NnxState,
     /// Custom, registered by `jax.tree_util.register_dataclass`, whose flatten reads the
     /// fields `classify_type` names as a fourth item (run natively: `node::known`).
     Dataclass,
@@ -247,6 +249,7 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
                 TypeKind::NnxPytree => Some(KnownFlatten::new(Known::Pytree)),
                 TypeKind::NnxVariable => Some(KnownFlatten::new(Known::Variable)),
                 TypeKind::NnxPytreeState => Some(KnownFlatten::new(Known::PytreeState)),
+                TypeKind::NnxState => Some(KnownFlatten::new(Known::State)),
                 TypeKind::Dataclass => {
                     let (data, meta) = answer
                         .get_item(3)?

@@ -47,8 +47,9 @@ def model_and_optimizer() -> tuple[Any, Any]:
 def test_nnx_flatten_functions_are_recognised():
     kinds = {
         t: _jax_compat.classify_type(t)[0]
-        for t in (Block, nnx.Linear, nnx.Param, nnx.Optimizer, PytreeState)
+        for t in (Block, nnx.Linear, nnx.Param, nnx.Optimizer, PytreeState, nnx.State)
     }
+    assert kinds[nnx.State] is _native.TypeKind.NnxState
     assert kinds[Block] is _native.TypeKind.NnxPytree
     assert kinds[nnx.Linear] is _native.TypeKind.NnxPytree
     assert kinds[nnx.Optimizer] is _native.TypeKind.NnxPytree
@@ -60,6 +61,24 @@ def test_a_model_and_its_optimizer_flatten_as_jax():
     model, optimizer = model_and_optimizer()
     assert_flattens_as_jax((model, optimizer))
     assert_flattens_as_jax(nnx.split((model, optimizer))[1])  # the functional form: State
+
+
+def test_states_flatten_as_jax():
+    """``nnx.State`` (the functional form's mappings): str keys, int keys (an nnx.List's
+    layers), empty, nested; keys of both kinds raise flax's sort error, as under JAX."""
+    model, optimizer = model_and_optimizer()
+    graphdef, state = nnx.split(model)
+    assert isinstance(state["layers"], nnx.State)  # int keys: 0, 1
+    params, rest = nnx.split(model, nnx.Param, ...)[1:]
+    for tree in (state, params, rest, nnx.State({}), nnx.State({"a": nnx.State({10: 1, 2: 2})})):
+        assert_flattens_as_jax(tree)
+    mixed = nnx.State({"a": jnp.ones(1), 0: jnp.zeros(1)})
+    check_same_error(lambda: tc.tree_flatten(mixed), lambda: jtu.tree_flatten(mixed))
+    # A model rebuilt from the native flatten's State is the model.
+    rebuilt = nnx.merge(graphdef, tc.tree_unflatten(*reversed(tc.tree_flatten(state))))
+    np.testing.assert_array_equal(
+        rebuilt.layers[0].linear.kernel[...], model.layers[0].linear.kernel[...]
+    )
 
 
 def test_native_flatten_after_a_training_step_and_attribute_changes():
