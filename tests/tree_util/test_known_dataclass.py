@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import profiles
 import pytest
 import treeclone as treeclone_root
 import treeclone.tree_util as tc
@@ -196,7 +197,7 @@ def test_a_seed_style_step_under_alias_writes_the_dataclass_back():
 field_names = st.sampled_from(["a", "b", "c", "d", "e"])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=profiles.max_examples(40), deadline=None)
 @given(
     names=st.lists(field_names, min_size=0, max_size=5, unique=True),
     split=st.integers(0, 5),
