@@ -153,9 +153,26 @@ class JitPartial(_native.PartialCore):
 
     def _call_bound(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
-        bound arguments."""
+        bound arguments; the native base learns whether the call replaced bound containers."""
         try:
-            return self._call_cached(args, kwargs)
+            jitted, bound = self._jitted, self._bound
+            policy = policy_override.get() or jitted._policy
+            args = (*bound.args, *args)
+            lean = jitted._lean_for(policy) if self._lean_allowed else None
+            if lean is None:
+                _check_policy(policy)
+                return jitted._call_policy(policy, args, kwargs, bound)
+            # The lean path (Jitted's): the bound arguments joined, then one native call.
+            if len(kwargs) > 1:  # keyword order is not part of a call's structure (jax.jit)
+                kwargs = dict(sorted(kwargs.items()))
+            try:
+                leaves, sdef, objects = bound.join(args, kwargs)
+            except ValueError:
+                jitted._check_cycles(args, kwargs)  # names the argument
+                raise
+            out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
+            bound.advance(info.next_inputs, leaves, outputs)
+            return out
         finally:
             self._set_replaced(self._bound.replaced)
 
@@ -164,26 +181,6 @@ class JitPartial(_native.PartialCore):
         flatten the bound arguments again, so that the next call uses the cache."""
         self._bound._flatten()
         self._set_replaced(False)
-
-    def _call_cached(self, args: tuple, kwargs: dict) -> Any:
-        jitted, bound = self._jitted, self._bound
-        policy = policy_override.get() or jitted._policy
-        args = (*bound.args, *args)
-        lean = jitted._lean_for(policy) if self._lean_allowed else None
-        if lean is None:
-            _check_policy(policy)
-            return jitted._call_policy(policy, args, kwargs, bound)
-        # The lean path (Jitted's): the bound arguments joined, then one native call.
-        if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
-            kwargs = dict(sorted(kwargs.items()))
-        try:
-            leaves, sdef, objects = bound.join(args, kwargs)
-        except ValueError:
-            jitted._check_cycles(args, kwargs)  # names the argument
-            raise
-        out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
-        bound.advance(info.next_inputs, leaves, outputs)
-        return out
 
     def clear_cache(self) -> None:
         """Empty the compiled-code caches (see :meth:`treeclone.Jitted.clear_cache`).

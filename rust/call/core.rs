@@ -73,9 +73,7 @@ impl JitCore {
             lean_allowed,
             lean: OnceLock::new(),
         };
-        self.core
-            .set(core)
-            .map_err(|_| PyTypeError::new_err("treeclone.jit: the wrapper is set up already"))
+        set_up(&self.core, core, "treeclone.jit")
     }
 
     /// The lean path's `LeanCall` for calls under `policy`, or None when they take the
@@ -100,12 +98,7 @@ impl JitCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let core = core_of(slf)?;
-        let given = core.policy_override.bind(py).call0()?;
-        let policy = if given.is_none() {
-            core.policy.bind(py).clone()
-        } else {
-            given
-        };
+        let policy = core.call_policy(py)?;
         if policy.is(&core.clone) {
             if let Some(jax_jitted) = &core.jax_jitted {
                 let (nums, names) = (core.static_nums.bind(py), core.static_names.bind(py));
@@ -162,21 +155,33 @@ impl Core {
     fn takes_lean(&self, policy: &Bound<'_, PyAny>) -> bool {
         self.lean_allowed && policy.is(&self.policy)
     }
+
+    /// The policy a call runs under: a `with treeclone.policy(...)` block's, else the
+    /// wrapper's own.
+    fn call_policy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let given = self.policy_override.bind(py).call0()?;
+        Ok(if given.is_none() {
+            self.policy.bind(py).clone()
+        } else {
+            given
+        })
+    }
 }
 
-/// The lean path of calls under `jit`'s own policy (no `with treeclone.policy(...)` block
-/// overriding it), or None when they take the general path.
-pub(crate) fn own_lean<'py>(jit: &Bound<'py, JitCore>) -> PyResult<Option<Bound<'py, LeanCall>>> {
-    let py = jit.py();
+/// The lean path of a call of `jit` now (under its own policy or a block's), or None when the
+/// call takes the general path.
+pub(crate) fn lean_now<'py>(jit: &Bound<'py, JitCore>) -> PyResult<Option<Bound<'py, LeanCall>>> {
     let core = core_of(jit)?;
-    if !core.lean_allowed {
-        return Ok(None);
-    }
-    let given = core.policy_override.bind(py).call0()?;
-    if !given.is_none() && !given.is(&core.policy) {
+    if !core.takes_lean(&core.call_policy(jit.py())?) {
         return Ok(None);
     }
     lean_of(jit, core).map(Some)
+}
+
+/// Fill `cell`, once: the native bases' `_init_*` methods (`what` names the wrapper).
+pub(crate) fn set_up<T>(cell: &OnceLock<T>, value: T, what: &str) -> PyResult<()> {
+    cell.set(value)
+        .map_err(|_| PyTypeError::new_err(format!("{what}: the wrapper is set up already")))
 }
 
 fn core_of<'a>(slf: &'a Bound<'_, JitCore>) -> PyResult<&'a Core> {

@@ -7,7 +7,7 @@
 //! Python frame of treeclone's, so that it costs what the same call of `jit` costs. Every
 //! other call runs the Python method `_call_bound`, which keeps the cache.
 
-use super::core::{own_lean, JitCore};
+use super::core::{lean_now, set_up, JitCore};
 use super::FlattenFailed;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
@@ -59,11 +59,7 @@ impl PartialCore {
             bound,
             lean_allowed,
         };
-        self.setup.set(setup).map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err(
-                "treeclone.jit_partial: the wrapper is set up already",
-            )
-        })
+        set_up(&self.setup, setup, "treeclone.jit_partial")
     }
 
     fn _set_replaced(&self, replaced: bool) {
@@ -81,7 +77,7 @@ impl PartialCore {
         let py = slf.py();
         if let Some(setup) = slf.get().setup.get() {
             if setup.lean_allowed && slf.get().replaced.load(Ordering::Relaxed) {
-                if let Some(lean) = own_lean(setup.jitted.bind(py))? {
+                if let Some(lean) = lean_now(setup.jitted.bind(py))? {
                     let all: Vec<_> = setup.bound.bind(py).iter().chain(args.iter()).collect();
                     let all = PyTuple::new(py, all)?;
                     match lean.get().call_traced(py, &all, kwargs) {

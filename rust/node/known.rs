@@ -250,8 +250,8 @@ fn sorted_int_items<'py>(
     Some(items.into_iter().map(|(_, k, v)| (k, v)).collect())
 }
 
-/// `register_dataclass`'s `flatten_func`: `(tuple(getattr(obj, f) for f in data), tuple(getattr(obj,
-/// f) for f in meta))`, the meta fields read first.
+/// `register_dataclass`'s `flatten_func`: children the `data` fields' values, aux the tuple of
+/// the `meta` fields' values, read first (each field by `getattr`).
 fn dataclass<'py>(
     obj: &Bound<'py, PyAny>,
     data: &[Py<PyString>],
