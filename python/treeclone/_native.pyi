@@ -186,7 +186,6 @@ class LeanCall:
         jitted: Any,
         keys: dict[Any, tuple[Any, ...]],
         key_of: Callable[[Any], tuple[Any, ...]],
-        box_type: type,
         local: Any,
         tracer: type,
         finish: Callable[[tuple[Any, ...], Any, Any], Any],

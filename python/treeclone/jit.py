@@ -34,7 +34,6 @@ from jax.core import Tracer
 from treeclone import _jax_compat, _native, _retrace, _trace, tree_util
 from treeclone._bound import BoundArguments
 from treeclone._calls import (
-    ArgsBox,
     Naming,
     StaticLeaves,
     argument_names,
@@ -134,7 +133,7 @@ def _result_keys(box: _ResultBox) -> tuple[list, _TraceInfo]:
 
 # jax rebuilds a _ResultBox at every call: attrgetter and the native type do it without a
 # Python frame (rebuilding the result as anything but a _ResultBox would take jax.jit off its
-# C++ fast path). The ArgsBox of the arguments is _calls's.
+# C++ fast path).
 jax.tree_util.register_pytree_with_keys(
     _ResultBox, _result_keys, _ResultBox, operator.attrgetter("leaves", "info")
 )
@@ -393,7 +392,7 @@ class Jitted(_native.JitCore):
         local = call.inner.local
         local.call = call  # while the inner jit runs, its debug info can name the arguments
         try:
-            result = call.jitted(call.box, call.donated)
+            result = call.jitted(call.key, call.donated, *call.kept)
         finally:
             local.call = None
         info = result.info
@@ -419,7 +418,6 @@ class Jitted(_native.JitCore):
             jitted,
             inner.keys,
             inner.key_of,
-            ArgsBox,
             inner.local,
             Tracer,
             _finish_lean,
@@ -474,9 +472,8 @@ class Jitted(_native.JitCore):
             static = StaticLeaves.of(leaves, self._traced, args, kwargs, self._naming)
         key = (sdef, statics, donation, static)
         kept, donated = _box_order(leaves, donation, static)
-        box = ArgsBox(kept, key)
         inner, jitted = entry
-        return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
+        return _Call(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
 
     def _split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
         """Take the static arguments out. Each static value is keyed with its type, as jax.jit
@@ -586,7 +583,7 @@ class Jitted(_native.JitCore):
             if slots is not None:
                 call.inner.local.call = call
                 try:
-                    traced = call.jitted.trace(call.box, call.donated)
+                    traced = call.jitted.trace(call.key, call.donated, *call.kept)
                 finally:
                     call.inner.local.call = None
                 info = _jax_compat.traced_out_tree(traced).node_data()[1]
@@ -611,8 +608,8 @@ class Jitted(_native.JitCore):
                     values[s] = x
             if donation is None:
                 outputs = evaluate(*values)
-            else:  # the inner function's inputs: the kept leaves, then the donated ones
-                outputs = evaluate(*donation.kept(values), *donation.donated(values))
+            else:  # the inner function's inputs: the donated leaves, then the kept ones
+                outputs = evaluate(*donation.donated(values), *donation.kept(values))
             result = [outputs[i] if kind == "out" else values[i] for kind, i in info.out_sources]
             return jax.tree_util.tree_unflatten(info.out_tree, result)
 
@@ -667,8 +664,7 @@ def _box_order(
     leaves: list, donation: _Donation | None, static: StaticLeaves | None
 ) -> tuple[list, list | None]:
     """A call's distinct leaves (or anything per leaf, their names) as the inner jit takes
-    them: the kept ones (the box) and the donated ones (None: no donation), without the
-    static ones."""
+    them: the kept ones and the donated ones (None: no donation), without the static ones."""
     if static is None:
         if donation is None:
             return leaves, None
@@ -720,14 +716,16 @@ class _Donation:
 
 
 class _Call:
-    """One call under a policy: what goes to the inner jit, and what naming it needs."""
+    """One call under a policy: what goes to the inner jit (``jitted(key, donated, *kept)``,
+    see :class:`_Inner`), and what naming it needs."""
 
     __slots__ = (
         "args",
-        "box",
         "donated",
         "inner",
         "jitted",
+        "kept",
+        "key",
         "kwargs",
         "leaves",
         "objects",
@@ -738,7 +736,8 @@ class _Call:
         self,
         inner: _Inner,
         jitted: Any,
-        box: ArgsBox,
+        key: tuple,
+        kept: list,
         donated: list | None,
         leaves: list,
         objects: list,
@@ -746,17 +745,18 @@ class _Call:
         kwargs: dict,
         positions: Sequence[int],
     ):
-        self.inner, self.jitted, self.box, self.donated = inner, jitted, box, donated
+        self.inner, self.jitted, self.key = inner, jitted, key
+        self.kept, self.donated = kept, donated
         self.leaves, self.objects = leaves, objects
         self.args, self.kwargs, self.positions = args, kwargs, positions
 
     @property
     def donation(self) -> _Donation | None:
-        return self.box.key[2]
+        return self.key[2]
 
     def named_arguments(self, naming: Naming) -> list[tuple[str, Any]]:
         """The call's dynamic arguments with the names jax.jit gives them, in its order."""
-        statics = self.box.key[1]
+        statics = self.key[1]
         n = len(self.positions) if statics is None else statics[0]
         values = [*self.args, *self.kwargs.values()]
         static = () if statics is None else [k for k, *_ in statics[2]]
@@ -797,12 +797,13 @@ class _Call:
 
 def _lean_call_record(call: tuple) -> _Call:
     """The ``_Call`` of a call on the lean path from what ``_native.LeanCall`` records of it:
-    ``(inner, jitted, box, None, leaves, objects, args, kwargs, positions)``, the dynamic
-    arguments and their positions among all the positional ones (None: all)."""
-    inner, jitted, box, donated, leaves, objects, args, kwargs, positions = call
+    ``(inner, jitted, key, leaves, objects, args, kwargs, positions)``, the dynamic arguments
+    and their positions among all the positional ones (None: all). Every leaf is kept (none
+    donated, none static)."""
+    inner, jitted, key, leaves, objects, args, kwargs, positions = call
     if positions is None:
         positions = range(len(args))
-    return _Call(inner, jitted, box, donated, leaves, objects, args, kwargs, positions)
+    return _Call(inner, jitted, key, leaves, None, leaves, objects, args, kwargs, positions)
 
 
 def _end_of_call(
@@ -823,7 +824,7 @@ def _end_of_call(
 
 def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:
     """The end of a call on the lean path whose result needs Python (``_native.LeanCall``)."""
-    inner, _, _, _, leaves, objects, *_ = call
+    inner, _, _, leaves, objects, *_ = call
     record = functools.partial(_lean_call_record, call)
     return _end_of_call(inner._fun(), record, info, leaves, objects, outputs)
 
@@ -833,8 +834,14 @@ def _finish_lean(call: tuple, info: _TraceInfo, outputs: list) -> Any:
 
 class _Inner:
     """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
-    the boxed distinct leaves, runs ``fun`` on them (``_trace.run``) and returns the outputs
+    the call's distinct leaves, runs ``fun`` on them (``_trace.run``) and returns the outputs
     boxed with what the trace recorded.
+
+    It is called as ``jitted(key, donated, *kept)``: ``key``, static, is the call's
+    ``(structure, static arguments, donation, static leaves)``; ``donated`` the donated leaves
+    (a list, donated as a whole, or None); ``kept`` the others, each its own argument, the
+    shape JAX's C++ dispatch handles fastest (a box of them, a pytree node of its own, cost a
+    microsecond or two more a call).
 
     To jax it looks like ``fun``: its name, its ``repr``, and (``__fun_debug_info__``) the
     source of ``fun`` and the names of the call's arguments, so that jax's messages (a
@@ -899,16 +906,16 @@ class _Inner:
         if call is None or _DebugInfo is None:
             return None
         try:
-            kept, donated = _box_order(call.slot_names(self._naming), *call.box.key[2:])
-            names = kept + (donated or [])  # the box's leaves, then the donated ones
+            kept, donated = _box_order(call.slot_names(self._naming), *call.key[2:])
+            names = (donated or []) + kept  # the inner jit's order: (key, donated, *kept)
             return _DebugInfo("jit", self._sourceinfo, tuple(names), _INITIAL_RESULT_PATHS)
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
 
-    def __call__(self, box: ArgsBox, donated: list | None) -> _ResultBox:
-        sdef, statics, donation, static = box.key
+    def __call__(self, key: tuple, donated: list | None, *kept: Any) -> _ResultBox:
+        sdef, statics, donation, static = key
         keep = None if donation is None else donation.keep
-        leaves = _from_box_order(box.leaves, donated, keep, static)
+        leaves = _from_box_order(kept, donated, keep, static)
         num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         if statics is None:
             positions = list(range(num_args))
@@ -979,7 +986,7 @@ class _Inner:
             arg_policies=arg_policies,
         )
         # Why this trace happened, in the user's words (trace time only: _retrace).
-        self.retraces.traced(box.key, leaves, layout, seen.get("args"))
+        self.retraces.traced(key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
         if policy.mutations == "propagate" and outputs and "args" in seen:
@@ -1117,10 +1124,12 @@ def _make_inner(
     weak: bool,
     traced: Callable[[Any], bool] | None = None,
 ) -> tuple[_Inner, Any]:
-    """The ``jax.jit`` that runs ``fun`` under ``policy`` on boxed, deduplicated leaves;
-    ``traced``: the rule that leaves the other leaves static (``jit(traced=...)``)."""
+    """The ``jax.jit`` that runs ``fun`` under ``policy`` on a call's distinct leaves, as
+    ``jitted(key, donated, *kept)`` (see :class:`_Inner`); ``traced``: the rule that leaves
+    the other leaves static (``jit(traced=...)``)."""
     inner = _Inner(fun, policy, kwargs, naming, weak, traced)
     options = {k: v for k, v in kwargs.items() if k not in _ARG_OPTIONS + _SHARDINGS}
+    options["static_argnums"] = (0,)
     if kwargs.get("donate_argnums") is not None or kwargs.get("donate_argnames") is not None:
         options["donate_argnums"] = (1,)
     with warnings.catch_warnings():

@@ -5,8 +5,8 @@
 //! the static arguments out, flatten the others with identity (`flatten_shared`), find the
 //! key of their structure (one key object per structure, kept by the inner function, so that
 //! JAX compares it by identity),
-//! box the distinct leaves, run the inner `jax.jit` with the call recorded for its debug info,
-//! and apply the trace's `CallPlan`. What only some calls need stays in Python: the naming of
+//! run the inner `jax.jit` on the distinct leaves (`jitted(key, None, *leaves)`) with the call
+//! recorded for its debug info, and apply the trace's `CallPlan`. What only some calls need stays in Python: the naming of
 //! an argument that cannot be flattened (`FlattenFailed` hands the call back), and `finish`,
 //! for a result that hands inputs back as `jax.jit`'s arrays (strict) or a write-back inside
 //! a JAX transformation.
@@ -17,7 +17,7 @@ mod partial;
 pub use core::JitCore;
 pub use partial::PartialCore;
 
-use crate::sharing::flatten_shared;
+use crate::sharing::{flatten_shared_sized, Sizes};
 use crate::writeback::CallPlan;
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
@@ -25,6 +25,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 pyo3::create_exception!(
@@ -65,14 +66,11 @@ impl ResultBox {
 pub struct LeanCall {
     /// The inner function (`_Inner`), first item of the call recorded for its debug info.
     inner: Py<PyAny>,
-    /// Its `jax.jit`, called as `jitted(box, None)`.
+    /// Its `jax.jit`, called as `jitted(key, None, *leaves)`.
     jitted: Py<PyAny>,
     /// `inner.keys`: the key of each structure seen; `key_of(sdef)` makes a new one.
     keys: Py<PyDict>,
     key_of: Py<PyAny>,
-    /// `ArgsBox`, made without its Python `__init__` by `object.__new__`.
-    box_type: Py<PyType>,
-    object_new: Py<PyAny>,
     /// `inner.local`: `.call` holds the running call while the inner jit runs.
     local: Py<PyAny>,
     /// `jax.core.Tracer`: an output that is one means a call inside a JAX transformation.
@@ -87,6 +85,10 @@ pub struct LeanCall {
     /// What `run` reads of the last trace's `_TraceInfo` (set at trace time, not changed
     /// after): read again only when another trace's comes back.
     last_info: Mutex<Option<InfoParts>>,
+    /// The last flatten's entries and distinct leaves: the next one's buffers start that
+    /// large (`flatten_shared_sized`).
+    last_entries: AtomicUsize,
+    last_leaves: AtomicUsize,
 }
 
 /// Of a `_TraceInfo`: itself, whether its result hands inputs back (`returned_inputs`),
@@ -119,32 +121,23 @@ type Last = (Py<PyAny>, Option<Py<PyAny>>, Py<PyAny>);
 impl LeanCall {
     /// `statics`: `(static_argnums, static_argnames, hash_static)`, or None.
     #[new]
-    #[pyo3(signature = (inner, jitted, keys, key_of, box_type, local, tracer, finish, statics=None))]
+    #[pyo3(signature = (inner, jitted, keys, key_of, local, tracer, finish, statics=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         inner: Py<PyAny>,
         jitted: Py<PyAny>,
         keys: Py<PyDict>,
         key_of: Py<PyAny>,
-        box_type: Py<PyType>,
         local: Py<PyAny>,
         tracer: Py<PyType>,
         finish: Py<PyAny>,
         statics: Option<(Py<PyFrozenSet>, Py<PyFrozenSet>, Py<PyAny>)>,
-        py: Python<'_>,
     ) -> PyResult<Self> {
-        let object_new = py
-            .import("builtins")?
-            .getattr("object")?
-            .getattr("__new__")?
-            .unbind();
         Ok(LeanCall {
             inner,
             jitted,
             keys,
             key_of,
-            box_type,
-            object_new,
             local,
             tracer,
             finish,
@@ -155,6 +148,8 @@ impl LeanCall {
             }),
             last: Mutex::new(None),
             last_info: Mutex::new(None),
+            last_entries: AtomicUsize::new(0),
+            last_leaves: AtomicUsize::new(0),
         })
     }
 
@@ -180,8 +175,6 @@ impl LeanCall {
         visit.call(&self.jitted)?;
         visit.call(&self.keys)?;
         visit.call(&self.key_of)?;
-        visit.call(&self.box_type)?;
-        visit.call(&self.object_new)?;
         visit.call(&self.local)?;
         visit.call(&self.tracer)?;
         visit.call(&self.finish)?;
@@ -244,8 +237,17 @@ impl LeanCall {
         let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
         arguments.push(kwargs.clone().into_any());
         let tree = PyTuple::new(py, arguments)?;
-        let (leaves, sdef, objects) = match flatten_shared(tree.as_any()) {
-            Ok(flat) => flat.into_python(py)?,
+        let sizes = Sizes {
+            entries: self.last_entries.load(Ordering::Relaxed),
+            leaves: self.last_leaves.load(Ordering::Relaxed),
+        };
+        let (leaves, sdef, objects) = match flatten_shared_sized(tree.as_any(), sizes) {
+            Ok(flat) => {
+                let sizes = flat.sizes();
+                self.last_entries.store(sizes.entries, Ordering::Relaxed);
+                self.last_leaves.store(sizes.leaves, Ordering::Relaxed);
+                flat.into_python(py)?
+            }
             Err(e) if e.is_instance_of::<PyValueError>(py) => {
                 return Err(FlattenFailed::new_err(()));
             }
@@ -319,7 +321,7 @@ impl LeanCall {
         })
     }
 
-    /// Everything after the flatten and the key: the box, the inner jit, the plan. `record`:
+    /// Everything after the flatten and the key: the inner jit, the plan. `record`:
     /// the call's dynamic arguments, as `_Inner.call` names them, and their positions among
     /// all the positional ones (None: all of them).
     fn run<'py>(
@@ -331,17 +333,19 @@ impl LeanCall {
         objects: Bound<'py, PyList>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let (args, kwargs, positions) = record;
-        let boxed = self.object_new.bind(py).call1((self.box_type.bind(py),))?;
-        boxed.setattr(intern!(py, "leaves"), &leaves)?;
-        boxed.setattr(intern!(py, "key"), &key)?;
+        // `jitted(key, None, *leaves)`: nothing donated, every leaf kept.
+        let mut arguments = Vec::with_capacity(leaves.len() + 2);
+        arguments.push(key.clone());
+        arguments.push(py.None().into_bound(py));
+        arguments.extend(leaves.iter());
+        let arguments = PyTuple::new(py, arguments)?;
         // The call as `_Inner.call` reads it (a `_Call`'s fields, made into one at trace time).
         let call = PyTuple::new(
             py,
             [
                 self.inner.bind(py).clone(),
                 self.jitted.bind(py).clone(),
-                boxed.clone(),
-                py.None().into_bound(py),
+                key,
                 leaves.clone().into_any(),
                 objects.clone().into_any(),
                 args.into_any(),
@@ -351,7 +355,7 @@ impl LeanCall {
         )?;
         let local = self.local.bind(py);
         local.setattr(intern!(py, "call"), &call)?;
-        let result = self.jitted.bind(py).call1((&boxed, py.None()));
+        let result = self.jitted.bind(py).call1(arguments);
         local.setattr(intern!(py, "call"), py.None())?;
         let result = result?;
         let result = result.cast::<ResultBox>()?.get();

@@ -112,7 +112,27 @@ impl<'py> Mode<'py> for Sharing<'py> {
 
 /// Flatten `tree`, recording shared objects once (see the module comment).
 pub fn flatten_shared<'py>(tree: &Bound<'py, PyAny>) -> PyResult<Sharing<'py>> {
-    let mut out = Sharing::default();
+    flatten_shared_sized(tree, Sizes::default())
+}
+
+/// How many entries and distinct leaves a flatten recorded: a caller that flattens trees of
+/// one shape again and again (a training loop) sizes the next flatten's buffers with the last
+/// one's, so that they never grow during the walk.
+#[derive(Clone, Copy, Default)]
+pub struct Sizes {
+    pub entries: usize,
+    pub leaves: usize,
+}
+
+/// `flatten_shared`, its buffers made `sizes` large at the start.
+pub fn flatten_shared_sized<'py>(tree: &Bound<'py, PyAny>, sizes: Sizes) -> PyResult<Sharing<'py>> {
+    let mut out = Sharing {
+        leaves: Vec::with_capacity(sizes.leaves),
+        entries: Vec::with_capacity(sizes.entries),
+        objects: Vec::with_capacity(sizes.entries),
+        seen: AddressMap::with_capacity_and_hasher(sizes.entries, Default::default()),
+        leaf_entries: 0,
+    };
     walk(tree, &Options::default(), &mut out)?;
     Ok(out)
 }
@@ -131,6 +151,14 @@ pub fn py_flatten_shared<'py>(
 }
 
 impl<'py> Sharing<'py> {
+    /// What this flatten recorded, to size the next one (`flatten_shared_sized`).
+    pub fn sizes(&self) -> Sizes {
+        Sizes {
+            entries: self.entries.len(),
+            leaves: self.leaves.len(),
+        }
+    }
+
     /// `(leaves, shared_treedef, objects)` as Python objects (see `py_flatten_shared`).
     #[allow(clippy::type_complexity)]
     pub fn into_python(

@@ -79,9 +79,11 @@ pub fn walk<'py, M: Mode<'py>>(
     mode: &mut M,
 ) -> PyResult<()> {
     let py = tree.py();
-    let mut frames: Vec<OpenNode<'py>> = Vec::new();
+    // Sized for common trees at once: growing them step by step cost more than their one
+    // allocation.
+    let mut frames: Vec<OpenNode<'py>> = Vec::with_capacity(8);
     // Children waiting to be visited, each frame's reversed so the next one is on top.
-    let mut pending: Vec<Py<PyAny>> = Vec::new();
+    let mut pending: Vec<Py<PyAny>> = Vec::with_capacity(32);
     let mut pending_keys: Vec<Py<PyAny>> = Vec::new();
     let mut path: Vec<Py<PyAny>> = Vec::new();
     let mut classifier = Classifier::new();
