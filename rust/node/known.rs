@@ -99,6 +99,65 @@ pub fn flatten<'py>(
     Ok(Some(expected))
 }
 
+/// `obj`'s children as its type's flatten function gives them, in no particular order, for a
+/// walk that needs nothing else (the cycle check): the native version's, without the sorting
+/// and the aux data it never reads; None where it does not apply (no native version, or one
+/// not yet checked against the function, or a case it does not cover), and the caller runs
+/// the whole flatten.
+pub fn children<'py>(
+    obj: &Bound<'py, PyAny>,
+    custom: &CustomType,
+) -> Option<Vec<Bound<'py, PyAny>>> {
+    let known = custom.known.as_ref()?;
+    if known.check.load(Ordering::Relaxed) != AGREES {
+        return None;
+    }
+    let py = obj.py();
+    match &known.known {
+        Known::Variable => Some(vec![obj.getattr(intern!(py, "_raw_value")).ok()?]),
+        Known::PytreeState => Some(Vec::new()),
+        Known::State => {
+            let mapping = dict_attr(obj, intern!(py, "_mapping"))?;
+            Some(mapping.values().iter().collect())
+        }
+        Known::Pytree => nnx_pytree_children(obj),
+        Known::Dataclass { .. } => None,
+    }
+}
+
+/// `nnx_pytree`'s children, unsorted: the attributes of `vars(obj)` marked as data.
+fn nnx_pytree_children<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    let py = obj.py();
+    let vars = dict_attr(obj, intern!(py, "__dict__"))?;
+    if obj
+        .getattr(intern!(py, "_pytree__has_int_keys"))
+        .ok()?
+        .is_truthy()
+        .ok()?
+    {
+        return None;
+    }
+    let nodes = obj.getattr(intern!(py, "_pytree__nodes")).ok()?;
+    if !nodes.get_type().is(hashable_mapping(py)?) {
+        return None;
+    }
+    let nodes = dict_attr(&nodes, intern!(py, "_mapping"))?;
+    // Copied out first (increfs only): the lookups below may run a key's `__eq__`.
+    let items: Vec<_> = vars.iter().collect();
+    let mut children = Vec::new();
+    for (key, value) in items {
+        key.cast_exact::<PyString>().ok()?;
+        let is_data = match nodes.get_item(&key).ok()? {
+            Some(flag) => flag.is_truthy().ok()?,
+            None => false,
+        };
+        if is_data {
+            children.push(value);
+        }
+    }
+    Some(children)
+}
+
 /// The same object, or tuples of the same length whose items are (recursively) the same.
 fn same_objects(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
     if a.is(b) {

@@ -4,7 +4,7 @@
 
 mod build;
 mod expand;
-mod known;
+pub mod known;
 
 pub use build::{build_node, new_dict, new_sequence};
 pub use expand::{call_custom_flatten, expand, key_entry_of};

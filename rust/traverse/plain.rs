@@ -1,7 +1,7 @@
 //! JAX's flatten: every leaf in order, every container a node.
 
 use super::{walk, Mode, Options};
-use crate::node::{call_custom_flatten, Node};
+use crate::node::{call_custom_flatten, known, Node};
 use crate::registry::{Classifier, Kind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple};
@@ -162,7 +162,12 @@ fn shallow<'py>(tree: &Bound<'py, PyAny>, classifier: &mut Classifier<'py>) -> P
             // Increfs and Rust pushes only: no Python code runs while the dict is iterated.
             Kind::Dict => children.extend(obj.cast::<PyDict>()?.iter().map(|(_, c)| c)),
             Kind::Custom(custom) => {
-                children = call_custom_flatten(&obj, &custom)?.0;
+                // Only the children matter here, not their order: for flax nnx's nodes,
+                // without the sorting and aux data of their flatten.
+                children = match known::children(&obj, &custom) {
+                    Some(found) => found,
+                    None => call_custom_flatten(&obj, &custom)?.0,
+                };
                 classifier.python_ran();
             }
             Kind::Leaf | Kind::None => {}

@@ -12,6 +12,7 @@ import jax.tree_util as jtu
 import numpy as np
 import profiles
 import pytest
+import treeclone
 import treeclone.tree_util as tc
 from helpers import assert_flattens_as_jax, check_same_error
 from hypothesis import given, settings
@@ -92,6 +93,45 @@ def test_native_flatten_after_a_training_step_and_attribute_changes():
     model.layers[0].zz_static = "late"  # and a static one, sorted after the others
     del model.layers[1].name
     assert_flattens_as_jax((model, optimizer))
+
+
+def _cycle_through_a_module() -> Any:
+    model, _ = model_and_optimizer()
+    block = model.layers[0]
+    block.others = nnx.data([jnp.ones(1), block])  # a data attribute holding the block
+    return model
+
+
+def _cycle_through_a_variable() -> Any:
+    items = [jnp.ones(1)]
+    variable = nnx.Variable(items)  # its value is the very list
+    items.append(variable)
+    return {"v": variable}
+
+
+def _cycle_through_a_state() -> Any:
+    state = nnx.split(model_and_optimizer()[0])[1]
+    state["layers"][0]["again"] = state
+    return state
+
+
+@pytest.mark.parametrize(
+    "make", [_cycle_through_a_module, _cycle_through_a_variable, _cycle_through_a_state]
+)
+def test_the_cycle_check_finds_cycles_through_nnx_nodes(make):
+    """The check before ``jax.jit``'s call under ``clone`` walks flax's nodes by their children
+    alone (no sort, no aux data: ``known::children``) once their type is checked: it still
+    finds every cycle through them, with the error every policy gives; a tree without one
+    passes."""
+    model, optimizer = model_and_optimizer()
+    tc.tree_flatten((model, optimizer, nnx.split(model)[1]))  # every type checked already
+    _native.check((model, optimizer, nnx.split((model, optimizer))[1]))
+    cyclic = make()
+    with pytest.raises(ValueError, match="cycle detected in pytree"):
+        _native.check(cyclic)
+    for policy in ("clone", "alias", "strict"):
+        with pytest.raises(ValueError, match="cycle detected in pytree: .* at state"):
+            treeclone.jit(lambda state: 0, policy=policy)(cyclic)
 
 
 def test_bad_nodes_raise_what_flax_raises():
