@@ -8,8 +8,8 @@ Both run on the lean path (``_native.LeanCall``: one native call per call). Phas
 over many calls after compilation (medians of rounds, microseconds): ``call`` (a whole call,
 waited for), ``flatten`` (the arguments flattened with identity; for ``jit_partial``, the
 bound ones checked and joined with the others flattened: ``_BoundArguments.join``),
-``jitted`` (JAX's dispatch of the inner jit, its flatten of the boxed leaves and the
-computation, waited for), ``apply`` (the plan: rebuild the result, write back), and for
+``jitted`` (JAX's dispatch of the inner jit on the distinct leaves and the computation,
+waited for), ``apply`` (the plan: rebuild the result, write back), and for
 ``jit_partial`` the check of the bound containers alone (``snapshot``, part of ``flatten``).
 The phases are timed one by one, so ``flatten + jitted + apply`` is a little more than
 ``call``, whose computation runs while the next phases do. No speed claim is made from this
@@ -56,14 +56,16 @@ def phases(jitted: tc.Jitted, args: tuple, whole: Callable[[], Any], bound: Any 
     """Median time of each phase of ``jitted(*args)`` (``bound``: a jit_partial's, whose call
     is ``whole``)."""
     out = {"call": _median_us(lambda: jax.block_until_ready(whole()))}
-    call = jitted._prepare(ALIAS, args, {}, bound)  # the box the lean path makes, and its key
-    result = call.jitted(call.box, call.donated)
+    call = jitted._prepare(ALIAS, args, {}, bound)  # the leaves the lean path passes, its key
+    result = call.jitted(call.key, call.donated, *call.kept)
     jax.block_until_ready(result.leaves)
     if bound is None:
         out["flatten"] = _median_us(lambda: _native.flatten_shared((*args, {})))
     else:
         out["flatten"] = _median_us(lambda: bound.join(args, {}))
-    out["jitted"] = _median_us(lambda: jax.block_until_ready(call.jitted(call.box, call.donated)))
+    out["jitted"] = _median_us(
+        lambda: jax.block_until_ready(call.jitted(call.key, call.donated, *call.kept))
+    )
     if bound is not None:  # before any write-back below: it would make the check fail early
         out["snapshot"] = _median_us(bound.snapshot.unchanged)
     out["apply"] = _median_us(

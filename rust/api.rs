@@ -220,6 +220,7 @@ fn invalidate_registry_cache() {
 #[pyfunction]
 fn clear_key_order_cache() {
     keysort::clear_cache();
+    crate::node::memo::clear();
 }
 
 /// Make sure the JAX side is importable and readable (raises a clear error if not).

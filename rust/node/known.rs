@@ -14,11 +14,14 @@
 //! compared: a flax release whose function returns something else turns the native path off for
 //! that type, so a change in flax costs speed, never correctness.
 
+use super::memo;
 use crate::registry::CustomType;
+use crate::traverse::address::AddressMap;
+use crate::traverse::keysort;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyInt, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyDict, PyInt, PyString, PyTuple, PyType};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A flatten function treeclone knows, recognised when the type is classified (flax nnx's by
@@ -173,21 +176,23 @@ fn same_objects(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
 
 /// A dict's items with str keys, sorted by key (Python's order for str: by code point, which
 /// is UTF-8's byte order); None if a key is not an exact str or is not valid UTF-8 (a lone
-/// surrogate). Only increfs happen while the dict is read, so no Python code runs meanwhile.
+/// surrogate). The order comes from the traversal's cache of key orders (a Module's
+/// attributes and a Variable's metadata have the same keys call after call).
 fn sorted_str_items<'py>(
     dict: &Bound<'py, PyDict>,
 ) -> Option<Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)>> {
-    let mut items = Vec::with_capacity(dict.len());
-    for (key, value) in dict.iter() {
-        items.push((key.cast_into_exact::<PyString>().ok()?, value));
+    let py = dict.py();
+    let mut values = Vec::with_capacity(dict.len());
+    let keys = keysort::sorted_str_children(py, dict, &mut values)?;
+    let keys = keys.into_bound(py);
+    let mut items = Vec::with_capacity(values.len());
+    for (key, value) in keys.iter().zip(values) {
+        items.push((
+            key.cast_into_exact::<PyString>().ok()?,
+            value.into_bound(py),
+        ));
     }
-    let texts = items
-        .iter()
-        .map(|(key, _)| key.to_str().ok())
-        .collect::<Option<Vec<&str>>>()?;
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_unstable_by_key(|&i| texts[i]);
-    Some(order.into_iter().map(|i| items[i].clone()).collect())
+    Some(items)
 }
 
 /// `obj.<name>` when it is an exact dict.
@@ -230,15 +235,30 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
         return None;
     }
     let nodes = dict_attr(&nodes, intern!(py, "_mapping"))?;
+    if let Some((memo, values)) = memo::lookup(&vars, Some(&nodes)) {
+        let children = memo.children.iter().map(|&i| values[i as usize].clone());
+        return Some((children.collect(), memo.aux.bind(py).clone()));
+    }
+    // The insertion index of each attribute, to memoize which are children.
+    let index: AddressMap<usize, u32> = (0..)
+        .zip(vars.keys().iter())
+        .map(|(i, key)| (key.as_ptr() as usize, i))
+        .collect();
     let items = sorted_str_items(&vars)?;
-    let (mut children, mut node_keys) = (Vec::new(), Vec::new());
+    let (mut children, mut node_keys, mut positions) = (Vec::new(), Vec::new(), Vec::new());
     let (mut static_keys, mut static_values) = (Vec::new(), Vec::new());
+    // Flags that are not bools (whose truth could change) are not memoized.
+    let mut memoizable = true;
     for (key, value) in items {
         let is_data = match nodes.get_item(&key).ok()? {
-            Some(flag) => flag.is_truthy().ok()?,
+            Some(flag) => {
+                memoizable &= flag.is_instance_of::<PyBool>();
+                flag.is_truthy().ok()?
+            }
             None => false,
         };
         if is_data {
+            positions.push(*index.get(&(key.as_ptr() as usize))?);
             node_keys.push(key);
             children.push(value);
         } else {
@@ -254,8 +274,12 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
             PyTuple::new(py, static_values).ok()?,
         ],
     )
-    .ok()?;
-    Some((children, aux.into_any()))
+    .ok()?
+    .into_any();
+    if memoizable {
+        memo::store(&vars, Some(&nodes), positions, &aux);
+    }
+    Some((children, aux))
 }
 
 /// `_variable_flatten`: child `x._raw_value`, aux the sorted items of `x._var_metadata`.
@@ -263,13 +287,17 @@ fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     let py = obj.py();
     let metadata = dict_attr(obj, intern!(py, "_var_metadata"))?;
     let value = obj.getattr(intern!(py, "_raw_value")).ok()?;
+    if let Some((memo, _)) = memo::lookup(&metadata, None) {
+        return Some((vec![value], memo.aux.bind(py).clone()));
+    }
     let items = sorted_str_items(&metadata)?;
     let mut pairs = Vec::with_capacity(items.len());
     for (key, item) in items {
         pairs.push(PyTuple::new(py, [key.into_any(), item]).ok()?);
     }
-    let aux = PyTuple::new(py, pairs).ok()?;
-    Some((vec![value], aux.into_any()))
+    let aux = PyTuple::new(py, pairs).ok()?.into_any();
+    memo::store(&metadata, None, Vec::new(), &aux);
+    Some((vec![value], aux))
 }
 
 /// `_flatten_pytree_state`: no children, aux `(state.initializing, state.is_setup)` (read

@@ -115,6 +115,34 @@ pub fn sorted_children(
     }
 }
 
+/// `sorted_children` for a dict whose keys are all exact `str` that encode as UTF-8; None
+/// otherwise (nothing appended), where the caller has its own way (flax's flatten functions,
+/// run natively in `node::known`, hand such dicts to the Python function).
+pub fn sorted_str_children(
+    py: Python<'_>,
+    dict: &Bound<'_, PyDict>,
+    values: &mut Vec<Py<PyAny>>,
+) -> Option<Py<PyTuple>> {
+    if dict.is_empty() {
+        return Some(PyTuple::empty(py).unbind());
+    }
+    let start = values.len();
+    match scan(py, dict, values) {
+        StrScan::Hit(sorted) => Some(sorted),
+        StrScan::Miss(keys, insertion_values) => {
+            let order = str_key_order(py, keys)?;
+            for &i in &order.order {
+                values.push(insertion_values[i as usize].clone_ref(py));
+            }
+            Some(order.sorted.clone_ref(py))
+        }
+        StrScan::Generic => {
+            values.truncate(start);
+            None
+        }
+    }
+}
+
 /// The allocation-free part of the exact-str path: scan the dict and look its key order up.
 /// Everything it hands back is a strong reference.
 fn scan<'py>(

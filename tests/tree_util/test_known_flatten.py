@@ -95,6 +95,46 @@ def test_native_flatten_after_a_training_step_and_attribute_changes():
     assert_flattens_as_jax((model, optimizer))
 
 
+def test_flattens_stay_exact_as_modules_and_variables_change_between_them():
+    """The native flatten keeps each Module's and Variable's aux between flattens while their
+    dicts hold the same objects (``rust/node/memo.rs``): every change a later flatten must see
+    is seen, in place or not."""
+    model, optimizer = model_and_optimizer()
+    block = model.layers[0]
+    param = block.extra["a"]
+    changes = [
+        lambda: None,  # the memo's own result
+        lambda: setattr(block, "name", "renamed"),  # a static value replaced
+        lambda: setattr(block, "scale", nnx.data(3.0)),  # a child replaced
+        lambda: setattr(block, "sizes", nnx.data((jnp.ones(1),))),  # static becomes data
+        lambda: setattr(block, "late", "static"),  # a key added
+        lambda: delattr(block, "late"),  # and removed
+        lambda: param._var_metadata.__setitem__("note", "y"),  # metadata changed in place
+        lambda: param._var_metadata.__setitem__("added", 1),  # metadata grown in place
+        lambda: param.__setitem__(..., jnp.zeros(2)),  # the Variable's value replaced
+        lambda: vars(block).update(reversed(list(vars(block).items()))),  # same items, reordered
+    ]
+    for change in changes:
+        change()
+        assert_flattens_as_jax((model, optimizer))
+        assert_flattens_as_jax(nnx.split((model, optimizer))[1])
+
+
+def test_flattened_modules_are_freed():
+    """What the native flatten keeps between flattens keeps no Module, Variable or array alive."""
+    import gc
+    import weakref
+
+    model, optimizer = model_and_optimizer()
+    tc.tree_flatten((model, optimizer))
+    tc.tree_flatten(nnx.split((model, optimizer))[1])
+    # (A Variable takes no weak reference: its array stands for it.)
+    refs = [weakref.ref(model), weakref.ref(model.layers[0].linear.kernel.get_raw_value())]
+    del model, optimizer
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
 def _cycle_through_a_module() -> Any:
     model, _ = model_and_optimizer()
     block = model.layers[0]

@@ -1,0 +1,130 @@
+//! What a native flatten of a flax nnx node made of its dict (a Variable's metadata, a Module's
+//! `vars`), kept while the dict holds the very same keys and values.
+//!
+//! A training loop flattens the same Modules and Variables at every step: their attribute and
+//! metadata dicts keep the same objects (a step replaces the arrays inside the Variables, not
+//! the Variables in the Modules), yet each flatten sorted the dict and built new aux tuples,
+//! and every later comparison of the structure compared those tuples item by item. A `Memo`
+//! keeps the aux (and, for a Module, which attributes are children) under the dict's address,
+//! with strong references to everything the result depends on: the dict's keys, the values
+//! the aux holds (a Variable's metadata, a Module's static attributes; not its children, which
+//! are read from the dict at every flatten), and any other dict it was read with (a Module's
+//! `_pytree__nodes` mapping, of names and bools). None of their addresses can be reused while
+//! the memo lives, so a dict found holding the same objects in the same order (checked at
+//! every use, whichever dict now has the address) gets exactly what the flatten would make
+//! again. It keeps neither the dict nor a Module's children alive (their arrays). The memo is
+//! per thread (no lock on the hot path) and is emptied when full.
+
+use crate::traverse::address::AddressMap;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// A dict's items, in insertion order: each key, and its value where a result depends on it.
+type Items = Vec<(Py<PyAny>, Option<Py<PyAny>>)>;
+
+/// One dict's memo.
+pub struct Memo {
+    /// The dict's items, in insertion order, when the result was made: each key, and its value
+    /// where the result depends on it.
+    items: Items,
+    /// Another dict the result was read from (a Module's `_pytree__nodes` mapping), with its
+    /// items then.
+    other: Option<(Py<PyDict>, Items)>,
+    /// For a Module: the insertion index of each child, in the flatten's order.
+    pub children: Vec<u32>,
+    pub aux: Py<PyAny>,
+}
+
+const MEMO_MAX: usize = 8192;
+
+thread_local! {
+    static MEMOS: RefCell<AddressMap<usize, Rc<Memo>>> = RefCell::new(AddressMap::default());
+}
+
+/// The dict's items (increfs only: no Python code runs while it is read), each value kept
+/// where `keep_value(its index)`.
+fn items_of(dict: &Bound<'_, PyDict>, keep_value: impl Fn(u32) -> bool) -> Items {
+    (0..)
+        .zip(dict.iter())
+        .map(|(i, (k, v))| (k.unbind(), keep_value(i).then(|| v.unbind())))
+        .collect()
+}
+
+/// Whether `dict` holds `items` (the same keys in the same order, each kept value the same
+/// object), with its values, in order.
+fn holds<'py>(dict: &Bound<'py, PyDict>, items: &Items) -> Option<Vec<Bound<'py, PyAny>>> {
+    if dict.len() != items.len() {
+        return None;
+    }
+    let mut values = Vec::with_capacity(items.len());
+    for ((k, v), (k0, v0)) in dict.iter().zip(items) {
+        if !k.is(k0) || v0.as_ref().is_some_and(|v0| !v.is(v0)) {
+            return None;
+        }
+        values.push(v);
+    }
+    Some(values)
+}
+
+/// The memo of `dict` (read with `other`), if it still holds: with the dict's values in
+/// insertion order.
+pub fn lookup<'py>(
+    dict: &Bound<'py, PyDict>,
+    other: Option<&Bound<'py, PyDict>>,
+) -> Option<(Rc<Memo>, Vec<Bound<'py, PyAny>>)> {
+    let address = dict.as_ptr() as usize;
+    let memo = MEMOS.with(|cell| cell.try_borrow().ok()?.get(&address).cloned())?;
+    let values = holds(dict, &memo.items)?;
+    match (&memo.other, other) {
+        (None, None) => {}
+        (Some((kept, items)), Some(other)) if kept.is(other) => {
+            holds(other, items)?;
+        }
+        _ => return None,
+    }
+    Some((memo, values))
+}
+
+/// Keep what a flatten made of `dict` (read with `other`): `children` and `aux`, which depend
+/// on the dict's keys and on the values at no index in `children` (see `Memo`).
+pub fn store(
+    dict: &Bound<'_, PyDict>,
+    other: Option<&Bound<'_, PyDict>>,
+    children: Vec<u32>,
+    aux: &Bound<'_, PyAny>,
+) {
+    let mut is_child = vec![false; dict.len()];
+    for &i in &children {
+        if let Some(flag) = is_child.get_mut(i as usize) {
+            *flag = true;
+        }
+    }
+    let memo = Rc::new(Memo {
+        items: items_of(dict, |i| {
+            !is_child.get(i as usize).copied().unwrap_or(false)
+        }),
+        other: other.map(|o| (o.clone().unbind(), items_of(o, |_| true))),
+        children,
+        aux: aux.clone().unbind(),
+    });
+    let evicted = MEMOS.with(|cell| {
+        let mut memos = cell.try_borrow_mut().ok()?;
+        let evicted = if memos.len() >= MEMO_MAX {
+            std::mem::take(&mut *memos)
+        } else {
+            AddressMap::default()
+        };
+        memos.insert(dict.as_ptr() as usize, memo);
+        Some(evicted)
+    });
+    // Dropped outside the borrow: a finalizer run by a decref may flatten again.
+    drop(evicted);
+}
+
+/// Forget this thread's memos (with the key orders: `clear_key_order_cache`).
+pub fn clear() {
+    let old = MEMOS.with(|cell| cell.try_borrow_mut().map(|mut m| std::mem::take(&mut *m)));
+    drop(old);
+}
