@@ -471,7 +471,7 @@ class Jitted(_native.JitCore):
         if self._traced is not None:
             static = StaticLeaves.of(leaves, self._traced, args, kwargs, self._naming)
         key = (sdef, statics, donation, static)
-        kept, donated = _box_order(leaves, donation, static)
+        kept, donated = _jit_order(leaves, donation, static)
         inner, jitted = entry
         return _Call(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
 
@@ -660,7 +660,7 @@ def _is_static(static: StaticLeaves | None, slot: int) -> bool:
     return static is not None and slot in static.slots
 
 
-def _box_order(
+def _jit_order(
     leaves: list, donation: _Donation | None, static: StaticLeaves | None
 ) -> tuple[list, list | None]:
     """A call's distinct leaves (or anything per leaf, their names) as the inner jit takes
@@ -676,10 +676,10 @@ def _box_order(
     return kept, [x for s, x in enumerate(leaves) if s not in static.slots and not keep[s]]
 
 
-def _from_box_order(
+def _from_jit_order(
     kept: Sequence, donated: Sequence | None, keep: Sequence[bool] | None, static: Any
 ) -> list:
-    """The inverse of :func:`_box_order`: every distinct leaf in its slot, the static ones
+    """The inverse of :func:`_jit_order`: every distinct leaf in its slot, the static ones
     (``static``: a ``StaticLeaves`` or None) put back as they are."""
     if keep is None and static is None:
         return list(kept)
@@ -906,7 +906,7 @@ class _Inner:
         if call is None or _DebugInfo is None:
             return None
         try:
-            kept, donated = _box_order(call.slot_names(self._naming), *call.key[2:])
+            kept, donated = _jit_order(call.slot_names(self._naming), *call.key[2:])
             names = (donated or []) + kept  # the inner jit's order: (key, donated, *kept)
             return _DebugInfo("jit", self._sourceinfo, tuple(names), _INITIAL_RESULT_PATHS)
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
@@ -915,7 +915,7 @@ class _Inner:
     def __call__(self, key: tuple, donated: list | None, *kept: Any) -> _ResultBox:
         sdef, statics, donation, static = key
         keep = None if donation is None else donation.keep
-        leaves = _from_box_order(kept, donated, keep, static)
+        leaves = _from_jit_order(kept, donated, keep, static)
         num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         if statics is None:
             positions = list(range(num_args))

@@ -4,9 +4,9 @@
 //! It does what `Jitted._call_policy` does for such a call, without its Python frames: take
 //! the static arguments out, flatten the others with identity (`flatten_shared`), find the
 //! key of their structure (one key object per structure, kept by the inner function, so that
-//! JAX compares it by identity),
-//! run the inner `jax.jit` on the distinct leaves (`jitted(key, None, *leaves)`) with the call
-//! recorded for its debug info, and apply the trace's `CallPlan`. What only some calls need stays in Python: the naming of
+//! JAX compares it by identity), run the inner `jax.jit` on the distinct leaves
+//! (`jitted(key, None, *leaves)`, the key static) with the call recorded for its debug info,
+//! and apply the trace's `CallPlan`. What only some calls need stays in Python: the naming of
 //! an argument that cannot be flattened (`FlattenFailed` hands the call back), and `finish`,
 //! for a result that hands inputs back as `jax.jit`'s arrays (strict) or a write-back inside
 //! a JAX transformation.

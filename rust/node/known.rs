@@ -239,10 +239,11 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
         let children = memo.children.iter().map(|&i| values[i as usize].clone());
         return Some((children.collect(), memo.aux.bind(py).clone()));
     }
+    let (vars_read, nodes_read) = (memo::read(&vars), memo::read(&nodes));
     // The insertion index of each attribute, to memoize which are children.
     let index: AddressMap<usize, u32> = (0..)
-        .zip(vars.keys().iter())
-        .map(|(i, key)| (key.as_ptr() as usize, i))
+        .zip(&vars_read)
+        .map(|(i, (key, _))| (key.as_ptr() as usize, i))
         .collect();
     let items = sorted_str_items(&vars)?;
     let (mut children, mut node_keys, mut positions) = (Vec::new(), Vec::new(), Vec::new());
@@ -277,7 +278,8 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     .ok()?
     .into_any();
     if memoizable {
-        memo::store(&vars, Some(&nodes), positions, &aux);
+        let nodes = (&nodes, &nodes_read);
+        memo::store(&vars, &vars_read, Some(nodes), positions, &aux);
     }
     Some((children, aux))
 }
@@ -290,13 +292,14 @@ fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     if let Some((memo, _)) = memo::lookup(&metadata, None) {
         return Some((vec![value], memo.aux.bind(py).clone()));
     }
+    let read = memo::read(&metadata);
     let items = sorted_str_items(&metadata)?;
     let mut pairs = Vec::with_capacity(items.len());
     for (key, item) in items {
         pairs.push(PyTuple::new(py, [key.into_any(), item]).ok()?);
     }
     let aux = PyTuple::new(py, pairs).ok()?.into_any();
-    memo::store(&metadata, None, Vec::new(), &aux);
+    memo::store(&metadata, &read, None, Vec::new(), &aux);
     Some((vec![value], aux))
 }
 

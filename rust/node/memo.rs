@@ -43,15 +43,6 @@ thread_local! {
     static MEMOS: RefCell<AddressMap<usize, Rc<Memo>>> = RefCell::new(AddressMap::default());
 }
 
-/// The dict's items (increfs only: no Python code runs while it is read), each value kept
-/// where `keep_value(its index)`.
-fn items_of(dict: &Bound<'_, PyDict>, keep_value: impl Fn(u32) -> bool) -> Items {
-    (0..)
-        .zip(dict.iter())
-        .map(|(i, (k, v))| (k.unbind(), keep_value(i).then(|| v.unbind())))
-        .collect()
-}
-
 /// Whether `dict` holds `items` (the same keys in the same order, each kept value the same
 /// object), with its values, in order.
 fn holds<'py>(dict: &Bound<'py, PyDict>, items: &Items) -> Option<Vec<Bound<'py, PyAny>>> {
@@ -87,25 +78,59 @@ pub fn lookup<'py>(
     Some((memo, values))
 }
 
-/// Keep what a flatten made of `dict` (read with `other`): `children` and `aux`, which depend
-/// on the dict's keys and on the values at no index in `children` (see `Memo`).
-pub fn store(
-    dict: &Bound<'_, PyDict>,
-    other: Option<&Bound<'_, PyDict>>,
+/// A dict's items as a flatten read them, before anything it did could run Python code (which
+/// may change the dict: `store` keeps a result only if the dict still holds them).
+pub type Read<'py> = Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>;
+
+/// `dict`'s items now (increfs only).
+pub fn read<'py>(dict: &Bound<'py, PyDict>) -> Read<'py> {
+    dict.iter().collect()
+}
+
+/// Whether `dict` holds exactly the items `read` (the same objects, in the same order).
+fn still_holds(dict: &Bound<'_, PyDict>, read: &Read<'_>) -> bool {
+    dict.len() == read.len()
+        && dict
+            .iter()
+            .zip(read)
+            .all(|((k, v), (k0, v0))| k.is(k0) && v.is(v0))
+}
+
+/// Keep what a flatten made of `dict` (whose items it read as `read`; with `other`, another
+/// dict and its items as read): `children` (insertion indices) and `aux`, which depend on the
+/// dict's keys and on its values at no index in `children` (see `Memo`). Nothing is kept when
+/// either dict changed since it was read.
+pub fn store<'py>(
+    dict: &Bound<'py, PyDict>,
+    read: &Read<'py>,
+    other: Option<(&Bound<'py, PyDict>, &Read<'py>)>,
     children: Vec<u32>,
-    aux: &Bound<'_, PyAny>,
+    aux: &Bound<'py, PyAny>,
 ) {
-    let mut is_child = vec![false; dict.len()];
+    let mut is_child = vec![false; read.len()];
     for &i in &children {
         if let Some(flag) = is_child.get_mut(i as usize) {
             *flag = true;
         }
     }
+    // From here to the insert, no Python code runs (increfs and Rust allocations only).
+    if !still_holds(dict, read) || other.is_some_and(|(o, r)| !still_holds(o, r)) {
+        return;
+    }
+    let items_of = |read: &Read<'py>, keep_value: &dyn Fn(usize) -> bool| -> Items {
+        (0..)
+            .zip(read)
+            .map(|(i, (k, v))| {
+                (
+                    k.clone().unbind(),
+                    keep_value(i).then(|| v.clone().unbind()),
+                )
+            })
+            .collect()
+    };
     let memo = Rc::new(Memo {
-        items: items_of(dict, |i| {
-            !is_child.get(i as usize).copied().unwrap_or(false)
-        }),
-        other: other.map(|o| (o.clone().unbind(), items_of(o, |_| true))),
+        items: items_of(read, &|i| !is_child[i]),
+        other: other.map(|(o, r)| (o.clone().unbind(), items_of(r, &|_| true))),
         children,
         aux: aux.clone().unbind(),
     });
