@@ -470,7 +470,7 @@ class Jitted(_native.JitCore):
         static = None
         if self._traced is not None:
             static = StaticLeaves.of(leaves, self._traced, args, kwargs, self._naming)
-        key = (sdef, statics, donation, static)
+        key = _Key((sdef, statics, donation, static))
         kept, donated = _jit_order(leaves, donation, static)
         inner, jitted = entry
         return _Call(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
@@ -692,6 +692,15 @@ def _from_jit_order(
     ]
 
 
+class _Key(tuple):
+    """The inner jit's static argument: ``(structure, static arguments, donation, static
+    leaves)``. A tuple, hashed and compared in C, but of a subclass, so that it is a pytree
+    leaf: JAX before 0.7 flattens static arguments, and a key flattened as a tuple would walk
+    the static values (a cyclic one without end, exhausting the recursion counter)."""
+
+    __slots__ = ()
+
+
 class _Donation:
     """Which distinct leaves of a call are donated (``keep[s]`` False), and how to split the
     leaves into the kept ones and the donated ones (computed once per structure). Part of the
@@ -885,7 +894,7 @@ class _Inner:
         under ``sdef`` or ``(sdef, statics)``."""
         if len(self.keys) >= _KEY_CACHE_SIZE:
             self.keys.clear()
-        key = (sdef, statics, None, None)
+        key = _Key((sdef, statics, None, None))
         self.keys[sdef if statics is None else (sdef, statics)] = key
         return key
 
