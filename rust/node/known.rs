@@ -130,21 +130,7 @@ pub fn children<'py>(
 
 /// `nnx_pytree`'s children, unsorted: the attributes of `vars(obj)` marked as data.
 fn nnx_pytree_children<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
-    let py = obj.py();
-    let vars = dict_attr(obj, intern!(py, "__dict__"))?;
-    if obj
-        .getattr(intern!(py, "_pytree__has_int_keys"))
-        .ok()?
-        .is_truthy()
-        .ok()?
-    {
-        return None;
-    }
-    let nodes = obj.getattr(intern!(py, "_pytree__nodes")).ok()?;
-    if !nodes.get_type().is(hashable_mapping(py)?) {
-        return None;
-    }
-    let nodes = dict_attr(&nodes, intern!(py, "_mapping"))?;
+    let (vars, nodes) = pytree_dicts(obj)?;
     // Copied out first (increfs only): the lookups below may run a key's `__eq__`.
     let items: Vec<_> = vars.iter().collect();
     let mut children = Vec::new();
@@ -217,9 +203,10 @@ fn hashable_mapping(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
     .map(|t| t.bind(py))
 }
 
-/// `Pytree._pytree__flatten`: the attributes of `vars(self)` sorted by name, those marked as
-/// data in `_pytree__nodes` the children, and aux `(data names, static names, static values)`.
-fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+/// A flax `Pytree`'s `vars(obj)` and the `_mapping` of its `_pytree__nodes` (which attributes
+/// are data), in the case reproduced natively (str keys: no `_pytree__has_int_keys`); None
+/// otherwise.
+fn pytree_dicts<'py>(obj: &Bound<'py, PyAny>) -> Option<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     let py = obj.py();
     let vars = dict_attr(obj, intern!(py, "__dict__"))?;
     if obj
@@ -235,6 +222,14 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
         return None;
     }
     let nodes = dict_attr(&nodes, intern!(py, "_mapping"))?;
+    Some((vars, nodes))
+}
+
+/// `Pytree._pytree__flatten`: the attributes of `vars(self)` sorted by name, those marked as
+/// data in `_pytree__nodes` the children, and aux `(data names, static names, static values)`.
+fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+    let py = obj.py();
+    let (vars, nodes) = pytree_dicts(obj)?;
     if let Some((memo, values)) = memo::lookup(&vars, Some(&nodes)) {
         let children = memo.children.iter().map(|&i| values[i as usize].clone());
         return Some((children.collect(), memo.aux.bind(py).clone()));

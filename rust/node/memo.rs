@@ -15,7 +15,7 @@
 //! again. It keeps neither the dict nor a Module's children alive (their arrays). The memo is
 //! per thread (no lock on the hot path) and is emptied when full.
 
-use crate::traverse::address::AddressMap;
+use crate::traverse::address::{insert_bounded, AddressMap};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::cell::RefCell;
@@ -134,18 +134,7 @@ pub fn store<'py>(
         children,
         aux: aux.clone().unbind(),
     });
-    let evicted = MEMOS.with(|cell| {
-        let mut memos = cell.try_borrow_mut().ok()?;
-        let evicted = if memos.len() >= MEMO_MAX {
-            std::mem::take(&mut *memos)
-        } else {
-            AddressMap::default()
-        };
-        memos.insert(dict.as_ptr() as usize, memo);
-        Some(evicted)
-    });
-    // Dropped outside the borrow: a finalizer run by a decref may flatten again.
-    drop(evicted);
+    MEMOS.with(|memos| insert_bounded(memos, dict.as_ptr() as usize, memo, MEMO_MAX));
 }
 
 /// Forget this thread's memos (with the key orders: `clear_key_order_cache`).

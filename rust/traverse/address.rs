@@ -1,7 +1,8 @@
 //! Maps keyed by object addresses (or by hashes already mixed from them).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// Addresses are unique while their objects live and 16-byte aligned, so dropping the low bits
 /// and one multiply spread them well, much cheaper than SipHash.
@@ -24,6 +25,27 @@ impl Hasher for AddressHasher {
 }
 
 pub type AddressMap<K, V> = HashMap<K, V, BuildHasherDefault<AddressHasher>>;
+
+/// Insert into a per-thread cache, emptied first when it holds `max` entries. The old entries
+/// are dropped after the borrow ends: a decref may run a finalizer, which may use the cache
+/// again. Nothing is inserted while the cache is borrowed (a finalizer's own use of it).
+pub fn insert_bounded<K: Eq + Hash, V>(
+    cache: &RefCell<AddressMap<K, V>>,
+    key: K,
+    value: V,
+    max: usize,
+) {
+    let evicted = cache.try_borrow_mut().ok().map(|mut cache| {
+        let evicted = if cache.len() >= max {
+            std::mem::take(&mut *cache)
+        } else {
+            AddressMap::default()
+        };
+        cache.insert(key, value);
+        evicted
+    });
+    drop(evicted);
+}
 
 #[cfg(test)]
 mod tests {

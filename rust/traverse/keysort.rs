@@ -17,7 +17,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::address::AddressMap;
+use super::address::{insert_bounded, AddressMap};
 
 /// Sorted keys of a dict and, for each sorted position, the key's insertion index.
 pub struct KeyOrder {
@@ -99,25 +99,16 @@ pub fn sorted_children(
     if n > u32::MAX as usize {
         return Err(PyValueError::new_err("dict too large to flatten"));
     }
-    match scan(py, dict, values) {
-        StrScan::Hit(sorted) => Ok(sorted),
-        StrScan::Miss(keys, insertion_values) => match str_key_order(py, keys) {
-            Some(order) => {
-                values.reserve(n);
-                for &i in &order.order {
-                    values.push(insertion_values[i as usize].clone_ref(py));
-                }
-                Ok(order.sorted.clone_ref(py))
-            }
-            None => generic_sorted_children(py, dict, values),
-        },
-        StrScan::Generic => generic_sorted_children(py, dict, values),
+    match sorted_str_children(py, dict, values) {
+        Some(sorted) => Ok(sorted),
+        None => generic_sorted_children(py, dict, values),
     }
 }
 
-/// `sorted_children` for a dict whose keys are all exact `str` that encode as UTF-8; None
-/// otherwise (nothing appended), where the caller has its own way (flax's flatten functions,
-/// run natively in `node::known`, hand such dicts to the Python function).
+/// `sorted_children`'s native path, for a dict whose keys are all exact `str` that encode as
+/// UTF-8; None otherwise (nothing appended), where the caller has its own way
+/// (`sorted_children` sorts with Python's `<`; flax's flatten functions, run natively in
+/// `node::known`, hand such dicts to the Python function).
 pub fn sorted_str_children(
     py: Python<'_>,
     dict: &Bound<'_, PyDict>,
@@ -126,20 +117,18 @@ pub fn sorted_str_children(
     if dict.is_empty() {
         return Some(PyTuple::empty(py).unbind());
     }
-    let start = values.len();
     match scan(py, dict, values) {
         StrScan::Hit(sorted) => Some(sorted),
         StrScan::Miss(keys, insertion_values) => {
             let order = str_key_order(py, keys)?;
+            values.reserve(order.order.len());
             for &i in &order.order {
                 values.push(insertion_values[i as usize].clone_ref(py));
             }
             Some(order.sorted.clone_ref(py))
         }
-        StrScan::Generic => {
-            values.truncate(start);
-            None
-        }
+        // Nothing was appended (`scan` appends only on a hit).
+        StrScan::Generic => None,
     }
 }
 
@@ -218,17 +207,7 @@ fn str_key_order(py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> Option<Rc<KeyOr
         order,
         sorted,
     });
-    let evicted = ORDER_CACHE.with(|cell| {
-        let mut cache = cell.try_borrow_mut().ok()?;
-        let evicted = if cache.len() >= ORDER_CACHE_MAX {
-            std::mem::take(&mut *cache)
-        } else {
-            OrderMap::default()
-        };
-        cache.insert(fp, entry.clone());
-        Some(evicted)
-    });
-    drop(evicted); // outside the borrow: dropping entries runs no Python code, but keep it clear
+    ORDER_CACHE.with(|cache| insert_bounded(cache, fp, entry.clone(), ORDER_CACHE_MAX));
     Some(entry)
 }
 
