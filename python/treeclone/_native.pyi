@@ -137,6 +137,12 @@ class Snapshot:
     @property
     def checkable(self) -> bool: ...
 
+def running_call() -> Any:
+    """The call running now in this thread (a ``_Call`` or a lean call's record), or None."""
+
+def swap_running_call(call: Any) -> Any:
+    """Put ``call`` in this thread's running-call slot; returns what it held."""
+
 class FlattenFailed(ValueError):
     """A lean call's arguments could not be flattened: the general path names the argument."""
 
@@ -186,7 +192,6 @@ class LeanCall:
         jitted: Any,
         keys: dict[Any, tuple[Any, ...]],
         key_of: Callable[[Any], tuple[Any, ...]],
-        local: Any,
         tracer: type,
         finish: Callable[[tuple[Any, ...], Any, Any], Any],
         statics: tuple[frozenset[int], frozenset[str], Callable[[Any], None]] | None = None,

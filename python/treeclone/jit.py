@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -389,12 +388,12 @@ class Jitted(_native.JitCore):
         bound: BoundArguments | None = None,
     ) -> Any:
         call = self._prepare(policy, args, kwargs, bound)
-        local = call.inner.local
-        local.call = call  # while the inner jit runs, its debug info can name the arguments
+        # While the inner jit runs, its debug info can name the arguments.
+        saved = _native.swap_running_call(call)
         try:
             result = call.jitted(call.key, call.donated, *call.kept)
         finally:
-            local.call = None
+            _native.swap_running_call(saved)
         info = result.info
         outputs = result.leaves
         if info.static_outputs:  # what the function made that is static under ``traced``
@@ -418,7 +417,6 @@ class Jitted(_native.JitCore):
             jitted,
             inner.keys,
             inner.key_of,
-            inner.local,
             Tracer,
             _finish_lean,
             statics,
@@ -581,11 +579,11 @@ class Jitted(_native.JitCore):
             call = self._prepare(policy, args, kwargs)
             slots = call.slots_of_jax_leaves()
             if slots is not None:
-                call.inner.local.call = call
+                saved = _native.swap_running_call(call)
                 try:
                     traced = call.jitted.trace(call.key, call.donated, *call.kept)
                 finally:
-                    call.inner.local.call = None
+                    _native.swap_running_call(saved)
                 info = _jax_compat.traced_out_tree(traced).node_data()[1]
                 if isinstance(info, _TraceInfo) and info.out_sources is not None:
                     stand_in = self._stand_in(call, traced, info, slots)
@@ -882,7 +880,6 @@ class _Inner:
         self._constrain_out = (
             _constrain_outputs(out_shardings) if _specified(out_shardings) else None
         )
-        self.local = threading.local()  # .call: the _Call running now in this thread
         self.retraces = _retrace.History(fun, policy, naming.name)
         # The lean path's key of each argument structure, one object per structure: JAX
         # compares a cached key with the call's by identity first.
@@ -899,11 +896,15 @@ class _Inner:
         return key
 
     def call(self) -> _Call | None:
-        """The call running now in this thread (None when traced ahead of time)."""
-        call = getattr(self.local, "call", None)
+        """The call of this function running now in this thread (None when traced ahead of
+        time, or when the call running is another function's)."""
+        call = _native.running_call()
         if type(call) is tuple:  # the lean path's, made into a _Call when a trace needs it
-            call = self.local.call = _lean_call_record(call)
-        return call
+            if call[0] is not self:
+                return None
+            call = _lean_call_record(call)
+            _native.swap_running_call(call)
+        return call if call is not None and call.inner is self else None
 
     def __repr__(self) -> str:
         return repr(self._fun())

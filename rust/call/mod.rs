@@ -13,6 +13,7 @@
 
 mod core;
 mod partial;
+pub(crate) mod running;
 
 pub use core::JitCore;
 pub use partial::PartialCore;
@@ -23,7 +24,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple, PyType};
+use pyo3::types::{PyDict, PyFrozenSet, PyList, PyString, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -71,8 +72,6 @@ pub struct LeanCall {
     /// `inner.keys`: the key of each structure seen; `key_of(sdef)` makes a new one.
     keys: Py<PyDict>,
     key_of: Py<PyAny>,
-    /// `inner.local`: `.call` holds the running call while the inner jit runs.
-    local: Py<PyAny>,
     /// `jax.core.Tracer`: an output that is one means a call inside a JAX transformation.
     tracer: Py<PyType>,
     /// `finish(call, info, outputs) -> result` for results that need Python.
@@ -101,6 +100,9 @@ struct Statics {
     nums: Py<PyFrozenSet>,
     names: Py<PyFrozenSet>,
     hash_static: Py<PyAny>,
+    /// The last call's split: a loop passes the same static values call after call, and
+    /// then the last key serves again (JAX still hashes the values in it at every call).
+    last: Mutex<Option<LastSplit>>,
 }
 
 /// A call's arguments with the static ones taken out, as `Jitted._split_statics` does.
@@ -111,7 +113,28 @@ struct Split<'py> {
     key: Bound<'py, PyTuple>,
     values: Vec<Bound<'py, PyAny>>,
     /// The position of each dynamic positional argument among all of them.
-    positions: Bound<'py, PyList>,
+    positions: Bound<'py, PyTuple>,
+}
+
+/// `(keyword or None, value, type)` of a static value kept by `LastSplit`.
+type StaticValue = (Option<Py<PyAny>>, Py<PyAny>, Py<PyType>);
+
+/// Where a static value was given: its position, or its keyword.
+enum Place<'py> {
+    At(usize),
+    Named(Bound<'py, PyAny>),
+}
+
+/// What a split leaves for the next call: its key serves a call with as many positional
+/// arguments whose static values are the same objects, of the same types, in the same places.
+struct LastSplit {
+    /// The number of positional arguments, and whether each is static.
+    static_at: Vec<bool>,
+    /// Each static value with its type and its keyword (None for a positional one):
+    /// positional ones first, then keywords by name, as in the key.
+    values: Vec<StaticValue>,
+    key: Py<PyTuple>,
+    positions: Py<PyTuple>,
 }
 
 /// `(structure, static arguments' key or None, the call's key)`.
@@ -121,14 +144,13 @@ type Last = (Py<PyAny>, Option<Py<PyAny>>, Py<PyAny>);
 impl LeanCall {
     /// `statics`: `(static_argnums, static_argnames, hash_static)`, or None.
     #[new]
-    #[pyo3(signature = (inner, jitted, keys, key_of, local, tracer, finish, statics=None))]
+    #[pyo3(signature = (inner, jitted, keys, key_of, tracer, finish, statics=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         inner: Py<PyAny>,
         jitted: Py<PyAny>,
         keys: Py<PyDict>,
         key_of: Py<PyAny>,
-        local: Py<PyAny>,
         tracer: Py<PyType>,
         finish: Py<PyAny>,
         statics: Option<(Py<PyFrozenSet>, Py<PyFrozenSet>, Py<PyAny>)>,
@@ -138,13 +160,13 @@ impl LeanCall {
             jitted,
             keys,
             key_of,
-            local,
             tracer,
             finish,
             statics: statics.map(|(nums, names, hash_static)| Statics {
                 nums,
                 names,
                 hash_static,
+                last: Mutex::new(None),
             }),
             last: Mutex::new(None),
             last_info: Mutex::new(None),
@@ -175,13 +197,25 @@ impl LeanCall {
         visit.call(&self.jitted)?;
         visit.call(&self.keys)?;
         visit.call(&self.key_of)?;
-        visit.call(&self.local)?;
         visit.call(&self.tracer)?;
         visit.call(&self.finish)?;
         if let Some(statics) = &self.statics {
             visit.call(&statics.nums)?;
             visit.call(&statics.names)?;
             visit.call(&statics.hash_static)?;
+            if let Ok(last) = statics.last.try_lock() {
+                if let Some(last) = last.as_ref() {
+                    for (name, value, ty) in &last.values {
+                        if let Some(name) = name {
+                            visit.call(name)?;
+                        }
+                        visit.call(value)?;
+                        visit.call(ty)?;
+                    }
+                    visit.call(&last.key)?;
+                    visit.call(&last.positions)?;
+                }
+            }
         }
         if let Ok(last) = self.last.try_lock() {
             if let Some((sdef, statics, key)) = last.as_ref() {
@@ -353,10 +387,9 @@ impl LeanCall {
                 positions,
             ],
         )?;
-        let local = self.local.bind(py);
-        local.setattr(intern!(py, "call"), &call)?;
+        let saved = running::swap(Some(call.clone().into_any().unbind()));
         let result = self.jitted.bind(py).call1(arguments);
-        local.setattr(intern!(py, "call"), py.None())?;
+        drop(running::swap(saved));
         let result = result?;
         let result = result.cast::<ResultBox>()?.get();
         let info = result.info.bind(py).clone();
@@ -413,80 +446,188 @@ impl Statics {
         args: &Bound<'py, PyTuple>,
         items: &mut Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
     ) -> PyResult<Split<'py>> {
-        let (nums, names) = (self.nums.bind(py), self.names.bind(py));
-        let n = args.len() as isize;
+        let static_at = self.static_at(py, args.len())?;
         let mut dynamic = Vec::with_capacity(args.len());
-        let mut positions = Vec::with_capacity(args.len());
-        let mut fixed = Vec::new();
         let mut values = Vec::new();
-        for (i, arg) in (0..n).zip(args.iter()) {
-            if nums.contains(i)? || nums.contains(i - n)? {
-                let position = i.into_pyobject(py)?.into_any();
-                fixed.push(PyTuple::new(
-                    py,
-                    [position, arg.get_type().into_any(), arg.clone()],
-                )?);
-                values.push(arg);
+        for (i, (arg, &is_static)) in args.iter().zip(&static_at).enumerate() {
+            if is_static {
+                values.push((Place::At(i), arg));
             } else {
                 dynamic.push(arg);
-                positions.push(i);
             }
         }
+        let names = self.names.bind(py);
         let mut named = Vec::new();
         let mut kept = Vec::with_capacity(items.len());
         for (name, value) in items.drain(..) {
             if names.contains(&name)? {
-                named.push(PyTuple::new(
-                    py,
-                    [name, value.get_type().into_any(), value],
-                )?);
+                named.push((name, value));
             } else {
                 kept.push((name, value));
             }
         }
         *items = kept;
-        let named = PyList::new(py, named)?;
-        named.sort()?; // by name: the names differ
-        for item in named.iter() {
-            values.push(item.get_item(2)?);
+        if named.len() > 1 {
+            named = sorted_by_name(py, named)?;
         }
+        values.extend(
+            named
+                .into_iter()
+                .map(|(name, value)| (Place::Named(name), value)),
+        );
+        let args = PyTuple::new(py, dynamic)?;
+        let (key, positions) = match self.last_key(py, &static_at, &values) {
+            Some(found) => found,
+            None => self.new_key(py, static_at, &values)?,
+        };
+        Ok(Split {
+            args,
+            key,
+            values: values.into_iter().map(|(_, value)| value).collect(),
+            positions,
+        })
+    }
+
+    /// Whether each of `n` positional arguments is static: the last split's answer when it
+    /// had as many.
+    fn static_at(&self, py: Python<'_>, n: usize) -> PyResult<Vec<bool>> {
+        if let Ok(last) = self.last.lock() {
+            if let Some(last) = last.as_ref().filter(|last| last.static_at.len() == n) {
+                return Ok(last.static_at.clone());
+            }
+        }
+        let nums = self.nums.bind(py);
+        let n = n as isize;
+        (0..n)
+            .map(|i| Ok(nums.contains(i)? || nums.contains(i - n)?))
+            .collect()
+    }
+
+    /// The last split's key and positions, when this call's static values are its values
+    /// (identity only: no Python code runs while the lock is held).
+    fn last_key<'py>(
+        &self,
+        py: Python<'py>,
+        static_at: &[bool],
+        values: &[(Place<'py>, Bound<'py, PyAny>)],
+    ) -> Option<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
+        let last = self.last.lock().ok()?;
+        let last = last.as_ref()?;
+        let same = last.static_at == static_at
+            && last.values.len() == values.len()
+            && last
+                .values
+                .iter()
+                .zip(values)
+                .all(|((n0, v0, t0), (n1, v1))| {
+                    v0.is(v1)
+                        && t0.is(v1.get_type())
+                        && match (n0, n1) {
+                            (None, Place::At(_)) => true, // the same places: `static_at`
+                            (Some(a), Place::Named(b)) => a.is(b),
+                            _ => false,
+                        }
+                });
+        same.then(|| (last.key.bind(py).clone(), last.positions.bind(py).clone()))
+    }
+
+    /// The key and positions of a split (see `Split`), kept for the next call.
+    fn new_key<'py>(
+        &self,
+        py: Python<'py>,
+        static_at: Vec<bool>,
+        values: &[(Place<'py>, Bound<'py, PyAny>)],
+    ) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
+        let (mut fixed, mut named) = (Vec::new(), Vec::new());
+        let mut kept = Vec::with_capacity(values.len());
+        for (name, value) in values {
+            let ty = value.get_type();
+            let (place, name) = match name {
+                Place::At(i) => (i.into_pyobject(py)?.into_any(), None),
+                Place::Named(name) => (name.clone(), Some(name.clone().unbind())),
+            };
+            let entry = PyTuple::new(py, [place, ty.clone().into_any(), value.clone()])?;
+            if name.is_some() {
+                named.push(entry);
+            } else {
+                fixed.push(entry);
+            }
+            kept.push((name, value.clone().unbind(), ty.unbind()));
+        }
+        let n = static_at.len();
         let key = PyTuple::new(
             py,
             [
                 n.into_pyobject(py)?.into_any(),
                 PyTuple::new(py, fixed)?.into_any(),
-                named.to_tuple().into_any(),
+                PyTuple::new(py, named)?.into_any(),
             ],
         )?;
-        Ok(Split {
-            args: PyTuple::new(py, dynamic)?,
-            key,
-            values,
-            positions: PyList::new(py, positions)?,
-        })
+        let dynamic: Vec<usize> = (0..n).filter(|&i| !static_at[i]).collect();
+        let positions = PyTuple::new(py, dynamic)?;
+        let made = LastSplit {
+            static_at,
+            values: kept,
+            key: key.clone().unbind(),
+            positions: positions.clone().unbind(),
+        };
+        // The old split is dropped after the lock is let go: a finalizer may call back.
+        let old = self
+            .last
+            .lock()
+            .ok()
+            .and_then(|mut last| last.replace(made));
+        drop(old);
+        Ok((key, positions))
     }
+}
+
+/// Keyword items sorted by name (the names differ): in Rust when every name is an exact
+/// `str` (UTF-8 orders as code points do, as Python compares them), else with Python's sort.
+fn sorted_by_name<'py>(
+    py: Python<'py>,
+    mut items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let names: Option<Vec<&str>> = items
+        .iter()
+        .map(|(name, _)| {
+            let name = name.cast_exact::<PyString>().ok()?;
+            // None for a str subclass or a name with a lone surrogate: Python sorts them.
+            name.to_str().ok()
+        })
+        .collect();
+    if let Some(names) = names {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|&a, &b| names[a].cmp(names[b]));
+        let mut slots: Vec<_> = items.into_iter().map(Some).collect();
+        return Ok(order.into_iter().filter_map(|i| slots[i].take()).collect());
+    }
+    let pairs = PyList::new(
+        py,
+        items
+            .drain(..)
+            .map(|(k, v)| PyTuple::new(py, [k, v]))
+            .collect::<PyResult<Vec<_>>>()?,
+    )?;
+    pairs.sort()?;
+    pairs
+        .iter()
+        .map(|pair| Ok((pair.get_item(0)?, pair.get_item(1)?)))
+        .collect()
 }
 
 /// The call's own keyword dict, in sorted order: keyword order is not part of a call's
 /// structure, as in jax.jit (keyword names are strings).
 fn sorted_dict<'py>(
     py: Python<'py>,
-    mut items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let items = if items.len() > 1 {
+        sorted_by_name(py, items)?
+    } else {
+        items
+    };
     let dict = PyDict::new(py);
-    if items.len() > 1 {
-        let pairs = PyList::new(
-            py,
-            items
-                .drain(..)
-                .map(|(k, v)| PyTuple::new(py, [k, v]))
-                .collect::<PyResult<Vec<_>>>()?,
-        )?;
-        pairs.sort()?;
-        for pair in pairs.iter() {
-            dict.set_item(pair.get_item(0)?, pair.get_item(1)?)?;
-        }
-    }
     for (k, v) in items {
         dict.set_item(k, v)?;
     }

@@ -15,7 +15,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple, PyType, PyWeakrefMethods, PyWeakrefReference};
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A type registered with JAX through one of its registration functions.
@@ -115,15 +117,58 @@ fn lock_cache() -> std::sync::MutexGuard<'static, Option<TypeCache>> {
 
 /// Drop every cached classification (after a registration).
 pub fn invalidate() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
     let old = lock_cache().take();
     drop(old); // decrefs happen outside the lock
+}
+
+/// Counts `invalidate` calls: a thread's `LAST_TYPE` from an earlier count is stale.
+static GENERATION: AtomicUsize = AtomicUsize::new(0);
+
+/// The last answer of `classify_type` in this thread, with what it holds for: the registry's
+/// size, `GENERATION`, the type's address and a weak reference to it. Most traversals meet
+/// one type that needs it (JAX's array), so this answers them without the shared cache's lock.
+type LastType = (usize, usize, usize, Py<PyWeakrefReference>, Kind);
+
+thread_local! {
+    static LAST_TYPE: RefCell<Option<LastType>> = const { RefCell::new(None) };
+}
+
+fn last_type(py: Python<'_>, ty: &Bound<'_, PyType>, registry_len: usize) -> Option<Kind> {
+    let generation = GENERATION.load(Ordering::Relaxed);
+    LAST_TYPE.with(|last| {
+        // Nothing here runs Python code: the weak reference's upgrade only reads it.
+        let last = last.borrow();
+        let (len, gen, key, weak, kind) = last.as_ref()?;
+        let same = *len == registry_len && *gen == generation && *key == ty.as_ptr() as usize;
+        (same && weak.bind(py).upgrade().is_some_and(|t| t.is(ty))).then(|| kind.clone())
+    })
+}
+
+fn remember_type(ty: &Bound<'_, PyType>, registry_len: usize, kind: &Kind) {
+    let Ok(weak) = PyWeakrefReference::new(ty) else {
+        return;
+    };
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let entry = (
+        registry_len,
+        generation,
+        ty.as_ptr() as usize,
+        weak.unbind(),
+        kind.clone(),
+    );
+    // The old entry is dropped after the cell is let go: its decrefs may run Python code.
+    let old = LAST_TYPE.with(|last| last.replace(Some(entry)));
+    drop(old);
 }
 
 /// Classifies the objects of one traversal. Trees hold few distinct types, so a short list of
 /// the types seen so far answers almost every lookup without touching the shared cache. Each
 /// entry holds its type, so a remembered address cannot be reused by another type.
 pub struct Classifier<'py> {
-    seen: Vec<(Bound<'py, PyType>, Kind)>,
+    seen: [Option<(Bound<'py, PyType>, Kind)>; CLASSIFIER_MEMO],
+    /// How many of `seen` are filled (in order).
+    filled: usize,
     /// Size of JAX's registry when `seen` was filled: a flatten function (or is_leaf) may
     /// register a type mid-traversal, and then the memo is dropped.
     registry_len: usize,
@@ -136,7 +181,8 @@ const CLASSIFIER_MEMO: usize = 8;
 impl<'py> Classifier<'py> {
     pub fn new() -> Self {
         Classifier {
-            seen: Vec::new(),
+            seen: Default::default(),
+            filled: 0,
             registry_len: 0,
             recheck: false,
         }
@@ -157,23 +203,25 @@ impl<'py> Classifier<'py> {
             return Ok(kind);
         }
         let py = obj.py();
-        if self.recheck || self.seen.is_empty() {
+        if self.recheck || self.filled == 0 {
             self.recheck = false;
             let registry_len = compat(py)?.registry.bind(py).len();
             if registry_len != self.registry_len {
-                self.seen.clear();
+                self.seen = Default::default();
+                self.filled = 0;
                 self.registry_len = registry_len;
             }
         }
-        for (seen, kind) in &self.seen {
+        for (seen, kind) in self.seen[..self.filled].iter().flatten() {
             if seen.as_ptr() as *mut ffi::PyTypeObject == ty {
                 return Ok(kind.clone());
             }
         }
         let ty = obj.get_type();
         let kind = classify_type(py, &ty)?;
-        if self.seen.len() < CLASSIFIER_MEMO {
-            self.seen.push((ty, kind.clone()));
+        if self.filled < CLASSIFIER_MEMO {
+            self.seen[self.filled] = Some((ty, kind.clone()));
+            self.filled += 1;
         }
         Ok(kind)
     }
@@ -205,6 +253,9 @@ pub fn kind_for_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
 fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     let compat = compat(py)?;
     let registry_len = compat.registry.bind(py).len();
+    if let Some(kind) = last_type(py, ty, registry_len) {
+        return Ok(kind);
+    }
     let key = ty.as_ptr() as usize;
     let stale = {
         let mut guard = lock_cache();
@@ -212,7 +263,10 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
             Some(cache) if cache.registry_len == registry_len => {
                 if let Some((weak, kind)) = cache.map.get(&key) {
                     if weak.bind(py).upgrade().is_some_and(|t| t.is(ty)) {
-                        return Ok(kind.clone());
+                        let kind = kind.clone();
+                        drop(guard);
+                        remember_type(ty, registry_len, &kind);
+                        return Ok(kind);
                     }
                 }
                 None

@@ -100,13 +100,19 @@ pub fn check_arguments<'py>(
     static_names: &Bound<'py, PyFrozenSet>,
 ) -> PyResult<()> {
     let kwargs = kwargs.filter(|kwargs| !kwargs.is_empty()); // an empty dict holds no cycle
+    let n = args.len() as isize;
+    let is_static = |i: isize| -> PyResult<bool> {
+        Ok(!static_nums.is_empty() && (static_nums.contains(i)? || static_nums.contains(i - n)?))
+    };
+    if kwargs.is_none() && only_leaves(args, is_static)? {
+        return Ok(()); // the usual call: arrays and scalars hold no cycle
+    }
     let mut dynamic: Vec<Bound<'py, PyAny>> = Vec::with_capacity(args.len() + 1);
     if static_nums.is_empty() {
         dynamic.push(args.clone().into_any());
     } else {
-        let n = args.len() as isize;
         for (i, arg) in (0..n).zip(args.iter()) {
-            if !(static_nums.contains(i)? || static_nums.contains(i - n)?) {
+            if !is_static(i)? {
                 dynamic.push(arg);
             }
         }
@@ -127,6 +133,21 @@ pub fn check_arguments<'py>(
     }
     let dynamic = PyTuple::new(args.py(), dynamic)?;
     check(dynamic.as_any(), &Options::default())
+}
+
+/// Whether every positional argument that is not static is a leaf (or None).
+fn only_leaves<'py>(
+    args: &Bound<'py, PyTuple>,
+    is_static: impl Fn(isize) -> PyResult<bool>,
+) -> PyResult<bool> {
+    let mut classifier = Classifier::new();
+    for (i, arg) in args.iter().enumerate() {
+        if !is_static(i as isize)? && !matches!(classifier.classify(&arg)?, Kind::Leaf | Kind::None)
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Depth to which `shallow` looks.

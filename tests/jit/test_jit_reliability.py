@@ -377,6 +377,16 @@ def _bool_of_tracer(params, x):
     return -x
 
 
+_doubled = tc.jit(lambda v: v * 2, policy="alias")
+
+
+def _bool_after_a_nested_call(params, x):
+    # A treeclone call traced inside this one leaves this call's naming in place after it.
+    if _doubled(params["w"]) > 0:
+        return x
+    return -x
+
+
 def _shape_from_tracer(x, *, n):
     return jnp.zeros(n) + x
 
@@ -387,6 +397,7 @@ def _invalid_output(d):
 
 TRACE_CASES = {
     "bool_of_tracer": (_bool_of_tracer, ({"w": jnp.ones(())}, jnp.ones(2)), {}),
+    "bool_after_nested_call": (_bool_after_a_nested_call, ({"w": jnp.ones(())}, jnp.ones(2)), {}),
     "shape_from_tracer": (_shape_from_tracer, (jnp.ones(()),), {"n": jnp.int32(3)}),
     "invalid_output": (_invalid_output, ({"w": jnp.ones(2)},), {}),
 }
