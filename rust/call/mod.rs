@@ -19,12 +19,13 @@ pub use core::JitCore;
 pub use partial::PartialCore;
 
 use crate::sharing::{flatten_shared_sized, Sizes};
+use crate::traverse::keysort::str_order;
 use crate::writeback::CallPlan;
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFrozenSet, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -582,25 +583,18 @@ impl Statics {
     }
 }
 
-/// Keyword items sorted by name (the names differ): in Rust when every name is an exact
-/// `str` (UTF-8 orders as code points do, as Python compares them), else with Python's sort.
+/// Keyword items sorted by name (the names differ): natively for exact `str` names
+/// (`keysort::str_order`), else with Python's sort.
 fn sorted_by_name<'py>(
     py: Python<'py>,
     mut items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
-    let names: Option<Vec<&str>> = items
-        .iter()
-        .map(|(name, _)| {
-            let name = name.cast_exact::<PyString>().ok()?;
-            // None for a str subclass or a name with a lone surrogate: Python sorts them.
-            name.to_str().ok()
-        })
-        .collect();
-    if let Some(names) = names {
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by(|&a, &b| names[a].cmp(names[b]));
+    if let Some(order) = str_order(items.iter().map(|(name, _)| name)) {
         let mut slots: Vec<_> = items.into_iter().map(Some).collect();
-        return Ok(order.into_iter().filter_map(|i| slots[i].take()).collect());
+        return Ok(order
+            .iter()
+            .filter_map(|&i| slots[i as usize].take())
+            .collect());
     }
     let pairs = PyList::new(
         py,

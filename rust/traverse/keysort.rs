@@ -185,18 +185,26 @@ fn cached_order(keys: &[*mut ffi::PyObject]) -> Option<Rc<KeyOrder>> {
     })
 }
 
+/// The order Python's `<` puts distinct keys in, as their indices, computed natively when every
+/// key is an exact `str` that encodes as UTF-8 (UTF-8 byte order is code point order, how
+/// Python compares strings); None otherwise (a `str` subclass may compare its own way).
+pub fn str_order<'a, 'py: 'a>(
+    keys: impl ExactSizeIterator<Item = &'a Bound<'py, PyAny>>,
+) -> Option<Vec<u32>> {
+    let mut slices: Vec<&[u8]> = Vec::with_capacity(keys.len());
+    for k in keys {
+        // The buffer is cached inside the str, which the caller keeps alive.
+        slices.push(k.cast_exact::<PyString>().ok()?.to_str().ok()?.as_bytes());
+    }
+    let mut order: Vec<u32> = (0..slices.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| slices[a as usize].cmp(slices[b as usize]));
+    Some(order)
+}
+
 /// Sorted order of exact-str keys (strong references, insertion order), computed natively and
 /// cached. None when a key cannot be encoded as UTF-8 (a lone surrogate).
 fn str_key_order(py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> Option<Rc<KeyOrder>> {
-    let mut slices: Vec<&[u8]> = Vec::with_capacity(keys.len());
-    for k in &keys {
-        // UTF-8 byte order equals code point order, which is how Python compares strings. The
-        // buffer is cached inside the str, which `keys` keeps alive.
-        slices.push(k.cast::<PyString>().ok()?.to_str().ok()?.as_bytes());
-    }
-    let mut order: Vec<u32> = (0..keys.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| slices[a as usize].cmp(slices[b as usize]));
-    drop(slices);
+    let order = str_order(keys.iter())?;
     let sorted = PyTuple::new(py, order.iter().map(|&i| &keys[i as usize]))
         .ok()?
         .unbind();
