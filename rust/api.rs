@@ -2,7 +2,7 @@
 
 use crate::registry::{self, compat};
 use crate::traverse::keysort;
-use crate::traverse::plain::{check, check_arguments, flatten};
+use crate::traverse::plain::{check, check_arguments, flatten, static_positions};
 use crate::traverse::Options;
 use crate::treedef::{self, PyTreeDef};
 use pyo3::prelude::*;
@@ -76,7 +76,8 @@ fn py_check_arguments<'py>(
     static_nums: &Bound<'py, PyFrozenSet>,
     static_names: &Bound<'py, PyFrozenSet>,
 ) -> PyResult<()> {
-    check_arguments(args, Some(kwargs), static_nums, static_names)
+    let static_nums = static_positions(static_nums)?;
+    check_arguments(args, Some(kwargs), &static_nums, static_names)
 }
 
 /// Rebuild the tree of `treedef` (treeclone's or jaxlib's) from `leaves`; a jaxlib treedef

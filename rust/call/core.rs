@@ -7,7 +7,7 @@
 //! Python methods whose errors name the argument.
 
 use super::{FlattenFailed, LeanCall};
-use crate::traverse::plain::check_arguments;
+use crate::traverse::plain::{check_arguments, static_positions};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
@@ -27,7 +27,9 @@ struct Core {
     /// `jax.jit` of the function, for `clone`; None when `clone` takes the general path
     /// (`traced=`).
     jax_jitted: Option<Py<PyAny>>,
+    /// `static_argnums` (read into `static_positions` once) and `static_argnames`.
     static_nums: Py<PyFrozenSet>,
+    static_positions: Vec<isize>,
     static_names: Py<PyFrozenSet>,
     /// Whether calls under the wrapper's own policy (not `clone`) take the lean path.
     lean_allowed: bool,
@@ -55,6 +57,7 @@ impl JitCore {
     #[allow(clippy::too_many_arguments)]
     fn _init_core(
         &self,
+        py: Python<'_>,
         policy: Py<PyAny>,
         clone: Py<PyAny>,
         policy_override: Py<PyAny>,
@@ -63,12 +66,14 @@ impl JitCore {
         static_names: Py<PyFrozenSet>,
         lean_allowed: bool,
     ) -> PyResult<()> {
+        let static_positions = static_positions(static_nums.bind(py))?;
         let core = Core {
             policy,
             clone,
             policy_override,
             jax_jitted,
             static_nums,
+            static_positions,
             static_names,
             lean_allowed,
             lean: OnceLock::new(),
@@ -101,7 +106,7 @@ impl JitCore {
         let policy = core.call_policy(py)?;
         if policy.is(&core.clone) {
             if let Some(jax_jitted) = &core.jax_jitted {
-                let (nums, names) = (core.static_nums.bind(py), core.static_names.bind(py));
+                let (nums, names) = (&core.static_positions, core.static_names.bind(py));
                 if let Err(err) = check_arguments(args, kwargs, nums, names) {
                     if err.is_instance_of::<PyValueError>(py) {
                         // The text of every policy, naming the argument.

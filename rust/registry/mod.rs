@@ -195,13 +195,42 @@ impl<'py> Classifier<'py> {
         self.recheck = true;
     }
 
-    /// The node kind of `obj`, as JAX's default registry sees it.
-    #[inline]
+    /// The node kind of `obj`, as JAX's default registry sees it. Inlined where it is called:
+    /// most objects a traversal meets are a builtin container or of a type already in the memo.
+    #[inline(always)]
     pub fn classify(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<Kind> {
         let ty = type_ptr(obj);
-        if let Some(kind) = builtin_kind(ty) {
-            return Ok(kind);
+        match self.known(ty) {
+            Some(kind) => Ok(kind),
+            None => self.classify_other(obj, ty),
         }
+    }
+
+    /// The node kind of objects of type `ty` if it is a builtin container or in the memo (and
+    /// no Python code ran since the memo was checked): found without running Python code.
+    #[inline(always)]
+    pub fn known(&self, ty: *mut ffi::PyTypeObject) -> Option<Kind> {
+        if let Some(kind) = builtin_kind(ty) {
+            return Some(kind);
+        }
+        if !self.recheck {
+            for (seen, kind) in self.seen[..self.filled].iter().flatten() {
+                if seen.as_ptr() as *mut ffi::PyTypeObject == ty {
+                    return Some(kind.clone());
+                }
+            }
+        }
+        None
+    }
+
+    /// `classify` past its fast path: the registry checked if Python code ran, then the memo,
+    /// then the caches shared by every traversal.
+    #[inline(never)]
+    fn classify_other(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        ty: *mut ffi::PyTypeObject,
+    ) -> PyResult<Kind> {
         let py = obj.py();
         if self.recheck || self.filled == 0 {
             self.recheck = false;
