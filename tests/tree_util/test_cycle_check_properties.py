@@ -1,10 +1,10 @@
 """The cycle check (``_native.check``, and ``_native.check_arguments``, which ``clone`` runs
-before every ``jax.jit`` call whose arguments hold a container) against an oracle: hypothesis
-builds graphs of lists, dicts and registered pairs, with edges that may be long chains of
-tuples and containers shared between several parents, and the check must raise JAX's cycle
-ValueError exactly when the graph has a cycle. The check looks through a shared container once
-and carries its height to the other places it is met: the chains make trees deeper than the
-quick look's bound below some of those places and not others."""
+before every ``jax.jit`` call whose arguments hold a container, static ones left out) against
+an oracle: hypothesis builds graphs of lists, dicts and registered pairs, with edges that may
+be long chains of tuples and containers shared between several parents, and the check must
+raise JAX's cycle ValueError exactly when the graph has a cycle. The check looks through a
+shared container once and carries its height to the other places it is met: the chains make
+trees deeper than the quick look's bound below some of those places and not others."""
 
 from __future__ import annotations
 
@@ -97,6 +97,20 @@ def test_the_check_raises_exactly_on_cycles(graph: Any, data: Any) -> None:
     assert_check_agrees(lambda: _native.check_arguments(args, {}, none, none), cyclic)
     kwargs = {f"a{i}": arg for i, arg in enumerate(args)}
     assert_check_agrees(lambda: _native.check_arguments((), kwargs, none, none), cyclic)
+    # Static arguments are never looked at (as jax.jit never flattens them): positions, each
+    # given as counted from the start or from the end, and keyword names.
+    static = data.draw(st.lists(st.booleans(), min_size=len(roots), max_size=len(roots)))
+    from_end = data.draw(st.lists(st.booleans(), min_size=len(roots), max_size=len(roots)))
+    nums = frozenset(
+        i - len(roots) if end else i
+        for i, (is_static, end) in enumerate(zip(static, from_end, strict=True))
+        if is_static
+    )
+    names = frozenset(f"a{i}" for i, is_static in enumerate(static) if is_static)
+    dynamic = [r for r, is_static in zip(roots, static, strict=True) if not is_static]
+    cyclic = any(reaches_a_cycle(edges, r) for r in dynamic)
+    assert_check_agrees(lambda: _native.check_arguments(args, {}, nums, none), cyclic)
+    assert_check_agrees(lambda: _native.check_arguments((), kwargs, none, names), cyclic)
 
 
 def test_a_shared_container_met_shallow_then_deep_is_walked_again() -> None:
