@@ -27,8 +27,7 @@ struct Core {
     /// `jax.jit` of the function, for `clone`; None when `clone` takes the general path
     /// (`traced=`).
     jax_jitted: Option<Py<PyAny>>,
-    /// `static_argnums` (read into `static_positions` once) and `static_argnames`.
-    static_nums: Py<PyFrozenSet>,
+    /// `static_argnums`, as positions, and `static_argnames`.
     static_positions: Vec<isize>,
     static_names: Py<PyFrozenSet>,
     /// Whether calls under the wrapper's own policy (not `clone`) take the lean path.
@@ -57,22 +56,20 @@ impl JitCore {
     #[allow(clippy::too_many_arguments)]
     fn _init_core(
         &self,
-        py: Python<'_>,
         policy: Py<PyAny>,
         clone: Py<PyAny>,
         policy_override: Py<PyAny>,
         jax_jitted: Option<Py<PyAny>>,
-        static_nums: Py<PyFrozenSet>,
+        static_nums: &Bound<'_, PyFrozenSet>,
         static_names: Py<PyFrozenSet>,
         lean_allowed: bool,
     ) -> PyResult<()> {
-        let static_positions = static_positions(static_nums.bind(py))?;
+        let static_positions = static_positions(static_nums)?;
         let core = Core {
             policy,
             clone,
             policy_override,
             jax_jitted,
-            static_nums,
             static_positions,
             static_names,
             lean_allowed,
@@ -145,7 +142,6 @@ impl JitCore {
         if let Some(jax_jitted) = &core.jax_jitted {
             visit.call(jax_jitted)?;
         }
-        visit.call(&core.static_nums)?;
         visit.call(&core.static_names)?;
         if let Some(lean) = core.lean.get() {
             visit.call(lean)?;

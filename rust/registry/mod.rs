@@ -213,18 +213,24 @@ impl<'py> Classifier<'py> {
         if let Some(kind) = builtin_kind(ty) {
             return Some(kind);
         }
-        if !self.recheck {
-            for (seen, kind) in self.seen[..self.filled].iter().flatten() {
-                if seen.as_ptr() as *mut ffi::PyTypeObject == ty {
-                    return Some(kind.clone());
-                }
-            }
+        if self.recheck {
+            return None;
         }
-        None
+        self.remembered(ty)
     }
 
-    /// `classify` past its fast path: the registry checked if Python code ran, then the memo,
-    /// then the caches shared by every traversal.
+    /// The memo's kind for objects of type `ty`.
+    #[inline(always)]
+    fn remembered(&self, ty: *mut ffi::PyTypeObject) -> Option<Kind> {
+        self.seen[..self.filled]
+            .iter()
+            .flatten()
+            .find(|(seen, _)| seen.as_ptr() as *mut ffi::PyTypeObject == ty)
+            .map(|(_, kind)| kind.clone())
+    }
+
+    /// `classify` past its fast path: if Python code ran, the registry checked and the memo
+    /// (which `known` then passed over) searched, then the caches shared by every traversal.
     #[inline(never)]
     fn classify_other(
         &mut self,
@@ -239,11 +245,8 @@ impl<'py> Classifier<'py> {
                 self.seen = Default::default();
                 self.filled = 0;
                 self.registry_len = registry_len;
-            }
-        }
-        for (seen, kind) in self.seen[..self.filled].iter().flatten() {
-            if seen.as_ptr() as *mut ffi::PyTypeObject == ty {
-                return Ok(kind.clone());
+            } else if let Some(kind) = self.remembered(ty) {
+                return Ok(kind);
             }
         }
         let ty = obj.get_type();

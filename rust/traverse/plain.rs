@@ -191,9 +191,10 @@ const QUICK_DEPTH: usize = 64;
 /// A look through trees for whether each is a pytree less than `QUICK_DEPTH` containers deep
 /// and without a cycle. Objects wait on one stack with their depth, each held by a strong
 /// reference: a flatten function, a classification, or a finalizer run by an allocation may
-/// run Python code that changes any container meanwhile. So a list's items are read one at a
-/// time (its length checked at each), and a dict's values are all taken before any of them is
-/// classified.
+/// run Python code that changes any container meanwhile. So a list's items are taken one at a
+/// time (its length checked at each), and a dict's values and a tuple's items are taken, or
+/// passed over as known leaves (`Classifier::known`, which runs no Python code), before any of
+/// them is classified further.
 ///
 /// A container met again (shared, as a model's parameters in its optimizer state) is looked
 /// into once: what is kept of it is its height, the most containers on a path down from it,
