@@ -20,7 +20,10 @@
 # options, e.g. "--only mlp_adam --rounds 9"); BENCH_TIMEOUT (seconds, default 280: the
 # harness writes its results after every workload, so a run cut short keeps what it did);
 # TREECLONE_REVISION (the revision the report names: the wheel's, e.g. `git rev-parse --short
-# HEAD` where it was built; default: the git state of this copy of the tree).
+# HEAD` where it was built; default: the git state of this copy of the tree); HARNESS=0 (skip
+# the harness); PROBE (a bench script and its arguments, run after the harness with the same
+# packages, e.g. "benches/release_probe.py --out OUT_DIR/release.md"; OUT_DIR is replaced by
+# the output folder).
 #
 #   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
 #   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine
@@ -77,13 +80,20 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 "$PY" -c 'import jax; print(jax.__version__, jax.default_backend(), jax.devices())'
 
-section "python -m treeclone.bench --out $OUT_DIR ${BENCH_ARGS:-}"
 mkdir -p "$OUT_DIR"
 rc=0
-# shellcheck disable=SC2086
-timeout "${BENCH_TIMEOUT:-280}" "$PY" -m treeclone.bench --out "$OUT_DIR" ${BENCH_ARGS:-} || rc=$?
-if [ "$rc" -eq 124 ]; then
-    echo "error: the harness ran past ${BENCH_TIMEOUT:-280} s; partial results in $OUT_DIR" >&2
+if [ "${HARNESS:-1}" != 0 ]; then
+    section "python -m treeclone.bench --out $OUT_DIR ${BENCH_ARGS:-}"
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-280}" "$PY" -m treeclone.bench --out "$OUT_DIR" ${BENCH_ARGS:-} || rc=$?
+    if [ "$rc" -eq 124 ]; then
+        echo "error: the harness ran past ${BENCH_TIMEOUT:-280} s; partial results in $OUT_DIR" >&2
+    fi
+fi
+if [ -n "${PROBE:-}" ]; then
+    section "python ${PROBE//OUT_DIR/$OUT_DIR}"
+    # shellcheck disable=SC2086
+    "$PY" ${PROBE//OUT_DIR/$OUT_DIR} || rc=$?
 fi
 
 section "report ($((SECONDS - START)) s in all)"

@@ -72,6 +72,15 @@ _SHARDINGS = ("in_shardings", "out_shardings")
 _MASK_CACHE_SIZE = 64
 # Keys of argument structures kept per inner function for the lean path (cleared when full).
 _KEY_CACHE_SIZE = 256
+# The most bytes of arguments the lean path holds from one call to the next. A training loop
+# lets go of its old state right after the call that reads it, while the computation may still
+# run; on a TPU (jax 0.10, v5e) an array let go then costs the host a wait, so that a loop of
+# small steps ran 15-19% slower than with each call's arguments kept a little longer
+# (benches/release_probe.py). Up to this size, the lean path keeps the last call's leaves
+# until the next call (or Jitted.clear_cache), when that computation is most likely done: the
+# steps that gain are the short ones, over small states, and a wrapper called once keeps at
+# most this much memory alive.
+HOLD_INPUT_BYTES = 16 << 20
 
 
 class _TraceInfo:
@@ -89,10 +98,12 @@ class _TraceInfo:
     under alias, whose result is plain Python's. ``writes``: under alias, for each output
     written back into an argument, ``(output index, argument, key path)``, the argument as a
     position among the dynamic ones or a keyword's name (see :func:`_check_enclosing_writes`).
-    Compared by identity, as the plan is.
+    ``hold_inputs``: whether the lean path holds a call's leaves until the next call (their
+    arrays total at most ``HOLD_INPUT_BYTES``). Compared by identity, as the plan is.
     """
 
     __slots__ = (
+        "hold_inputs",
         "next_inputs",
         "out_sources",
         "out_tree",
@@ -119,6 +130,7 @@ class _TraceInfo:
         self.returned_inputs: tuple[int, ...] = ()
         self.writes: tuple[tuple[int, int | str, str], ...] = ()
         self.static_outputs: tuple[tuple[int, Any], ...] = ()
+        self.hold_inputs = False
 
 
 # The inner jit's result: the outputs, with the trace's _TraceInfo as static data.
@@ -630,6 +642,7 @@ class Jitted(_native.JitCore):
         self._jax_jitted.clear_cache()
         for _, jitted in self._inner.values():
             jitted.clear_cache()
+        self._release_held()
 
     def _cache_size(self) -> int:
         """The number of compiled entries this function's calls can reuse, as
@@ -999,6 +1012,7 @@ class _Inner:
         self.retraces.traced(key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
+        info.hold_inputs = _traced_bytes(leaves) <= HOLD_INPUT_BYTES
         if policy.mutations == "propagate" and outputs and "args" in seen:
             args_after, kwargs_after = seen["args"]
             names_now = [self._naming.name(i) for i in positions]
@@ -1054,6 +1068,18 @@ class _Inner:
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
         return _TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def _traced_bytes(leaves: list) -> int:
+    """The bytes of the arrays a trace's input ``leaves`` stand for (its tracers' shapes and
+    dtypes; a dtype without an item size, such as a PRNG key's, counts as 8 bytes an item)."""
+    total = 0
+    for x in leaves:
+        if isinstance(x, Tracer):
+            aval = x.aval
+            itemsize = getattr(getattr(aval, "dtype", None), "itemsize", 8)
+            total += getattr(aval, "size", 1) * itemsize
+    return total
 
 
 def _written(

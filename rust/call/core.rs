@@ -91,6 +91,13 @@ impl JitCore {
         lean_of(slf, core).map(Some)
     }
 
+    /// Let go of the leaves the lean path holds from its last call (`Jitted.clear_cache`).
+    fn _release_held(&self) {
+        if let Some(lean) = self.core.get().and_then(|core| core.lean.get()) {
+            lean.get().hold(None);
+        }
+    }
+
     /// `fun(*args, **kwargs)`, compiled, under the policy (see `treeclone.jit`).
     #[pyo3(signature = (*args, **kwargs))]
     fn __call__<'py>(

@@ -89,11 +89,17 @@ pub struct LeanCall {
     /// large (`flatten_shared_sized`).
     last_entries: AtomicUsize,
     last_leaves: AtomicUsize,
+    /// The last call's leaves, held until the next call when its trace says so
+    /// (`_TraceInfo.hold_inputs`, see `HOLD_INPUT_BYTES` in jit.py): an array whose last
+    /// reference goes while a computation still reads it costs the host a wait on a TPU, and
+    /// a training loop lets go of its old state right after the call that reads it.
+    held: Mutex<Option<Py<PyList>>>,
 }
 
 /// Of a `_TraceInfo`: itself, whether its result hands inputs back (`returned_inputs`),
-/// whether it writes back (`writes`), and its plan.
-type InfoParts = (Py<PyAny>, bool, bool, Py<CallPlan>);
+/// whether it writes back (`writes`), whether the call's leaves are held until the next
+/// call (`hold_inputs`), and its plan.
+type InfoParts = (Py<PyAny>, bool, bool, bool, Py<CallPlan>);
 
 /// `static_argnums` (negative ones count from the end) and `static_argnames`, and
 /// `hash_static(value)`, which raises jax.jit's error for a value that cannot be hashed.
@@ -173,6 +179,7 @@ impl LeanCall {
             last_info: Mutex::new(None),
             last_entries: AtomicUsize::new(0),
             last_leaves: AtomicUsize::new(0),
+            held: Mutex::new(None),
         })
     }
 
@@ -228,9 +235,14 @@ impl LeanCall {
             }
         }
         if let Ok(last) = self.last_info.try_lock() {
-            if let Some((info, _, _, plan)) = last.as_ref() {
+            if let Some((info, _, _, _, plan)) = last.as_ref() {
                 visit.call(info)?;
                 visit.call(plan)?;
+            }
+        }
+        if let Ok(held) = self.held.try_lock() {
+            if let Some(held) = held.as_ref() {
+                visit.call(held)?;
             }
         }
         Ok(())
@@ -395,7 +407,7 @@ impl LeanCall {
         let result = result.cast::<ResultBox>()?.get();
         let info = result.info.bind(py).clone();
         let outputs = result.leaves.bind(py).clone();
-        let (returns_inputs, writes, plan) = self.info_parts(&info)?;
+        let (returns_inputs, writes, hold_inputs, plan) = self.info_parts(&info)?;
         let out = if returns_inputs
             || (writes
                 && outputs.len()? > 0
@@ -405,23 +417,37 @@ impl LeanCall {
         } else {
             plan.bind(py).get().apply(py, &leaves, &objects, &outputs)?
         };
+        self.hold(hold_inputs.then(|| leaves.unbind()));
         Ok((out, info, outputs))
     }
 
-    /// `(info.returned_inputs, info.writes, info.plan)`, the first two as bools: the last
-    /// info's when `info` is it.
-    fn info_parts(&self, info: &Bound<'_, PyAny>) -> PyResult<(bool, bool, Py<CallPlan>)> {
+    /// Hold `leaves` until the next call (None: hold nothing); the leaves held before are let
+    /// go after the lock is, since a finalizer may call back.
+    pub(crate) fn hold(&self, leaves: Option<Py<PyList>>) {
+        let before = {
+            let Ok(mut held) = self.held.lock() else {
+                return; // poisoned: nothing is held
+            };
+            std::mem::replace(&mut *held, leaves)
+        };
+        drop(before);
+    }
+
+    /// `(info.returned_inputs, info.writes, info.hold_inputs, info.plan)`, the first three as
+    /// bools: the last info's when `info` is it.
+    fn info_parts(&self, info: &Bound<'_, PyAny>) -> PyResult<(bool, bool, bool, Py<CallPlan>)> {
         let py = info.py();
         if let Ok(last) = self.last_info.lock() {
-            if let Some((last, returns_inputs, writes, plan)) = last.as_ref() {
+            if let Some((last, returns_inputs, writes, hold_inputs, plan)) = last.as_ref() {
                 if last.is(info) {
-                    return Ok((*returns_inputs, *writes, plan.clone_ref(py)));
+                    return Ok((*returns_inputs, *writes, *hold_inputs, plan.clone_ref(py)));
                 }
             }
         }
         // Python code may run in these reads: nothing is held locked meanwhile.
         let returns_inputs = info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?;
         let writes = info.getattr(intern!(py, "writes"))?.is_truthy()?;
+        let hold_inputs = info.getattr(intern!(py, "hold_inputs"))?.is_truthy()?;
         let plan = info
             .getattr(intern!(py, "plan"))?
             .cast_into::<CallPlan>()?
@@ -431,10 +457,11 @@ impl LeanCall {
                 info.clone().unbind(),
                 returns_inputs,
                 writes,
+                hold_inputs,
                 plan.clone_ref(py),
             ));
         }
-        Ok((returns_inputs, writes, plan))
+        Ok((returns_inputs, writes, hold_inputs, plan))
     }
 }
 

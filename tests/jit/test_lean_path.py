@@ -209,3 +209,82 @@ def test_a_keyword_dict_passed_along_is_the_calls_own(policy: str) -> None:
     assert float(out) == 0.0
     if policy == "alias":
         assert float(out_again) == 1.0 and float(d["a"]) == 2.0
+
+
+# --- the last call's leaves, held until the next call (HOLD_INPUT_BYTES) -----------------------
+
+
+def _fresh(n: int = 3) -> Any:
+    return jnp.arange(float(n)) + 1.0  # an array no one else holds
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("partial", [False, True])
+def test_the_last_calls_leaves_are_held_until_the_next_call(policy: str, partial: bool) -> None:
+    # A training loop lets its old state go right after the call that reads it; the lean path
+    # lets it go at the next call (when that computation is most likely done), not later.
+    if partial:
+        f = tc.jit_partial(lambda s, x: s["w"] * x, {"w": jnp.ones(3)}, policy=policy)
+    else:
+        f = tc.jit(lambda x: x * 2, policy=policy)
+    a = _fresh()
+    old = weakref.ref(a)
+    np.testing.assert_array_equal(f(a), np.asarray(a) * (1 if partial else 2))
+    del a
+    gc.collect()
+    assert old() is not None  # held
+    f(_fresh())
+    gc.collect()
+    assert old() is None  # let go at the next call
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_clear_cache_lets_the_held_leaves_go(policy: str) -> None:
+    f = tc.jit(lambda x: x + 1, policy=policy)
+    a = _fresh()
+    old = weakref.ref(a)
+    f(a)
+    del a
+    f.clear_cache()
+    gc.collect()
+    assert old() is None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_arguments_over_the_hold_limit_are_let_go_at_once(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.modules["treeclone.jit"], "HOLD_INPUT_BYTES", 8)
+    f = tc.jit(lambda x: x - 1, policy=policy)
+    small, large = jnp.ones(2), _fresh(3)  # float32: 8 bytes, held; 12 bytes, not
+    f(small)  # traced at the limit: held
+    small_ref, large_ref = weakref.ref(small), weakref.ref(large)
+    del small
+    gc.collect()
+    assert small_ref() is not None
+    f(large)  # another trace, over the limit: holds nothing, lets the last leaves go
+    del large
+    gc.collect()
+    assert (small_ref(), large_ref()) == (None, None)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_held_leaf_let_go_may_call_the_function_again(policy: str) -> None:
+    # Releasing the held leaves runs their finalizers: one that calls the same function finds
+    # nothing locked (the lean path lets them go after its lock).
+    calls: list[Any] = []
+
+    class Dying(np.ndarray):
+        def __del__(self) -> None:
+            calls.append(np.asarray(f(np.zeros(2, np.float32))))
+
+    f = tc.jit(lambda x: x + 1, policy=policy)
+    f(np.ones(2, np.float32).view(Dying))
+    gc.collect()
+    assert calls == []  # held
+    f(np.ones(2, np.float32))  # lets the Dying one go: its finalizer calls f
+    gc.collect()
+    assert len(calls) == 1
+    np.testing.assert_array_equal(calls[0], np.ones(2))
