@@ -1,6 +1,7 @@
 """When a training loop's old arrays are let go: the harness's loops on the default device with
 and without each call's arguments held a little longer, and treeclone's lean path with and
-without its holding of the last call's leaves (``HOLD_INPUT_BYTES`` in ``treeclone/jit.py``).
+without its holding of the last call's leaves (``HOLD_INPUT_PLATFORMS`` and
+``HOLD_INPUT_BYTES`` in ``treeclone/jit.py``: the measure behind them).
 
     python benches/release_probe.py                  # rewrites its section in docs/benchmarks.md
     python benches/release_probe.py --out /tmp/release.md --rounds 9
@@ -11,11 +12,11 @@ right after the call that reads it, while that computation may still run. On a T
 v5e) that cost the host a wait at every step; this probe measures it where it runs. Contenders,
 each on the workload's own loop from ``treeclone.bench.workloads``: ``jax.jit``; ``jax.jit``
 with each call's arguments (and a shallow copy of each dict among them) held three calls longer
-(``jax.jit, held``); ``treeclone.jit[strict]`` and ``[alias]`` as they are, and as traced with
-the holding turned off (``not held``). Interleaved rounds (order rotated), one batch of steps
-per contender a round, each batch ending with ``jax.block_until_ready``; the garbage collector
-off; the figure is the median over rounds of the time per step, and the ratio is over
-``jax.jit``'s. The Markdown goes between ``<!-- release-probe:begin -->`` and
+(``jax.jit, held``); ``treeclone.jit[strict]`` and ``[alias]`` traced with the holding turned
+on for this platform (``held``) and off (``not held``). Interleaved rounds (order rotated),
+one batch of steps per contender a round, each batch ending with ``jax.block_until_ready``; the
+garbage collector off; the figure is the median over rounds of the time per step, and the
+ratio is over ``jax.jit``'s. The Markdown goes between ``<!-- release-probe:begin -->`` and
 ``<!-- release-probe:end -->`` (``release-probe-tpu``, ... on a device).
 """
 
@@ -50,9 +51,9 @@ WORKLOADS = {"mlp_adam": 100, "nnx_train_20": 60}  # workload: steps per batch
 CONTENDERS = (
     "jax.jit",
     "jax.jit, held",
-    "treeclone.jit[strict]",
+    "treeclone.jit[strict], held",
     "treeclone.jit[strict], not held",
-    "treeclone.jit[alias]",
+    "treeclone.jit[alias], held",
     "treeclone.jit[alias], not held",
 )
 _jit_module = sys.modules["treeclone.jit"]  # `treeclone.jit` is the function
@@ -85,13 +86,15 @@ def runner(workload: W.Workload, contender: str) -> W.Runner:
         policy = name[len("treeclone.jit[") : -1]
         which = C.TC_ALIAS if policy == "alias" else C.TC_STRICT
         made = workload.runner(which, functools.partial(tc.jit, policy=policy))
-    saved = _jit_module.HOLD_INPUT_BYTES
-    if variant == "not held":  # read when the step is traced, at its first call
+    saved = _jit_module.HOLD_INPUT_PLATFORMS, _jit_module.HOLD_INPUT_BYTES
+    if variant == "held":  # read when the step is traced, at its first call
+        _jit_module.HOLD_INPUT_PLATFORMS = saved[0] | {jax.devices()[0].platform}
+    elif variant == "not held":
         _jit_module.HOLD_INPUT_BYTES = -1
     try:
         jax.block_until_ready(made.run(5))
     finally:
-        _jit_module.HOLD_INPUT_BYTES = saved
+        _jit_module.HOLD_INPUT_PLATFORMS, _jit_module.HOLD_INPUT_BYTES = saved
     return made
 
 
@@ -130,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Produced by `{script_command('release_probe.py', argv)}` (from the repository "
         f"root) on `{device.device_kind}`: {args.rounds} interleaved rounds, the median time "
         "of a step in µs and its ratio to `jax.jit`'s (module docstring of "
-        "`benches/release_probe.py`). `held`: each call's arguments kept three calls longer "
-        "by the loop; `not held`: treeclone's lean path traced with its holding of the last "
-        "call's leaves turned off.",
+        "`benches/release_probe.py`). `jax.jit, held`: each call's arguments kept three calls "
+        "longer by the loop; treeclone's `held` and `not held`: its lean path traced with its "
+        "holding of the last call's leaves until the next call turned on and off (it is on "
+        "for the platforms of `HOLD_INPUT_PLATFORMS`).",
         "",
         *(f"- {k}: {v}" for k, v in machine_info().items()),
         "",

@@ -72,14 +72,17 @@ _SHARDINGS = ("in_shardings", "out_shardings")
 _MASK_CACHE_SIZE = 64
 # Keys of argument structures kept per inner function for the lean path (cleared when full).
 _KEY_CACHE_SIZE = 256
-# The most bytes of arguments the lean path holds from one call to the next. A training loop
-# lets go of its old state right after the call that reads it, while the computation may still
-# run; on a TPU (jax 0.10, v5e) an array let go then costs the host a wait, so that a loop of
-# small steps ran 15-19% slower than with each call's arguments kept a little longer
-# (benches/release_probe.py). Up to this size, the lean path keeps the last call's leaves
-# until the next call (or Jitted.clear_cache), when that computation is most likely done: the
-# steps that gain are the short ones, over small states, and a wrapper called once keeps at
-# most this much memory alive.
+# When the lean path holds a call's leaves until the next call: their arrays on one of these
+# platforms, at most this many bytes. A training loop lets go of its old state right after the
+# call that reads it, while the computation may still run; on a TPU (jax 0.10, v5e) an array
+# let go then costs the host a wait, so that a loop of small steps ran 15-19% slower than with
+# each call's arguments kept a little longer (benches/release_probe.py). On this project's
+# 2-core CPU, holding them made the nnx step 4-13% slower (fewer warm buffers to reuse), so
+# the CPU is not among the platforms; the GPU, not measured, neither. Held, the leaves go at
+# the next call (or Jitted.clear_cache), when that computation is most likely done; the steps
+# that gain are the short ones, over small states, and a wrapper called once keeps at most
+# this much memory alive.
+HOLD_INPUT_PLATFORMS = frozenset({"tpu"})
 HOLD_INPUT_BYTES = 16 << 20
 
 
@@ -99,7 +102,8 @@ class _TraceInfo:
     written back into an argument, ``(output index, argument, key path)``, the argument as a
     position among the dynamic ones or a keyword's name (see :func:`_check_enclosing_writes`).
     ``hold_inputs``: whether the lean path holds a call's leaves until the next call (their
-    arrays total at most ``HOLD_INPUT_BYTES``). Compared by identity, as the plan is.
+    arrays are on a platform of ``HOLD_INPUT_PLATFORMS`` and total at most
+    ``HOLD_INPUT_BYTES``). Compared by identity, as the plan is.
     """
 
     __slots__ = (
@@ -1012,7 +1016,11 @@ class _Inner:
         self.retraces.traced(key, leaves, layout, seen.get("args"))
         info = self._describe(plan, outputs, leaves, positions, seen)
         info.next_inputs = next_inputs
-        info.hold_inputs = _traced_bytes(leaves) <= HOLD_INPUT_BYTES
+        info.hold_inputs = (
+            call is not None
+            and _platform(call.leaves) in HOLD_INPUT_PLATFORMS
+            and _traced_bytes(leaves) <= HOLD_INPUT_BYTES
+        )
         if policy.mutations == "propagate" and outputs and "args" in seen:
             args_after, kwargs_after = seen["args"]
             names_now = [self._naming.name(i) for i in positions]
@@ -1068,6 +1076,18 @@ class _Inner:
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
         return _TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def _platform(values: Sequence[Any]) -> str:
+    """The platform of the first ``jax.Array`` among ``values`` (``"cpu"``, ``"tpu"``, ...);
+    without one, JAX's default backend, where the others go."""
+    for x in values:
+        if isinstance(x, jax.Array) and not isinstance(x, Tracer):
+            try:
+                return next(iter(x.sharding.device_set)).platform
+            except Exception:  # noqa: BLE001 - a deleted array, an odd sharding: the default
+                break
+    return jax.default_backend()
 
 
 def _traced_bytes(leaves: list) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import sys
 import weakref
 from typing import Any
 
@@ -211,15 +212,37 @@ def test_a_keyword_dict_passed_along_is_the_calls_own(policy: str) -> None:
         assert float(out_again) == 1.0 and float(d["a"]) == 2.0
 
 
-# --- the last call's leaves, held until the next call (HOLD_INPUT_BYTES) -----------------------
+# --- the last call's leaves, held until the next call (HOLD_INPUT_PLATFORMS, _BYTES) ------------
+
+_JIT_MODULE = sys.modules["treeclone.jit"]  # `treeclone.jit` is the function
 
 
 def _fresh(n: int = 3) -> Any:
     return jnp.arange(float(n)) + 1.0  # an array no one else holds
 
 
+@pytest.fixture
+def holding_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean path holds leaves on the CPU too, where these tests run (read at trace time)."""
+    monkeypatch.setattr(_JIT_MODULE, "HOLD_INPUT_PLATFORMS", frozenset({"cpu", "tpu"}))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_on_the_cpu_the_last_calls_leaves_go_at_once(policy: str) -> None:
+    # Held leaves made the CPU's steps slower (benches/release_probe.py): not held there.
+    assert "cpu" not in _JIT_MODULE.HOLD_INPUT_PLATFORMS
+    f = tc.jit(lambda x: x * 3, policy=policy)
+    a = _fresh()
+    old = weakref.ref(a)
+    f(a)
+    del a
+    gc.collect()
+    assert old() is None
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.usefixtures("holding_on_cpu")
 def test_the_last_calls_leaves_are_held_until_the_next_call(policy: str, partial: bool) -> None:
     # A training loop lets its old state go right after the call that reads it; the lean path
     # lets it go at the next call (when that computation is most likely done), not later.
@@ -239,6 +262,7 @@ def test_the_last_calls_leaves_are_held_until_the_next_call(policy: str, partial
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.usefixtures("holding_on_cpu")
 def test_clear_cache_lets_the_held_leaves_go(policy: str) -> None:
     f = tc.jit(lambda x: x + 1, policy=policy)
     a = _fresh()
@@ -251,12 +275,11 @@ def test_clear_cache_lets_the_held_leaves_go(policy: str) -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.usefixtures("holding_on_cpu")
 def test_arguments_over_the_hold_limit_are_let_go_at_once(
     policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
-
-    monkeypatch.setattr(sys.modules["treeclone.jit"], "HOLD_INPUT_BYTES", 8)
+    monkeypatch.setattr(_JIT_MODULE, "HOLD_INPUT_BYTES", 8)
     f = tc.jit(lambda x: x - 1, policy=policy)
     small, large = jnp.ones(2), _fresh(3)  # float32: 8 bytes, held; 12 bytes, not
     f(small)  # traced at the limit: held
@@ -271,6 +294,7 @@ def test_arguments_over_the_hold_limit_are_let_go_at_once(
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.usefixtures("holding_on_cpu")
 def test_a_held_leaf_let_go_may_call_the_function_again(policy: str) -> None:
     # Releasing the held leaves runs their finalizers: one that calls the same function finds
     # nothing locked (the lean path lets them go after its lock).
