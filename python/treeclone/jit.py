@@ -1084,7 +1084,8 @@ def _platform(values: Sequence[Any]) -> str:
     for x in values:
         if isinstance(x, jax.Array) and not isinstance(x, Tracer):
             try:
-                return next(iter(x.sharding.device_set)).platform
+                device: Any = next(iter(x.sharding.device_set))
+                return str(device.platform)
             except Exception:  # noqa: BLE001 - a deleted array, an odd sharding: the default
                 break
     return jax.default_backend()
