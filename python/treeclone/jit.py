@@ -75,13 +75,13 @@ _KEY_CACHE_SIZE = 256
 # When the lean path holds a call's leaves until the next call: their arrays on one of these
 # platforms, at most this many bytes. A training loop lets go of its old state right after the
 # call that reads it, while the computation may still run; on a TPU (jax 0.10, v5e) an array
-# let go then costs the host a wait, so that a loop of small steps ran 15-19% slower than with
+# let go then costs the host time, so that a loop of small steps ran 15-19% slower than with
 # each call's arguments kept a little longer (benches/release_probe.py). On this project's
-# 2-core CPU, holding them made the nnx step 4-13% slower (fewer warm buffers to reuse), so
-# the CPU is not among the platforms; the GPU, not measured, neither. Held, the leaves go at
-# the next call (or Jitted.clear_cache), when that computation is most likely done; the steps
-# that gain are the short ones, over small states, and a wrapper called once keeps at most
-# this much memory alive.
+# 2-core CPU the effect was mixed (jax.jit with its arguments held 8-13% slower on the nnx
+# step, treeclone's strict 1-6% faster, alias either way), so the CPU is not among the
+# platforms; the GPU, not measured, neither. Held, the leaves go at the next call (or at
+# Jitted.clear_cache), when that computation is most likely done; the steps that gain are the
+# short ones, over small states, and a wrapper called once keeps at most this much alive.
 HOLD_INPUT_PLATFORMS = frozenset({"tpu"})
 HOLD_INPUT_BYTES = 16 << 20
 
