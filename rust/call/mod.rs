@@ -90,9 +90,10 @@ pub struct LeanCall {
     last_entries: AtomicUsize,
     last_leaves: AtomicUsize,
     /// The last call's leaves, held until the next call when its trace says so
-    /// (`_TraceInfo.hold_inputs`, see `HOLD_INPUT_BYTES` in jit.py): an array whose last
-    /// reference goes while a computation still reads it costs the host a wait on a TPU, and
-    /// a training loop lets go of its old state right after the call that reads it.
+    /// (`_TraceInfo.hold_inputs`, see `HOLD_INPUT_PLATFORMS` in jit.py) and it ran outside
+    /// any JAX transformation: on a TPU an array whose last reference goes while a computation
+    /// still reads it costs the host time, and a training loop lets go of its old state right
+    /// after the call that reads it.
     held: Mutex<Option<Py<PyList>>>,
 }
 
@@ -408,17 +409,25 @@ impl LeanCall {
         let info = result.info.bind(py).clone();
         let outputs = result.leaves.bind(py).clone();
         let (returns_inputs, writes, hold_inputs, plan) = self.info_parts(&info)?;
-        let out = if returns_inputs
-            || (writes
-                && outputs.len()? > 0
-                && outputs.get_item(0)?.is_instance(self.tracer.bind(py))?)
-        {
+        let out = if returns_inputs || (writes && self.traced(&outputs)? == Some(true)) {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
             plan.bind(py).get().apply(py, &leaves, &objects, &outputs)?
         };
-        self.hold(hold_inputs.then(|| leaves.unbind()));
+        // Inside a JAX transformation the leaves are its tracers: not held past it.
+        let hold = hold_inputs && self.traced(&outputs)? == Some(false);
+        self.hold(hold.then(|| leaves.unbind()));
         Ok((out, info, outputs))
+    }
+
+    /// Whether the computation's outputs are tracers, that is, whether the call ran inside a
+    /// JAX transformation (None: it has no outputs to tell by).
+    fn traced(&self, outputs: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+        if outputs.len()? == 0 {
+            return Ok(None);
+        }
+        let tracer = self.tracer.bind(outputs.py());
+        Ok(Some(outputs.get_item(0)?.is_instance(tracer)?))
     }
 
     /// Hold `leaves` until the next call (None: hold nothing); the leaves held before are let

@@ -312,3 +312,14 @@ def test_a_held_leaf_let_go_may_call_the_function_again(policy: str) -> None:
     gc.collect()
     assert len(calls) == 1
     np.testing.assert_array_equal(calls[0], np.ones(2))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.usefixtures("holding_on_cpu")
+def test_no_tracer_is_held_past_a_transformation(policy: str) -> None:
+    # Inside a JAX transformation the leaves are its tracers: held, they would outlive it.
+    f = tc.jit(lambda x: x * 2, policy=policy)
+    f(_fresh())  # traced on arrays: held from then on
+    with jax.checking_leaks():
+        np.testing.assert_array_equal(jax.jit(lambda x: f(x).sum())(_fresh()), 12.0)
+        np.testing.assert_array_equal(jax.grad(lambda x: f(x).sum())(_fresh()), np.full(3, 2.0))
