@@ -120,11 +120,13 @@ def measure(name: str, steps: int, rounds: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown file to update")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 5 steps: a smoke run")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; quick 2)")
     args = parser.parse_args(argv)
+    args.rounds = args.rounds or (2 if args.quick else 15)
     results = {}
     for name, steps in WORKLOADS.items():
-        results[name] = measure(name, steps, args.rounds)
+        results[name] = measure(name, 5 if args.quick else steps, args.rounds)
         print(name, {c: round(v, 1) for c, v in results[name].items()}, flush=True)
     device = jax.devices()[0]
     lines = [
