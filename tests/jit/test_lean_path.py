@@ -229,7 +229,7 @@ def holding_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_on_the_cpu_the_last_calls_leaves_go_at_once(policy: str) -> None:
-    # Held leaves made the CPU's steps slower (benches/release_probe.py): not held there.
+    # On the CPU holding them measured either way (benches/release_probe.py): not held there.
     assert "cpu" not in _JIT_MODULE.HOLD_INPUT_PLATFORMS
     f = tc.jit(lambda x: x * 3, policy=policy)
     a = _fresh()
