@@ -37,7 +37,7 @@ import treeclone as tc
 from tree_table import DEFAULT_OUT, INTRO
 from treeclone.bench import contenders as C
 from treeclone.bench import workloads as W
-from treeclone.bench.timing import machine_info, script_command, write_section
+from treeclone.bench.timing import interleaved, machine_info, script_command, write_section
 
 
 def markers(platform: str) -> tuple[str, str]:
@@ -106,12 +106,10 @@ def measure(name: str, steps: int, rounds: int) -> dict[str, float]:
     gc.collect()
     gc.disable()
     try:
-        for r in range(rounds):
-            k = r % len(CONTENDERS)
-            for c in CONTENDERS[k:] + CONTENDERS[:k]:
-                start = time.perf_counter()
-                jax.block_until_ready(runners[c].run(steps))
-                samples[c].append((time.perf_counter() - start) / steps * 1e6)
+        for c in interleaved(CONTENDERS, rounds):
+            start = time.perf_counter()
+            jax.block_until_ready(runners[c].run(steps))
+            samples[c].append((time.perf_counter() - start) / steps * 1e6)
     finally:
         gc.enable()
     return {c: statistics.median(s) for c, s in samples.items()}
