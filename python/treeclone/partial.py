@@ -68,9 +68,9 @@ class _BoundArguments:
             self.takers: dict[tuple[int, ...], Callable[[list], list]] = {}
         self.snapshot = Snapshot.take(self.objects, self.sdef)
         # Objects a call's arguments must not share with the bound ones: the containers, and
-        # the leaves as they are now (``leaf_ids``, made again after a write-back changed them).
+        # the leaves as they are now.
         self.ids = {id(self.objects[i]) for i in self.containers}
-        self.leaf_ids: set[int] | None = None
+        self.bound_objects = self.objects[:-1]  # without the root, the tuple of the arguments
 
     def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
         """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
@@ -81,11 +81,9 @@ class _BoundArguments:
             self._flatten()
         n = len(self.args)
         leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
-        if self.leaf_ids is None:
-            self.leaf_ids = set(map(id, self.leaves))
         # Python scalars are values, not tracked (a small int is one object everywhere).
-        given = [id(o) for o in objects if type(o) not in _SCALARS]
-        if not (self.ids.isdisjoint(given) and self.leaf_ids.isdisjoint(given)):
+        given = [o for o in objects if type(o) not in _SCALARS]
+        if not self.ids.isdisjoint(map(id, given)) or _native.any_identical(given, self.leaves):
             # An argument reachable from the bound ones: one flatten keeps them one object.
             self.stale = True
             return _native.flatten_shared((*args, kwargs))
@@ -94,8 +92,9 @@ class _BoundArguments:
             if len(self.joined) >= _JOIN_CACHE_SIZE:
                 self.joined.clear()
             joined = self.joined[sdef] = SharedTreeDef.join_tuples(self.sdef, sdef)
-        root = (*args, kwargs)
-        return self.leaves + leaves, joined, [*self.objects[:-1], *objects[:-1], root]
+        joined_objects = self.bound_objects + objects[:-1]
+        joined_objects.append((*args, kwargs))  # the root
+        return self.leaves + leaves, joined, joined_objects
 
     def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
         """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
@@ -109,8 +108,7 @@ class _BoundArguments:
             taker = self.takers.get(index)
             if taker is None:
                 taker = self.takers[index] = take(list(index[: len(self.leaves)]))
-            self.leaves = taker([*leaves, *outputs])
-            self.leaf_ids = None  # the arrays written back are bound now (rule 11)
+            self.leaves = taker([*leaves, *outputs])  # the arrays written back (rule 11)
             self.snapshot.refresh(written)
 
 

@@ -136,16 +136,6 @@ fn is_plain(value: &Bound<'_, PyAny>) -> bool {
         || value.is_instance_of::<PyFrozenSet>()
 }
 
-/// Whether every plain container among `new` was among `old` (by identity): the watches of
-/// what they hold can then be kept as they are.
-fn same_plain<'py>(
-    new: impl Iterator<Item = Bound<'py, PyAny>>,
-    old: &[Bound<'py, PyAny>],
-) -> bool {
-    new.into_iter()
-        .all(|v| !is_plain(&v) || old.iter().any(|o| o.is(&v)))
-}
-
 /// An iterable's items, in iteration order.
 fn iter_items(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Py<PyAny>>> {
     obj.try_iter()?.map(|i| i.map(Bound::unbind)).collect()
@@ -182,35 +172,44 @@ fn stored_dict<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 
 impl Watched {
     /// Record again what the object holds now, in place. The watches of the plain containers
-    /// under its attributes are kept when its attributes still hold the same ones (a
-    /// write-back sets attributes, it does not change what such containers hold; if something
-    /// else did, the kept watch reports it at the next `unchanged`).
+    /// under its attributes or slots are kept when only values that are not plain containers
+    /// changed (a write-back sets attributes to arrays, it does not change what such
+    /// containers hold; if something else did, the kept watch reports it at the next
+    /// `unchanged`). This runs at every `jit_partial` call for each container written back:
+    /// the common case allocates nothing.
     fn refresh(&mut self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<()> {
         match self {
             Watched::Slots(obj, slots, _) => {
-                let descrs = slots.iter().map(|(d, _)| d.bind(py).clone()).collect();
-                let values = slot_values(obj.bind(py), descrs)?;
-                let old: Vec<_> = slots
-                    .iter()
-                    .filter_map(|(_, v)| v.as_ref().map(|v| v.bind(py).clone()))
-                    .collect();
-                let new = values
-                    .iter()
-                    .filter_map(|(_, v)| v.as_ref().map(|v| v.bind(py).clone()));
-                if same_plain(new, &old) {
-                    *slots = values;
+                let mut kept = true;
+                // The values replaced go after the loop: a finalizer may run then.
+                let mut replaced = Vec::new();
+                for (descr, value) in slots.iter_mut() {
+                    let now = read_slot(obj.bind(py), descr.bind(py))?;
+                    match (now, &*value) {
+                        (Some(a), Some(b)) if a.is(b) => {}
+                        (None, None) => {}
+                        (now, old) => {
+                            let plain = |v: Option<&Bound<'_, PyAny>>| v.is_some_and(is_plain);
+                            if plain(now.as_ref()) || plain(old.as_ref().map(|o| o.bind(py))) {
+                                kept = false;
+                                break;
+                            }
+                            replaced.push(std::mem::replace(value, now.map(Bound::unbind)));
+                        }
+                    }
+                }
+                drop(replaced);
+                if kept {
                     return Ok(());
                 }
             }
             Watched::Attributes(owner, attrs, items, _) => {
                 let now = stored_dict(owner.bind(py))?;
-                if now.is(&*attrs) {
-                    let old: Vec<_> = items.iter().map(|(_, v)| v.bind(py).clone()).collect();
-                    let dict = attrs.bind(py);
-                    if same_plain(dict.values().iter(), &old) {
-                        *items = dict_items(dict);
-                        return Ok(());
-                    }
+                let mut replaced = Vec::new();
+                let kept = now.is(&*attrs) && refresh_values(attrs.bind(py), items, &mut replaced);
+                drop(replaced);
+                if kept {
+                    return Ok(());
                 }
             }
             _ => {}
@@ -425,6 +424,51 @@ unsafe fn same_dict_items(
     true
 }
 
+/// Whether any of `these` is, by identity, an item of `those`: whether a `jit_partial` call's
+/// own arguments share an object with the bound arguments' leaves (a set of their ids, made
+/// again after every write-back, cost more than the rest of the check).
+#[pyfunction]
+pub fn any_identical(these: &Bound<'_, PyList>, those: &Bound<'_, PyList>) -> bool {
+    // Each address stays valid: both lists hold their items while this runs, and nothing
+    // here runs Python code.
+    let these: Vec<usize> = these.iter().map(|o| o.as_ptr() as usize).collect();
+    if these.is_empty() {
+        return false;
+    }
+    if these.len() <= 8 {
+        return those.iter().any(|o| these.contains(&(o.as_ptr() as usize)));
+    }
+    let those: HashSet<usize> = those.iter().map(|o| o.as_ptr() as usize).collect();
+    these.iter().any(|at| those.contains(at))
+}
+
+/// Record `dict`'s values in `items` where only values changed, none of them (before or
+/// after) a plain container; false, with `items` partly updated, when its keys changed or a
+/// plain container came or went (the caller then records the whole object again). The values
+/// replaced go into `replaced`, to be let go after the iteration (a finalizer could change
+/// the dict during it).
+fn refresh_values(
+    dict: &Bound<'_, PyDict>,
+    items: &mut [(Py<PyAny>, Py<PyAny>)],
+    replaced: &mut Vec<Py<PyAny>>,
+) -> bool {
+    if dict.len() != items.len() {
+        return false;
+    }
+    for ((key, value), (k0, v0)) in dict.iter().zip(items.iter_mut()) {
+        if !key.is(&*k0) {
+            return false;
+        }
+        if !value.is(&*v0) {
+            if is_plain(&value) || is_plain(v0.bind(dict.py())) {
+                return false;
+            }
+            replaced.push(std::mem::replace(v0, value.unbind()));
+        }
+    }
+    true
+}
+
 /// The contents, by identity, of the containers among some objects (see the module comment).
 #[pyclass(module = "treeclone._native")]
 pub struct Snapshot {
@@ -437,6 +481,9 @@ pub struct Snapshot {
     /// False when some container's state is out of reach (see the module comment).
     #[pyo3(get)]
     checkable: bool,
+    /// The last tuple of node indices `refresh` was given (a trace's record, the same tuple at
+    /// every call; held, so that its address is not reused) and the watched entries it names.
+    written: Option<(Py<PyTuple>, Vec<usize>)>,
 }
 
 /// Whether the child at entry `c` is found among `found` (see the module comment): itself,
@@ -583,6 +630,7 @@ impl Snapshot {
             owners,
             tree,
             checkable,
+            written: None,
         })
     }
 
@@ -590,18 +638,46 @@ impl Snapshot {
     /// call's write-back changed); the others keep their record. A node left out that did
     /// change only makes the next `unchanged` false: a flatten too many, never a change
     /// missed.
-    fn refresh(&mut self, py: Python<'_>, nodes: Vec<usize>) -> PyResult<()> {
-        let nodes: HashSet<usize> = nodes.into_iter().collect();
-        for (w, owner) in self.watched.iter_mut().zip(&self.owners) {
-            if nodes.contains(owner) {
-                w.refresh(py, &self.tree)?;
-            }
+    fn refresh(&mut self, py: Python<'_>, nodes: &Bound<'_, PyAny>) -> PyResult<()> {
+        let cached = matches!(&self.written, Some((t, _)) if t.is(nodes));
+        if !cached {
+            let nodes_set: HashSet<usize> = nodes.extract::<Vec<usize>>()?.into_iter().collect();
+            let positions: Vec<usize> = (self.owners.iter().enumerate())
+                .filter(|(_, owner)| nodes_set.contains(owner))
+                .map(|(i, _)| i)
+                .collect();
+            // A list can change under the same identity: only a tuple's positions are kept.
+            let key = nodes.cast::<PyTuple>().ok().map(|t| t.clone().unbind());
+            let Some(key) = key else {
+                return refresh_at(&mut self.watched, py, &self.tree, &positions);
+            };
+            self.written = Some((key, positions));
         }
-        Ok(())
+        let Snapshot {
+            watched,
+            tree,
+            written,
+            ..
+        } = self;
+        let positions = written.as_ref().map_or(&[][..], |(_, p)| &p[..]);
+        refresh_at(watched, py, tree, positions)
     }
 
     /// Whether every watched object still holds exactly what it held.
     fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
         all_unchanged(py, &self.watched)
     }
+}
+
+/// Record again the entries of `watched` at `positions`.
+fn refresh_at(
+    watched: &mut [Watched],
+    py: Python<'_>,
+    tree: &HashSet<usize>,
+    positions: &[usize],
+) -> PyResult<()> {
+    for &i in positions {
+        watched[i].refresh(py, tree)?;
+    }
+    Ok(())
 }

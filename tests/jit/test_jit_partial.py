@@ -669,3 +669,49 @@ def test_replacing_calls_on_the_native_path_equal_jit(monkeypatch):
         with pytest.raises(tc.MutationError, match=r"params"):
             bound(args["replace"])
     assert python_calls
+
+
+class Tagged:
+    """A registered node whose static data is read from a plain list in an attribute."""
+
+    def __init__(self, w, tags):
+        self.w, self.tags = w, tags
+
+
+class SlottedTagged:
+    __slots__ = ("tags", "w")
+
+    def __init__(self, w, tags):
+        self.w, self.tags = w, tags
+
+
+for _cls in (Tagged, SlottedTagged):
+    jax.tree_util.register_pytree_node(
+        _cls, lambda s: ((s.w,), tuple(s.tags)), lambda tags, ch, c=_cls: c(ch[0], list(tags))
+    )
+
+
+@pytest.mark.parametrize("cls", [Tagged, SlottedTagged], ids=["__dict__", "__slots__"])
+def test_the_snapshot_refreshed_after_a_write_back_still_sees_changes(cls):
+    """What jit_partial's check does after each call (``Snapshot.refresh`` with the trace's
+    record of the written nodes, the same tuple at every call): a leaf written is recorded
+    without watching the attribute-held plain containers again, and one replaced by another is
+    watched again; either way a change made afterwards is seen."""
+    obj = cls(jnp.ones(2), ["a"])
+    _, sdef, objects = tc._native.flatten_shared(obj)
+    snapshot = tc._native.Snapshot.take(objects, sdef)
+    written = (len(objects) - 1,)  # the node itself, the root
+    obj.w = jnp.zeros(2)  # what a write-back does
+    snapshot.refresh(written)
+    assert snapshot.unchanged()
+    obj.tags.append("b")  # the kept watch of the list sees this
+    assert not snapshot.unchanged()
+    obj.tags = ["c"]  # a plain container replaced by another
+    snapshot.refresh(written)  # the same tuple: its positions are reused
+    assert snapshot.unchanged()
+    obj.w = jnp.ones(2)  # not refreshed: seen
+    assert not snapshot.unchanged()
+    snapshot.refresh(list(written))  # any sequence of node indices
+    assert snapshot.unchanged()
+    obj.tags.append("d")
+    assert not snapshot.unchanged()
