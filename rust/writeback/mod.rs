@@ -449,18 +449,88 @@ fn object_setattr(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
         .map(|f| f.bind(py))
 }
 
+/// The address of a type's `tp_setattro` (0: none).
+///
+/// # Safety
+/// `ty` must point to a live type object.
+unsafe fn setattro_of(ty: *mut pyo3::ffi::PyTypeObject) -> usize {
+    unsafe { (*ty).tp_setattro }.map_or(0, |f| f as usize)
+}
+
+/// The `tp_setattro` of a Python class that defines `__setattr__` (CPython's
+/// `slot_tp_setattro`, which it does not export), found on such a class made once.
+fn python_setattro(py: Python<'_>) -> PyResult<usize> {
+    static SLOT: PyOnceLock<usize> = PyOnceLock::new();
+    SLOT.get_or_try_init(py, || {
+        let namespace = PyDict::new(py);
+        py.run(
+            c"class SetsAttributes:\n    def __setattr__(self, name, value): pass\n",
+            None,
+            Some(&namespace),
+        )?;
+        let class = namespace
+            .get_item("SetsAttributes")?
+            .ok_or_else(|| PyTypeError::new_err("the probe class was not made"))?
+            .cast_into::<pyo3::types::PyType>()?;
+        // SAFETY: `class` is alive (held above).
+        Ok(unsafe { setattro_of(class.as_type_ptr()) })
+    })
+    .copied()
+}
+
+/// Whether CPython's check in `object.__setattr__` (its `hackcheck`: it must not skip a
+/// C-level `__setattr__`) passes for instances of `ty`, making the call the same as
+/// `PyObject_GenericSetAttr`: going up the bases from `ty`, the first whose `tp_setattro` is
+/// not a Python class's (`python`) must be object's. Any other C-level one, or none found,
+/// answers false.
+///
+/// # Safety
+/// `ty` must point to a live type object; its `tp_base` chain is then alive too.
+unsafe fn generic_setattr_applies(mut ty: *mut pyo3::ffi::PyTypeObject, python: usize) -> bool {
+    let generic = pyo3::ffi::PyObject_GenericSetAttr as *const () as usize;
+    while !ty.is_null() {
+        match unsafe { setattro_of(ty) } {
+            f if f == generic => return true,
+            f if f == python && python != 0 => ty = unsafe { (*ty).tp_base },
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// `object.__setattr__(obj, name, value)`. Called for every attribute a write-back sets (each
+/// nnx Variable written): where that is the generic setter, it is called directly, without
+/// the Python call (a tuple, a bound method-wrapper and a second tuple each time).
+fn set_attribute<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let py = obj.py();
+    // SAFETY: `obj` is alive, so is its type.
+    if !unsafe { generic_setattr_applies(pyo3::ffi::Py_TYPE(obj.as_ptr()), python_setattro(py)?) } {
+        return object_setattr(py)?.call1((obj, name, value)).map(|_| ());
+    }
+    // SAFETY: all three are alive (borrowed for the call) and the GIL is held; the setter may
+    // run Python code (a descriptor's `__set__`, the finalizer of the value replaced), which
+    // takes references of its own to what it keeps.
+    if unsafe { pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) }
+        < 0
+    {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(())
+}
+
 /// Put back attributes set by [`write_attributes`]: old values, and none where there was none.
 fn restore_attributes<'py>(
     obj: &Bound<'py, PyAny>,
     old: Vec<(Bound<'py, PyString>, Option<Bound<'py, PyAny>>)>,
 ) -> PyResult<()> {
     let py = obj.py();
-    let setattr = object_setattr(py)?;
     for (name, value) in old.into_iter().rev() {
         match value {
-            Some(v) => {
-                setattr.call1((obj, name, v))?;
-            }
+            Some(v) => set_attribute(obj, &name, &v)?,
             None => {
                 let delattr = py.get_type::<PyAny>().getattr("__delattr__")?;
                 if let Err(e) = delattr.call1((obj, name)) {
@@ -482,7 +552,6 @@ fn write_attributes<'py>(
     children: &[Bound<'py, PyAny>],
 ) -> PyResult<Undo<'py>> {
     let py = obj.py();
-    let setattr = object_setattr(py)?;
     let mut old = Vec::with_capacity(direct.len());
     for (name, j) in direct {
         let name = name.bind(py);
@@ -500,7 +569,7 @@ fn write_attributes<'py>(
                 return Err(e);
             }
         };
-        if let Err(e) = setattr.call1((obj, name, value)) {
+        if let Err(e) = set_attribute(obj, name, value) {
             restore_attributes(obj, old)?;
             return Err(e);
         }

@@ -491,6 +491,38 @@ def test_alias_sets_attributes_that_hold_children_directly(mode):
         assert Holder.unflattens == before
 
 
+class Guarded(Holder):
+    """A Holder whose own ``__setattr__`` refuses every assignment (as a frozen dataclass's
+    does): write-back sets attributes as ``object.__setattr__`` does, past it."""
+
+    def __init__(self, w, b):
+        object.__setattr__(self, "w", w)
+        object.__setattr__(self, "b", b)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{name} is read-only")
+
+
+jax.tree_util.register_pytree_node(
+    Guarded, lambda h: ((h.w, h.b), None), lambda _, children: Guarded(*children)
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_sets_attributes_past_a_class_own_setattr(mode):
+    guarded = Guarded(jnp.zeros(2), jnp.ones(2))
+
+    def f(h):
+        object.__setattr__(h, "w", h.w + 1)
+
+    run = runner(mode, f, "alias")
+    for _ in range(3):
+        run(guarded)
+    assert as_lists(guarded.w) == [3.0, 3.0] and as_lists(guarded.b) == [1.0, 1.0]
+    with pytest.raises(AttributeError, match="read-only"):
+        guarded.w = None
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_alias_rebuilds_a_node_whose_unflatten_converts_its_children(mode):
     obj = Converting(jnp.zeros(2))
