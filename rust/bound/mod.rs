@@ -184,6 +184,9 @@ impl Watched {
                 // The values replaced go after the loop: a finalizer may run then.
                 let mut replaced = Vec::new();
                 for (descr, value) in slots.iter_mut() {
+                    if slot_holds(obj.bind(py), descr.bind(py), value.as_ref())? {
+                        continue;
+                    }
                     let now = read_slot(obj.bind(py), descr.bind(py))?;
                     match (now, &*value) {
                         (Some(a), Some(b)) if a.is(b) => {}
@@ -278,13 +281,7 @@ impl Watched {
             }
             Watched::Slots(obj, slots, plain) => {
                 for (descr, value) in slots {
-                    let now = read_slot(obj.bind(py), descr.bind(py))?;
-                    let same = match (&now, value) {
-                        (Some(a), Some(b)) => a.is(b),
-                        (None, None) => true,
-                        _ => false,
-                    };
-                    if !same {
+                    if !slot_holds(obj.bind(py), descr.bind(py), value.as_ref())? {
                         return Ok(false);
                     }
                 }
@@ -301,6 +298,58 @@ fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
         }
     }
     Ok(true)
+}
+
+/// Whether the slot of `descr` on `obj` holds `value` (None: unset), by identity. This runs
+/// for every slot of every bound object at each `jit_partial` call (three per nnx Variable):
+/// a member descriptor as `__slots__` makes it is compared where it reads, in the object,
+/// with no reference taken; any other descriptor is called (`read_slot`).
+fn slot_holds(
+    obj: &Bound<'_, PyAny>,
+    descr: &Bound<'_, PyAny>,
+    value: Option<&Py<PyAny>>,
+) -> PyResult<bool> {
+    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held.
+    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr()) } {
+        return Ok(held == value.map_or(std::ptr::null_mut(), Py::as_ptr));
+    }
+    Ok(match (read_slot(obj, descr)?, value) {
+        (Some(a), Some(b)) => a.is(b),
+        (None, None) => true,
+        _ => false,
+    })
+}
+
+/// What the member descriptor `descr` reads on `obj` when it is one as `__slots__` makes it
+/// (an object member, no audit hook, `obj` an instance of its class): the pointer stored in
+/// the object (null: unset), as `PyMember_GetOne` reads it. None for any other descriptor.
+///
+/// # Safety
+/// `obj` and `descr` must point to live objects and the GIL must be held. The pointer
+/// returned is borrowed and may dangle once any Python code runs: only compare it.
+unsafe fn member_value(
+    obj: *mut pyo3::ffi::PyObject,
+    descr: *mut pyo3::ffi::PyObject,
+) -> Option<*mut pyo3::ffi::PyObject> {
+    use pyo3::ffi;
+    unsafe {
+        if ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type) {
+            return None;
+        }
+        let descr = &*descr.cast::<ffi::PyMemberDescrObject>();
+        let member = descr.d_member.as_ref()?;
+        if member.type_code != ffi::Py_T_OBJECT_EX
+            || member.flags & (ffi::Py_AUDIT_READ | ffi::Py_RELATIVE_OFFSET) != 0
+            || ffi::PyObject_TypeCheck(obj, descr.d_common.d_type) == 0
+        {
+            return None;
+        }
+        Some(
+            *obj.cast::<u8>()
+                .offset(member.offset)
+                .cast::<*mut ffi::PyObject>(),
+        )
+    }
 }
 
 /// The value of the slot whose member descriptor is `descr` on `obj`, or None when unset:
