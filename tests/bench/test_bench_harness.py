@@ -84,6 +84,7 @@ def _check_from_results(tmp_path: Path, results: dict) -> None:
     paths = []
     for name in results["workloads"]:  # one file per workload, as if run on a TPU
         part = {**results, "platform": "tpu", "workloads": {name: results["workloads"][name]}}
+        part["machine"] = {**results["machine"], "git revision": f"rev-{name}"}
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(part))
     doc = tmp_path / "benchmarks.md"
@@ -98,6 +99,9 @@ def _check_from_results(tmp_path: Path, results: dict) -> None:
     for name in results["workloads"]:
         assert f"#### `{name}`" in section
     assert section.count(" ; python -m treeclone.bench") == len(paths) - 1
+    # Details the runs differ in are given per run, naming its workloads.
+    revisions = "; ".join(f"rev-{name} (`{name}`)" for name in results["workloads"])
+    assert f"- git revision: {revisions}\n" in section
     # The same workload in two runs is refused, not silently overwritten.
     assert main(["--from-results", str(paths[0]), str(paths[0]), "--out", str(out)]) == 2
 

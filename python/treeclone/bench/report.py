@@ -273,9 +273,22 @@ def write_section(path: Path, section: str, platform: str = "cpu") -> None:
 
 def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One set of results from runs of the same harness on disjoint workloads (a device run
-    split into commands that each fit a time limit): the first run's machine and
-    configuration, every run's workloads in order, the commands joined with ``;``."""
+    split into commands that each fit a time limit): the first run's configuration, every
+    run's workloads in order, the commands joined with ``;``; a machine detail the runs
+    differ in (revision, date, load) is given per run, with the workloads it applies to."""
     merged = dict(runs[0])
+    machine = {}
+    for key, first in runs[0].get("machine", {}).items():
+        values = [r.get("machine", {}).get(key, "") for r in runs]
+        machine[key] = (
+            first
+            if all(v == first for v in values)
+            else "; ".join(
+                f"{v} ({', '.join(f'`{w}`' for w in r['workloads'])})"
+                for v, r in zip(values, runs, strict=True)
+            )
+        )
+    merged["machine"] = machine
     merged["command"] = " ; ".join(r["command"] for r in runs)
     merged["workloads"] = {}
     for r in runs:
