@@ -136,6 +136,12 @@ fn is_plain(value: &Bound<'_, PyAny>) -> bool {
         || value.is_instance_of::<PyFrozenSet>()
 }
 
+/// Whether a value replaced (`old`) or its replacement (`now`) is a plain container (None:
+/// a slot unset): then the watches under the object must be made again, not kept.
+fn plain_either(now: Option<&Bound<'_, PyAny>>, old: Option<&Bound<'_, PyAny>>) -> bool {
+    now.is_some_and(is_plain) || old.is_some_and(is_plain)
+}
+
 /// An iterable's items, in iteration order.
 fn iter_items(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Py<PyAny>>> {
     obj.try_iter()?.map(|i| i.map(Bound::unbind)).collect()
@@ -188,18 +194,12 @@ impl Watched {
                         continue;
                     }
                     let now = read_slot(obj.bind(py), descr.bind(py))?;
-                    match (now, &*value) {
-                        (Some(a), Some(b)) if a.is(b) => {}
-                        (None, None) => {}
-                        (now, old) => {
-                            let plain = |v: Option<&Bound<'_, PyAny>>| v.is_some_and(is_plain);
-                            if plain(now.as_ref()) || plain(old.as_ref().map(|o| o.bind(py))) {
-                                kept = false;
-                                break;
-                            }
-                            replaced.push(std::mem::replace(value, now.map(Bound::unbind)));
-                        }
+                    let old = value.as_ref().map(|v| v.bind(py).clone());
+                    if plain_either(now.as_ref(), old.as_ref()) {
+                        kept = false;
+                        break;
                     }
+                    replaced.push(std::mem::replace(value, now.map(Bound::unbind)));
                 }
                 drop(replaced);
                 if kept {
@@ -509,7 +509,7 @@ fn refresh_values(
             return false;
         }
         if !value.is(&*v0) {
-            if is_plain(&value) || is_plain(v0.bind(dict.py())) {
+            if plain_either(Some(&value), Some(v0.bind(dict.py()))) {
                 return false;
             }
             replaced.push(std::mem::replace(v0, value.unbind()));

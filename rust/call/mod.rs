@@ -409,13 +409,18 @@ impl LeanCall {
         let info = result.info.bind(py).clone();
         let outputs = result.leaves.bind(py).clone();
         let (returns_inputs, writes, hold_inputs, plan) = self.info_parts(&info)?;
-        let out = if returns_inputs || (writes && self.traced(&outputs)? == Some(true)) {
+        let traced = if writes || hold_inputs {
+            self.traced(&outputs)?
+        } else {
+            None
+        };
+        let out = if returns_inputs || (writes && traced == Some(true)) {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
             plan.bind(py).get().apply(py, &leaves, &objects, &outputs)?
         };
         // Inside a JAX transformation the leaves are its tracers: not held past it.
-        let hold = hold_inputs && self.traced(&outputs)? == Some(false);
+        let hold = hold_inputs && traced == Some(false);
         self.hold(hold.then(|| leaves.unbind()));
         Ok((out, info, outputs))
     }
