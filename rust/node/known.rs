@@ -284,7 +284,7 @@ fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     let py = obj.py();
     let metadata = dict_attr(obj, intern!(py, "_var_metadata"))?;
     let value = obj.getattr(intern!(py, "_raw_value")).ok()?;
-    if let Some((memo, _)) = memo::lookup(&metadata, None) {
+    if let Some(memo) = memo::lookup_items(&metadata) {
         return Some((vec![value], memo.aux.bind(py).clone()));
     }
     let read = memo::read(&metadata);
@@ -294,7 +294,7 @@ fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
         pairs.push(PyTuple::new(py, [key.into_any(), item]).ok()?);
     }
     let aux = PyTuple::new(py, pairs).ok()?.into_any();
-    memo::store(&metadata, &read, None, Vec::new(), &aux);
+    memo::store_items(&metadata, &read, &aux);
     Some((vec![value], aux))
 }
 

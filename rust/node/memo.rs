@@ -14,6 +14,14 @@
 //! every use, whichever dict now has the address) gets exactly what the flatten would make
 //! again. It keeps neither the dict nor a Module's children alive (their arrays). The memo is
 //! per thread (no lock on the hot path) and is emptied when full.
+//!
+//! A Variable's metadata is memoized by its content instead (`lookup_items`, `store_items`):
+//! a functional loop (`nnx.split` state in, new state out) gets new Variables at every step,
+//! each with a new metadata dict (`dict(aux)`) holding the very same keys and values. Kept
+//! under the dict's address, each step's flatten missed, built new aux tuples and kept them
+//! until the memo filled (122 new memos a step on flax's 20-block model, and the tuples'
+//! allocations set off a garbage collection at almost every step); kept under the identity
+//! of the items, the new dicts find the memo their values came from.
 
 use crate::traverse::address::{insert_bounded, AddressMap};
 use pyo3::prelude::*;
@@ -41,6 +49,19 @@ const MEMO_MAX: usize = 8192;
 
 thread_local! {
     static MEMOS: RefCell<AddressMap<usize, Rc<Memo>>> = RefCell::new(AddressMap::default());
+    /// Memos of dicts by their items' identities (`items_hash`); every value kept.
+    static BY_ITEMS: RefCell<AddressMap<u64, Rc<Memo>>> = RefCell::new(AddressMap::default());
+}
+
+/// A hash of a dict's items by identity, in order (from `(key, value)` pointers).
+fn items_hash(items: impl Iterator<Item = (usize, usize)>) -> u64 {
+    let mut hash = 0u64;
+    for (key, value) in items {
+        for pointer in [key, value] {
+            hash = (hash.rotate_left(5) ^ pointer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    hash
 }
 
 /// Whether `dict` holds `items` (the same keys in the same order, each kept value the same
@@ -76,6 +97,42 @@ pub fn lookup<'py>(
         _ => return None,
     }
     Some((memo, values))
+}
+
+/// The memo of any dict holding the same keys and values (the same objects, in the same
+/// order) as the one it was stored for with `store_items`.
+pub fn lookup_items(dict: &Bound<'_, PyDict>) -> Option<Rc<Memo>> {
+    let hash = items_hash(
+        dict.iter()
+            .map(|(k, v)| (k.as_ptr() as usize, v.as_ptr() as usize)),
+    );
+    let memo = BY_ITEMS.with(|cell| cell.try_borrow().ok()?.get(&hash).cloned())?;
+    holds(dict, &memo.items)?;
+    Some(memo)
+}
+
+/// Keep `aux`, what a flatten made of `dict` (whose items it read as `read`) and of nothing
+/// else, for every dict with the same items (`lookup_items`). Nothing is kept when the dict
+/// changed since it was read.
+pub fn store_items<'py>(dict: &Bound<'py, PyDict>, read: &Read<'py>, aux: &Bound<'py, PyAny>) {
+    // From here to the insert, no Python code runs (increfs and Rust allocations only).
+    if !still_holds(dict, read) {
+        return;
+    }
+    let hash = items_hash(
+        read.iter()
+            .map(|(k, v)| (k.as_ptr() as usize, v.as_ptr() as usize)),
+    );
+    let memo = Rc::new(Memo {
+        items: read
+            .iter()
+            .map(|(k, v)| (k.clone().unbind(), Some(v.clone().unbind())))
+            .collect(),
+        other: None,
+        children: Vec::new(),
+        aux: aux.clone().unbind(),
+    });
+    BY_ITEMS.with(|memos| insert_bounded(memos, hash, memo, MEMO_MAX));
 }
 
 /// A dict's items as a flatten read them, before anything it did could run Python code (which
@@ -140,5 +197,6 @@ pub fn store<'py>(
 /// Forget this thread's memos (with the key orders: `clear_key_order_cache`).
 pub fn clear() {
     let old = MEMOS.with(|cell| cell.try_borrow_mut().map(|mut m| std::mem::take(&mut *m)));
-    drop(old);
+    let by_items = BY_ITEMS.with(|cell| cell.try_borrow_mut().map(|mut m| std::mem::take(&mut *m)));
+    drop((old, by_items));
 }

@@ -120,6 +120,41 @@ def test_flattens_stay_exact_as_modules_and_variables_change_between_them():
         assert_flattens_as_jax(nnx.split((model, optimizer))[1])
 
 
+def test_new_variables_with_the_same_metadata_share_its_memo():
+    """A functional loop gets new Variables at every step, each with a new metadata dict
+    holding the same objects: their flatten finds the memo those objects were first flattened
+    with (the very aux object, not a new one and a new memo at every step). A dict with
+    equal values that are other objects, or other keys, gets its own aux, made of its own
+    objects, as under JAX."""
+    note = "".join(["no", "te"])  # a str of its own, equal to others
+    first = nnx.Param(jnp.ones(2), note=note, alpha=1)
+    aux = tc.tree_flatten(first)[1].node_data()[1]
+    for _ in range(3):
+        again = nnx.Param(jnp.zeros(2), **dict(first._var_metadata))  # new dict, same objects
+        assert tc.tree_flatten(again)[1].node_data()[1] is aux
+        assert_flattens_as_jax(again)
+    equal = nnx.Param(jnp.ones(2), note="".join(["no", "te"]), alpha=1)  # equal, not the same
+    assert tc.tree_flatten(equal)[1].node_data()[1] is not aux
+    assert_flattens_as_jax(equal)
+    more = nnx.Param(jnp.ones(2), note=note, alpha=1, beta=2)
+    assert_flattens_as_jax(more)
+    # The functional form's loop: each step's new state flattens with the last one's memo
+    # (from the second step: a Variable made by nnx holds its metadata in another order).
+    model, optimizer = model_and_optimizer()
+    state = nnx.split((model, optimizer))[1]
+    step = treeclone.jit(lambda s: jtu.tree_map(lambda a: a + 1, s), policy="strict")
+
+    def kernel_aux(state):
+        return tc.tree_flatten(state[0]["layers"][0]["linear"]["kernel"])[1].node_data()[1]
+
+    state = step(state)
+    before = kernel_aux(state)
+    for _ in range(2):
+        state = step(state)
+        assert kernel_aux(state) is before
+    assert_flattens_as_jax(state)
+
+
 def test_flattened_modules_are_freed():
     """What the native flatten keeps between flattens keeps no Module, Variable or array alive."""
     import gc
