@@ -35,7 +35,7 @@ type SlotValue = (Py<PyAny>, Option<Py<PyAny>>);
 /// One watched object and what it held.
 enum Watched {
     List(Py<PyAny>, Vec<Py<PyAny>>),
-    Dict(Py<PyAny>, Vec<(Py<PyAny>, Py<PyAny>)>),
+    Dict(Py<PyAny>, DictItems),
     /// A set's items, in iteration order.
     Set(Py<PyAny>, Vec<Py<PyAny>>),
     /// A dict subclass's keys in iteration order: an `OrderedDict` keeps its order outside
@@ -44,12 +44,7 @@ enum Watched {
     /// An object's type (`obj.__class__ = Other` changes its flatten).
     Type(Py<PyAny>, Py<PyType>),
     /// An object, its `__dict__` and that dict's items, and the plain containers those hold.
-    Attributes(
-        Py<PyAny>,
-        Py<PyDict>,
-        Vec<(Py<PyAny>, Py<PyAny>)>,
-        Vec<Watched>,
-    ),
+    Attributes(Py<PyAny>, Py<PyDict>, DictItems, Vec<Watched>),
     /// An object, for each of its slots the member descriptor and the value (None: unset),
     /// and the plain containers those hold.
     Slots(Py<PyAny>, Vec<SlotValue>, Vec<Watched>),
@@ -102,7 +97,7 @@ impl<'a> Plain<'a> {
             self.watched.push(Watched::List(obj, list_items(list)));
             items.extend(list.iter());
         } else if let Ok(dict) = value.cast::<PyDict>() {
-            self.watched.push(Watched::Dict(obj, dict_items(dict)));
+            self.watched.push(Watched::Dict(obj, DictItems::read(dict)));
             if !ty.is(value.py().get_type::<PyDict>()) {
                 let keys = iter_items(value)?;
                 self.watched
@@ -139,7 +134,11 @@ fn is_plain(value: &Bound<'_, PyAny>) -> bool {
 /// Whether a value replaced (`old`) or its replacement (`now`) is a plain container (None:
 /// a slot unset): then the watches under the object must be made again, not kept.
 fn plain_either(now: Option<&Bound<'_, PyAny>>, old: Option<&Bound<'_, PyAny>>) -> bool {
-    now.is_some_and(is_plain) || old.is_some_and(is_plain)
+    match (now, old) {
+        // The common case, an array replaced by an array: one type, asked once.
+        (Some(now), Some(old)) if now.get_type_ptr() == old.get_type_ptr() => is_plain(now),
+        _ => now.is_some_and(is_plain) || old.is_some_and(is_plain),
+    }
 }
 
 /// An iterable's items, in iteration order.
@@ -187,21 +186,20 @@ impl Watched {
         match self {
             Watched::Slots(obj, slots, _) => {
                 let mut kept = true;
-                // The values replaced go after the loop: a finalizer may run then.
-                let mut replaced = Vec::new();
                 for (descr, value) in slots.iter_mut() {
                     if slot_holds(obj.bind(py), descr.bind(py), value.as_ref())? {
                         continue;
                     }
-                    let now = read_slot(obj.bind(py), descr.bind(py))?;
-                    let old = value.as_ref().map(|v| v.bind(py).clone());
-                    if plain_either(now.as_ref(), old.as_ref()) {
+                    let now = slot_now(obj.bind(py), descr.bind(py))?;
+                    if plain_either(now.as_ref(), value.as_ref().map(|v| v.bind(py))) {
                         kept = false;
                         break;
                     }
-                    replaced.push(std::mem::replace(value, now.map(Bound::unbind)));
+                    // The value replaced goes now: a finalizer it runs can change the object,
+                    // whose slots are read from the object itself (a slot it changes after
+                    // its read only makes the next `unchanged` false).
+                    drop(std::mem::replace(value, now.map(Bound::unbind)));
                 }
-                drop(replaced);
                 if kept {
                     return Ok(());
                 }
@@ -209,7 +207,7 @@ impl Watched {
             Watched::Attributes(owner, attrs, items, _) => {
                 let now = stored_dict(owner.bind(py))?;
                 let mut replaced = Vec::new();
-                let kept = now.is(&*attrs) && refresh_values(attrs.bind(py), items, &mut replaced);
+                let kept = now.is(&*attrs) && items.refresh(attrs.bind(py), &mut replaced);
                 drop(replaced);
                 if kept {
                     return Ok(());
@@ -230,7 +228,7 @@ impl Watched {
                 Watched::List(obj.clone_ref(py), items)
             }
             Watched::Dict(obj, _) => {
-                let items = obj.bind(py).cast::<PyDict>().map(dict_items)?;
+                let items = obj.bind(py).cast::<PyDict>().map(DictItems::read)?;
                 Watched::Dict(obj.clone_ref(py), items)
             }
             Watched::Set(obj, _) => Watched::Set(obj.clone_ref(py), iter_items(obj.bind(py))?),
@@ -241,7 +239,7 @@ impl Watched {
             Watched::Attributes(owner, _, _, _) => {
                 let owner = owner.bind(py);
                 let attrs = stored_dict(owner)?.cast_into::<PyDict>()?;
-                let items = dict_items(&attrs);
+                let items = DictItems::read(&attrs);
                 let mut plain = Plain::new(tree);
                 for (_, v) in attrs.iter() {
                     plain.add(&v, 0)?;
@@ -266,17 +264,14 @@ impl Watched {
                 .bind(py)
                 .cast::<PyList>()
                 .is_ok_and(|l| same_list(l, items)),
-            Watched::Dict(obj, items) => obj
-                .bind(py)
-                .cast::<PyDict>()
-                .is_ok_and(|d| same_dict(d, items)),
+            Watched::Dict(obj, items) => obj.bind(py).cast::<PyDict>().is_ok_and(|d| items.same(d)),
             Watched::Set(obj, items) | Watched::Order(obj, items) => {
                 same_items(obj.bind(py), items)?
             }
             Watched::Type(obj, ty) => obj.bind(py).get_type().is(ty),
             Watched::Attributes(owner, attrs, items, plain) => {
                 stored_dict(owner.bind(py))?.is(attrs)
-                    && same_dict(attrs.bind(py), items)
+                    && items.same(attrs.bind(py))
                     && all_unchanged(py, plain)?
             }
             Watched::Slots(obj, slots, plain) => {
@@ -350,6 +345,19 @@ unsafe fn member_value(
                 .cast::<*mut ffi::PyObject>(),
         )
     }
+}
+
+/// `read_slot`, reading a member descriptor's value where it is stored (`member_value`).
+fn slot_now<'py>(
+    obj: &Bound<'py, PyAny>,
+    descr: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held; the pointer read is
+    // made a reference of its own at once, before any Python code can run.
+    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr()) } {
+        return Ok(unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), held) });
+    }
+    read_slot(obj, descr)
 }
 
 /// The value of the slot whose member descriptor is `descr` on `obj`, or None when unset:
@@ -431,17 +439,79 @@ fn list_items(list: &Bound<'_, PyList>) -> Vec<Py<PyAny>> {
     list.iter().map(Bound::unbind).collect()
 }
 
-fn dict_items(dict: &Bound<'_, PyDict>) -> Vec<(Py<PyAny>, Py<PyAny>)> {
-    dict.iter().map(|(k, v)| (k.unbind(), v.unbind())).collect()
+/// A dict's items, by identity, in order, with its version tag when they were read.
+struct DictItems {
+    /// CPython's version tag of the dict (`version_tag`; 0: none to go by).
+    version: u64,
+    items: Vec<(Py<PyAny>, Py<PyAny>)>,
+}
+
+impl DictItems {
+    fn read(dict: &Bound<'_, PyDict>) -> Self {
+        // The tag first: a change after it, even during the read, makes the tags differ.
+        let version = version_tag(dict);
+        let items = dict.iter().map(|(k, v)| (k.unbind(), v.unbind())).collect();
+        DictItems { version, items }
+    }
+
+    /// Whether `dict` holds exactly these items: at once when its version tag is the one read
+    /// with them (no change since), else compared one by one (a change undone is none).
+    fn same(&self, dict: &Bound<'_, PyDict>) -> bool {
+        if self.version != 0 && version_tag(dict) == self.version {
+            return true;
+        }
+        // SAFETY: `dict` is alive (a Bound) and the GIL is held; nothing below runs Python.
+        unsafe { same_dict_items(dict.as_ptr(), &self.items) }
+    }
+
+    /// Record `dict`'s values where only values changed, none of them (before or after) a
+    /// plain container; false, with the items partly updated, when its keys changed or a
+    /// plain container came or went (the caller then records the whole object again). The
+    /// values replaced go into `replaced`, to be let go after the iteration (a finalizer could
+    /// change the dict during it).
+    fn refresh(&mut self, dict: &Bound<'_, PyDict>, replaced: &mut Vec<Py<PyAny>>) -> bool {
+        let version = version_tag(dict);
+        if dict.len() != self.items.len() {
+            return false;
+        }
+        for ((key, value), (k0, v0)) in dict.iter().zip(self.items.iter_mut()) {
+            if !key.is(&*k0) {
+                return false;
+            }
+            if !value.is(&*v0) {
+                if plain_either(Some(&value), Some(v0.bind(dict.py()))) {
+                    return false;
+                }
+                replaced.push(std::mem::replace(v0, value.unbind()));
+            }
+        }
+        self.version = version;
+        true
+    }
+}
+
+/// CPython's version tag of `dict` (PEP 509): a new value from a global counter at every
+/// change of its items, so an equal tag means the same items. Read on 3.11 and 3.12 only: on
+/// 3.13, setting an attribute of an object whose `__dict__` was made (dicts the snapshot
+/// watches) leaves the tag as it was, and 3.14 has none; there 0, and the items are compared
+/// (`test_every_change_to_a_watched_dict_is_seen` in `tests/jit/test_jit_partial.py`).
+#[cfg(not(Py_3_13))]
+fn version_tag(dict: &Bound<'_, PyDict>) -> u64 {
+    // SAFETY: `dict` is a live dict (or subclass: same layout) and the GIL is held; the field
+    // is a plain integer read.
+    #[allow(deprecated)]
+    unsafe {
+        (*dict.as_ptr().cast::<pyo3::ffi::PyDictObject>()).ma_version_tag
+    }
+}
+
+#[cfg(Py_3_13)]
+fn version_tag(_dict: &Bound<'_, PyDict>) -> u64 {
+    0
 }
 
 fn same_list(list: &Bound<'_, PyList>, items: &[Py<PyAny>]) -> bool {
     list.len() == items.len() && list.iter().zip(items).all(|(a, b)| a.is(b))
-}
-
-fn same_dict(dict: &Bound<'_, PyDict>, items: &[(Py<PyAny>, Py<PyAny>)]) -> bool {
-    // SAFETY: `dict` is alive (a Bound) and the GIL is held; nothing below runs Python code.
-    unsafe { same_dict_items(dict.as_ptr(), items) }
 }
 
 /// Whether `dict` holds exactly `items`, in order, by identity, without taking a reference
@@ -489,33 +559,6 @@ pub fn any_identical(these: &Bound<'_, PyList>, those: &Bound<'_, PyList>) -> bo
     }
     let those: HashSet<usize> = those.iter().map(|o| o.as_ptr() as usize).collect();
     these.iter().any(|at| those.contains(at))
-}
-
-/// Record `dict`'s values in `items` where only values changed, none of them (before or
-/// after) a plain container; false, with `items` partly updated, when its keys changed or a
-/// plain container came or went (the caller then records the whole object again). The values
-/// replaced go into `replaced`, to be let go after the iteration (a finalizer could change
-/// the dict during it).
-fn refresh_values(
-    dict: &Bound<'_, PyDict>,
-    items: &mut [(Py<PyAny>, Py<PyAny>)],
-    replaced: &mut Vec<Py<PyAny>>,
-) -> bool {
-    if dict.len() != items.len() {
-        return false;
-    }
-    for ((key, value), (k0, v0)) in dict.iter().zip(items.iter_mut()) {
-        if !key.is(&*k0) {
-            return false;
-        }
-        if !value.is(&*v0) {
-            if plain_either(Some(&value), Some(v0.bind(dict.py()))) {
-                return false;
-            }
-            replaced.push(std::mem::replace(v0, value.unbind()));
-        }
-    }
-    true
 }
 
 /// The contents, by identity, of the containers among some objects (see the module comment).
@@ -598,7 +641,7 @@ impl Snapshot {
                 continue;
             }
             if let Ok(dict) = obj.cast_exact::<PyDict>() {
-                watched.push(Watched::Dict(obj.clone().unbind(), dict_items(dict)));
+                watched.push(Watched::Dict(obj.clone().unbind(), DictItems::read(dict)));
                 owners.resize(watched.len(), i);
                 continue;
             }
@@ -613,7 +656,7 @@ impl Snapshot {
                 found.extend(list.iter().map(|v| v.as_ptr() as usize));
                 known = true;
             } else if let Ok(dict) = obj.cast::<PyDict>() {
-                watched.push(Watched::Dict(obj.clone().unbind(), dict_items(dict)));
+                watched.push(Watched::Dict(obj.clone().unbind(), DictItems::read(dict)));
                 watched.push(Watched::Order(obj.clone().unbind(), iter_items(&obj)?));
                 found.extend(dict.values().iter().map(|v| v.as_ptr() as usize));
                 known = true;
@@ -623,7 +666,7 @@ impl Snapshot {
             if let Ok(attrs) = stored_dict(&obj) {
                 match attrs.cast_into::<PyDict>() {
                     Ok(attrs) => {
-                        let items = dict_items(&attrs);
+                        let items = DictItems::read(&attrs);
                         let mut plain = Plain::new(&tree);
                         for (_, v) in attrs.iter() {
                             plain.add(&v, 0)?;

@@ -715,3 +715,59 @@ def test_the_snapshot_refreshed_after_a_write_back_still_sees_changes(cls):
     assert snapshot.unchanged()
     obj.tags.append("d")
     assert not snapshot.unchanged()
+
+
+def _store_w(obj, value, times=1):
+    """``obj.w = value``: run often enough that the interpreter specializes the store."""
+    for _ in range(times):
+        obj.w = value
+
+
+def _set_key(d, value, times=1):
+    for _ in range(times):
+        d["k"] = value
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda obj: setattr(obj, "w", jnp.zeros(2)),
+        lambda obj: object.__setattr__(obj, "w", jnp.zeros(2)),
+        lambda obj: setattr(obj, "late", 1),
+        lambda obj: delattr(obj, "extra"),
+        lambda obj: _store_w(obj, jnp.zeros(2)),  # the specialized store (warmed up below)
+        lambda obj: vars(obj).update(w=jnp.zeros(2)),
+        lambda obj: vars(obj).pop("extra"),
+        lambda obj: vars(obj).clear(),
+        lambda obj: obj.tags.__setitem__("k", 2),
+        lambda obj: _set_key(obj.tags, 2),  # the specialized subscript store
+        lambda obj: obj.tags.setdefault("new", 1),
+        lambda obj: obj.tags.popitem(),
+    ],
+)
+def test_every_change_to_a_watched_dict_is_seen(change):
+    """The snapshot compares a watched dict (an object's ``__dict__``, made by the first
+    ``vars()``; a plain dict under an attribute) by CPython's version tag where that tag
+    changes with every change (3.11 and 3.12), item by item elsewhere: every way of changing
+    one, the interpreter's specialized stores included, is seen."""
+
+    class Holder:
+        def __init__(self, w, tags):
+            self.w, self.tags, self.extra = w, tags, 0
+
+    jax.tree_util.register_pytree_node(
+        Holder,
+        lambda s: ((s.w,), tuple(sorted(s.tags.items()))),
+        lambda tags, ch: Holder(ch[0], dict(tags)),
+    )
+    warm = Holder(jnp.ones(2), {"k": 1})
+    vars(warm)
+    _store_w(warm, jnp.ones(2), 100)
+    _set_key(warm.tags, 1, 100)
+    obj = Holder(jnp.ones(2), {"k": 1, "j": 0})
+    vars(obj)  # the instance dict made, as the snapshot's own read makes it
+    _, sdef, objects = tc._native.flatten_shared(obj)
+    snapshot = tc._native.Snapshot.take(objects, sdef)
+    assert snapshot.unchanged()
+    change(obj)
+    assert not snapshot.unchanged()
