@@ -342,6 +342,12 @@ enum Undo<'py> {
         Bound<'py, PyAny>,
         Vec<(Bound<'py, PyString>, Option<Bound<'py, PyAny>>)>,
     ),
+    /// The same for one attribute (an nnx Variable's value): no allocation at each write.
+    Attribute(
+        Bound<'py, PyAny>,
+        Bound<'py, PyString>,
+        Option<Bound<'py, PyAny>>,
+    ),
 }
 
 impl Undo<'_> {
@@ -374,6 +380,7 @@ impl Undo<'_> {
             }
             Undo::Call(f) => f.call0().map(|_| ()),
             Undo::Attributes(obj, old) => restore_attributes(&obj, old),
+            Undo::Attribute(obj, name, old) => restore_attributes(&obj, vec![(name, old)]),
         }
     }
 }
@@ -551,31 +558,44 @@ fn write_attributes<'py>(
     direct: &[(Py<PyString>, usize)],
     children: &[Bound<'py, PyAny>],
 ) -> PyResult<Undo<'py>> {
-    let py = obj.py();
+    if let [(name, j)] = direct {
+        let (name, before) = write_attribute(obj, name, *j, children)?;
+        return Ok(Undo::Attribute(obj.clone(), name, before));
+    }
     let mut old = Vec::with_capacity(direct.len());
     for (name, j) in direct {
-        let name = name.bind(py);
-        let Some(value) = children.get(*j) else {
-            restore_attributes(obj, old)?;
-            return Err(PyValueError::new_err(
-                "CallPlan: a direct write names a child the node does not have",
-            ));
-        };
-        let before = match obj.getattr(name) {
-            Ok(v) => Some(v),
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
+        match write_attribute(obj, name, *j, children) {
+            Ok(done) => old.push(done),
             Err(e) => {
                 restore_attributes(obj, old)?;
                 return Err(e);
             }
-        };
-        if let Err(e) = set_attribute(obj, name, value) {
-            restore_attributes(obj, old)?;
-            return Err(e);
         }
-        old.push((name.clone(), before));
     }
     Ok(Undo::Attributes(obj.clone(), old))
+}
+
+/// Set `obj.<name> = children[j]`; returns the name and the value it replaced (None: none).
+fn write_attribute<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Py<PyString>,
+    j: usize,
+    children: &[Bound<'py, PyAny>],
+) -> PyResult<(Bound<'py, PyString>, Option<Bound<'py, PyAny>>)> {
+    let py = obj.py();
+    let name = name.bind(py);
+    let Some(value) = children.get(j) else {
+        return Err(PyValueError::new_err(
+            "CallPlan: a direct write names a child the node does not have",
+        ));
+    };
+    let before = match obj.getattr(name) {
+        Ok(v) => Some(v),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
+        Err(e) => return Err(e),
+    };
+    set_attribute(obj, name, value)?;
+    Ok((name.clone(), before))
 }
 
 /// Replace all items of a list (or list subclass, through its own `__setitem__`).
