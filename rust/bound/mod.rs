@@ -45,9 +45,53 @@ enum Watched {
     Type(Py<PyAny>, Py<PyType>),
     /// An object, its `__dict__` and that dict's items, and the plain containers those hold.
     Attributes(Py<PyAny>, Py<PyDict>, DictItems, Vec<Watched>),
-    /// An object, for each of its slots the member descriptor and the value (None: unset),
-    /// and the plain containers those hold.
-    Slots(Py<PyAny>, Vec<SlotValue>, Vec<Watched>),
+    /// An object, the type its slots were read under (`Layout`), for each of its slots the
+    /// member descriptor and the value (None: unset), and the plain containers those hold.
+    Slots(Py<PyAny>, Option<Layout>, Vec<SlotValue>, Vec<Watched>),
+}
+
+/// The type an object's slots were read under, with its MRO then, when the object was an
+/// instance of the class of each member descriptor read: while the object is of this very
+/// type with this very MRO (both held, so neither address can be reused), it still is, and
+/// `member_value` need not ask again at every check (a walk of the MRO each time).
+struct Layout {
+    ty: Py<PyType>,
+    mro: Py<PyAny>,
+}
+
+impl Layout {
+    fn of(obj: &Bound<'_, PyAny>, slots: &[SlotValue]) -> Option<Layout> {
+        use pyo3::ffi;
+        let py = obj.py();
+        let ty = obj.get_type();
+        // SAFETY: `ty` is alive (held); its MRO tuple is borrowed and taken a reference to at
+        // once. Each descriptor is alive (held by `slots`) and only its type and class read.
+        unsafe {
+            let mro = Bound::from_borrowed_ptr_or_opt(py, (*ty.as_type_ptr()).tp_mro)?;
+            for (descr, _) in slots {
+                let descr = descr.as_ptr();
+                if ffi::Py_TYPE(descr) == std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type) {
+                    let class = (*descr.cast::<ffi::PyMemberDescrObject>()).d_common.d_type;
+                    if ffi::PyObject_TypeCheck(obj.as_ptr(), class) == 0 {
+                        return None;
+                    }
+                }
+            }
+            Some(Layout {
+                ty: ty.unbind(),
+                mro: mro.unbind(),
+            })
+        }
+    }
+
+    /// Whether `obj` is still of this type, whose MRO is still this one.
+    fn holds(layout: Option<&Layout>, obj: &Bound<'_, PyAny>) -> bool {
+        layout.is_some_and(|layout| {
+            let ty = layout.ty.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
+            // SAFETY: the type is alive (held); reading its MRO pointer has no side effects.
+            obj.get_type_ptr() == ty && unsafe { (*ty).tp_mro } == layout.mro.as_ptr()
+        })
+    }
 }
 
 /// The plain containers among some values, watched, with their contents (for the found
@@ -184,13 +228,14 @@ impl Watched {
     /// the common case allocates nothing.
     fn refresh(&mut self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<()> {
         match self {
-            Watched::Slots(obj, slots, _) => {
+            Watched::Slots(obj, layout, slots, _) => {
                 let mut kept = true;
                 for (descr, value) in slots.iter_mut() {
-                    if slot_holds(obj.bind(py), descr.bind(py), value.as_ref())? {
+                    let known = Layout::holds(layout.as_ref(), obj.bind(py));
+                    if slot_holds(obj.bind(py), descr.bind(py), value.as_ref(), known)? {
                         continue;
                     }
-                    let now = slot_now(obj.bind(py), descr.bind(py))?;
+                    let now = slot_now(obj.bind(py), descr.bind(py), known)?;
                     if plain_either(now.as_ref(), value.as_ref().map(|v| v.bind(py))) {
                         kept = false;
                         break;
@@ -246,14 +291,15 @@ impl Watched {
                 }
                 Watched::Attributes(owner.clone().unbind(), attrs.unbind(), items, plain.watched)
             }
-            Watched::Slots(obj, slots, _) => {
+            Watched::Slots(obj, _, slots, _) => {
                 let descrs = slots.iter().map(|(d, _)| d.bind(py).clone()).collect();
                 let values = slot_values(obj.bind(py), descrs)?;
                 let mut plain = Plain::new(tree);
                 for v in values.iter().filter_map(|(_, v)| v.as_ref()) {
                     plain.add(v.bind(py), 0)?;
                 }
-                Watched::Slots(obj.clone_ref(py), values, plain.watched)
+                let layout = Layout::of(obj.bind(py), &values);
+                Watched::Slots(obj.clone_ref(py), layout, values, plain.watched)
             }
         })
     }
@@ -274,9 +320,10 @@ impl Watched {
                     && items.same(attrs.bind(py))
                     && all_unchanged(py, plain)?
             }
-            Watched::Slots(obj, slots, plain) => {
+            Watched::Slots(obj, layout, slots, plain) => {
                 for (descr, value) in slots {
-                    if !slot_holds(obj.bind(py), descr.bind(py), value.as_ref())? {
+                    let known = Layout::holds(layout.as_ref(), obj.bind(py));
+                    if !slot_holds(obj.bind(py), descr.bind(py), value.as_ref(), known)? {
                         return Ok(false);
                     }
                 }
@@ -298,14 +345,17 @@ fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
 /// Whether the slot of `descr` on `obj` holds `value` (None: unset), by identity. This runs
 /// for every slot of every bound object at each `jit_partial` call (three per nnx Variable):
 /// a member descriptor as `__slots__` makes it is compared where it reads, in the object,
-/// with no reference taken; any other descriptor is called (`read_slot`).
+/// with no reference taken; any other descriptor is called (`read_slot`). `known`: `obj` is
+/// an instance of the descriptor's class (`Layout`).
 fn slot_holds(
     obj: &Bound<'_, PyAny>,
     descr: &Bound<'_, PyAny>,
     value: Option<&Py<PyAny>>,
+    known: bool,
 ) -> PyResult<bool> {
-    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held.
-    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr()) } {
+    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held; `known` is only
+    // true when the object is an instance of the descriptor's class.
+    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr(), known) } {
         return Ok(held == value.map_or(std::ptr::null_mut(), Py::as_ptr));
     }
     Ok(match (read_slot(obj, descr)?, value) {
@@ -316,15 +366,19 @@ fn slot_holds(
 }
 
 /// What the member descriptor `descr` reads on `obj` when it is one as `__slots__` makes it
-/// (an object member, no audit hook, `obj` an instance of its class): the pointer stored in
-/// the object (null: unset), as `PyMember_GetOne` reads it. None for any other descriptor.
+/// (an object member, no audit hook, `obj` an instance of its class, asked unless `instance`
+/// says so): the pointer stored in the object (null: unset), as `PyMember_GetOne` reads it.
+/// None for any other descriptor.
 ///
 /// # Safety
-/// `obj` and `descr` must point to live objects and the GIL must be held. The pointer
-/// returned is borrowed and may dangle once any Python code runs: only compare it.
+/// `obj` and `descr` must point to live objects and the GIL must be held; `instance` may be
+/// true only when `obj` is an instance of the descriptor's class (the read is at an offset in
+/// that class's layout). The pointer returned is borrowed and may dangle once any Python code
+/// runs: only compare it, or take a reference to it at once.
 unsafe fn member_value(
     obj: *mut pyo3::ffi::PyObject,
     descr: *mut pyo3::ffi::PyObject,
+    instance: bool,
 ) -> Option<*mut pyo3::ffi::PyObject> {
     use pyo3::ffi;
     unsafe {
@@ -335,7 +389,7 @@ unsafe fn member_value(
         let member = descr.d_member.as_ref()?;
         if member.type_code != ffi::Py_T_OBJECT_EX
             || member.flags & (ffi::Py_AUDIT_READ | ffi::Py_RELATIVE_OFFSET) != 0
-            || ffi::PyObject_TypeCheck(obj, descr.d_common.d_type) == 0
+            || (!instance && ffi::PyObject_TypeCheck(obj, descr.d_common.d_type) == 0)
         {
             return None;
         }
@@ -351,10 +405,12 @@ unsafe fn member_value(
 fn slot_now<'py>(
     obj: &Bound<'py, PyAny>,
     descr: &Bound<'py, PyAny>,
+    known: bool,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held; the pointer read is
-    // made a reference of its own at once, before any Python code can run.
-    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr()) } {
+    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held; `known` as for
+    // `slot_holds`; the pointer read is made a reference of its own at once, before any
+    // Python code can run.
+    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr(), known) } {
         return Ok(unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), held) });
     }
     read_slot(obj, descr)
@@ -701,7 +757,13 @@ impl Snapshot {
                 }
                 checkable &= plain.complete;
                 found.extend(plain.found);
-                watched.push(Watched::Slots(obj.clone().unbind(), values, plain.watched));
+                let layout = Layout::of(&obj, &values);
+                watched.push(Watched::Slots(
+                    obj.clone().unbind(),
+                    layout,
+                    values,
+                    plain.watched,
+                ));
                 known = true;
             }
             if !known {

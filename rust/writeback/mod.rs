@@ -589,7 +589,17 @@ fn write_attribute<'py>(
             "CallPlan: a direct write names a child the node does not have",
         ));
     };
-    let before = match obj.getattr(name) {
+    // Read as `object.__getattribute__` reads it, the value `set_attribute`'s generic setter
+    // replaces (and the undo puts back), past a class's own `__getattr__` hook.
+    // SAFETY: `obj` and `name` are alive (borrowed) and the GIL is held; the result is a new
+    // reference or NULL with an exception set, which `from_owned_ptr_or_err` takes over.
+    let read = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyObject_GenericGetAttr(obj.as_ptr(), name.as_ptr()),
+        )
+    };
+    let before = match read {
         Ok(v) => Some(v),
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
         Err(e) => return Err(e),
