@@ -41,8 +41,9 @@ pub fn insert_bounded<K: Eq + Hash, V>(
         } else {
             AddressMap::default()
         };
-        cache.insert(key, value);
-        evicted
+        // An entry replaced under the same key goes after the borrow too.
+        let replaced = cache.insert(key, value);
+        (evicted, replaced)
     });
     drop(evicted);
 }
