@@ -69,10 +69,8 @@ impl Layout {
         unsafe {
             let mro = Bound::from_borrowed_ptr_or_opt(py, (*ty.as_type_ptr()).tp_mro)?;
             for (descr, _) in slots {
-                let descr = descr.as_ptr();
-                if ffi::Py_TYPE(descr) == std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type) {
-                    let class = (*descr.cast::<ffi::PyMemberDescrObject>()).d_common.d_type;
-                    if ffi::PyObject_TypeCheck(obj.as_ptr(), class) == 0 {
+                if let Some(descr) = member_descr(descr.as_ptr()) {
+                    if ffi::PyObject_TypeCheck(obj.as_ptr(), descr.d_common.d_type) == 0 {
                         return None;
                     }
                 }
@@ -232,10 +230,10 @@ impl Watched {
                 let mut kept = true;
                 for (descr, value) in slots.iter_mut() {
                     let known = Layout::holds(layout.as_ref(), obj.bind(py));
-                    if slot_holds(obj.bind(py), descr.bind(py), value.as_ref(), known)? {
+                    let now = slot_now(obj.bind(py), descr.bind(py), known)?;
+                    if now.as_ref().map(Bound::as_ptr) == value.as_ref().map(Py::as_ptr) {
                         continue;
                     }
-                    let now = slot_now(obj.bind(py), descr.bind(py), known)?;
                     if plain_either(now.as_ref(), value.as_ref().map(|v| v.bind(py))) {
                         kept = false;
                         break;
@@ -382,10 +380,7 @@ unsafe fn member_value(
 ) -> Option<*mut pyo3::ffi::PyObject> {
     use pyo3::ffi;
     unsafe {
-        if ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type) {
-            return None;
-        }
-        let descr = &*descr.cast::<ffi::PyMemberDescrObject>();
+        let descr = member_descr(descr)?;
         let member = descr.d_member.as_ref()?;
         if member.type_code != ffi::Py_T_OBJECT_EX
             || member.flags & (ffi::Py_AUDIT_READ | ffi::Py_RELATIVE_OFFSET) != 0
@@ -398,6 +393,20 @@ unsafe fn member_value(
                 .offset(member.offset)
                 .cast::<*mut ffi::PyObject>(),
         )
+    }
+}
+
+/// `descr` as a member descriptor, if it is one.
+///
+/// # Safety
+/// `descr` must point to a live object, which must outlive the reference returned.
+unsafe fn member_descr<'a>(
+    descr: *mut pyo3::ffi::PyObject,
+) -> Option<&'a pyo3::ffi::PyMemberDescrObject> {
+    use pyo3::ffi;
+    unsafe {
+        (ffi::Py_TYPE(descr) == std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type))
+            .then(|| &*descr.cast::<ffi::PyMemberDescrObject>())
     }
 }
 
@@ -450,7 +459,7 @@ fn slot_values<'py>(
     descrs
         .into_iter()
         .map(|d| {
-            let v = read_slot(obj, &d)?.map(Bound::unbind);
+            let v = slot_now(obj, &d, false)?.map(Bound::unbind);
             Ok((d.unbind(), v))
         })
         .collect()

@@ -65,19 +65,28 @@ fn items_hash(items: impl Iterator<Item = (usize, usize)>) -> u64 {
 }
 
 /// Whether `dict` holds `items` (the same keys in the same order, each kept value the same
-/// object), with its values, in order.
-fn holds<'py>(dict: &Bound<'py, PyDict>, items: &Items) -> Option<Vec<Bound<'py, PyAny>>> {
+/// object), giving `each` its values, in order.
+fn matches<'py>(
+    dict: &Bound<'py, PyDict>,
+    items: &Items,
+    mut each: impl FnMut(Bound<'py, PyAny>),
+) -> bool {
     if dict.len() != items.len() {
-        return None;
+        return false;
     }
-    let mut values = Vec::with_capacity(items.len());
     for ((k, v), (k0, v0)) in dict.iter().zip(items) {
         if !k.is(k0) || v0.as_ref().is_some_and(|v0| !v.is(v0)) {
-            return None;
+            return false;
         }
-        values.push(v);
+        each(v);
     }
-    Some(values)
+    true
+}
+
+/// `matches`, with the dict's values.
+fn holds<'py>(dict: &Bound<'py, PyDict>, items: &Items) -> Option<Vec<Bound<'py, PyAny>>> {
+    let mut values = Vec::with_capacity(items.len());
+    matches(dict, items, |v| values.push(v)).then_some(values)
 }
 
 /// The memo of `dict` (read with `other`), if it still holds: with the dict's values in
@@ -91,9 +100,7 @@ pub fn lookup<'py>(
     let values = holds(dict, &memo.items)?;
     match (&memo.other, other) {
         (None, None) => {}
-        (Some((kept, items)), Some(other)) if kept.is(other) => {
-            holds(other, items)?;
-        }
+        (Some((kept, items)), Some(other)) if kept.is(other) && matches(other, items, drop) => {}
         _ => return None,
     }
     Some((memo, values))
@@ -107,8 +114,7 @@ pub fn lookup_items(dict: &Bound<'_, PyDict>) -> Option<Rc<Memo>> {
             .map(|(k, v)| (k.as_ptr() as usize, v.as_ptr() as usize)),
     );
     let memo = BY_ITEMS.with(|cell| cell.try_borrow().ok()?.get(&hash).cloned())?;
-    holds(dict, &memo.items)?;
-    Some(memo)
+    matches(dict, &memo.items, drop).then_some(memo)
 }
 
 /// Keep `aux`, what a flatten made of `dict` (whose items it read as `read`) and of nothing
@@ -124,10 +130,7 @@ pub fn store_items<'py>(dict: &Bound<'py, PyDict>, read: &Read<'py>, aux: &Bound
             .map(|(k, v)| (k.as_ptr() as usize, v.as_ptr() as usize)),
     );
     let memo = Rc::new(Memo {
-        items: read
-            .iter()
-            .map(|(k, v)| (k.clone().unbind(), Some(v.clone().unbind())))
-            .collect(),
+        items: kept_items(read, |_| true),
         other: None,
         children: Vec::new(),
         aux: aux.clone().unbind(),
@@ -174,24 +177,27 @@ pub fn store<'py>(
     if !still_holds(dict, read) || other.is_some_and(|(o, r)| !still_holds(o, r)) {
         return;
     }
-    let items_of = |read: &Read<'py>, keep_value: &dyn Fn(usize) -> bool| -> Items {
-        (0..)
-            .zip(read)
-            .map(|(i, (k, v))| {
-                (
-                    k.clone().unbind(),
-                    keep_value(i).then(|| v.clone().unbind()),
-                )
-            })
-            .collect()
-    };
     let memo = Rc::new(Memo {
-        items: items_of(read, &|i| !is_child[i]),
-        other: other.map(|(o, r)| (o.clone().unbind(), items_of(r, &|_| true))),
+        items: kept_items(read, |i| !is_child[i]),
+        other: other.map(|(o, r)| (o.clone().unbind(), kept_items(r, |_| true))),
         children,
         aux: aux.clone().unbind(),
     });
     MEMOS.with(|memos| insert_bounded(memos, dict.as_ptr() as usize, memo, MEMO_MAX));
+}
+
+/// The items `read` as a memo keeps them: each key, and its value where `keep_value` says so
+/// (by insertion index).
+fn kept_items(read: &Read<'_>, keep_value: impl Fn(usize) -> bool) -> Items {
+    (0..)
+        .zip(read)
+        .map(|(i, (k, v))| {
+            (
+                k.clone().unbind(),
+                keep_value(i).then(|| v.clone().unbind()),
+            )
+        })
+        .collect()
 }
 
 /// Forget this thread's memos (with the key orders: `clear_key_order_cache`).
