@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call::running::running_call, m)?)?;
     m.add_function(wrap_pyfunction!(call::running::swap_running_call, m)?)?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
+    m.add_class::<bound::Taker>()?;
     m.add_function(wrap_pyfunction!(bound::any_identical, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;
     m.add_function(wrap_pyfunction!(treedef::unflatten_floor, m)?)?;

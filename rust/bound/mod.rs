@@ -18,6 +18,10 @@
 //! flatten reads state the snapshot does not see: `checkable` is then false, and the bound
 //! arguments are flattened again at each call instead.
 
+mod leaves;
+
+pub use leaves::{any_identical, Taker};
+
 use crate::node::NodeKind;
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
@@ -606,24 +610,6 @@ unsafe fn same_dict_items(
         }
     }
     true
-}
-
-/// Whether any of `these` is, by identity, an item of `those`: whether a `jit_partial` call's
-/// own arguments share an object with the bound arguments' leaves (a set of their ids, made
-/// again after every write-back, cost more than the rest of the check).
-#[pyfunction]
-pub fn any_identical(these: &Bound<'_, PyList>, those: &Bound<'_, PyList>) -> bool {
-    // Each address stays valid: both lists hold their items while this runs, and nothing
-    // here runs Python code.
-    let these: Vec<usize> = these.iter().map(|o| o.as_ptr() as usize).collect();
-    if these.is_empty() {
-        return false;
-    }
-    if these.len() <= 8 {
-        return those.iter().any(|o| these.contains(&(o.as_ptr() as usize)));
-    }
-    let those: HashSet<usize> = those.iter().map(|o| o.as_ptr() as usize).collect();
-    these.iter().any(|at| those.contains(at))
 }
 
 /// The contents, by identity, of the containers among some objects (see the module comment).

@@ -771,3 +771,25 @@ def test_every_change_to_a_watched_dict_is_seen(change):
     assert snapshot.unchanged()
     change(obj)
     assert not snapshot.unchanged()
+
+
+def test_the_bound_leaves_helpers_read_by_identity_and_check_their_indices():
+    """``any_identical`` (a call's arguments against the bound leaves) and ``Taker`` (where
+    the write-back left each bound leaf), the two native helpers ``advance`` and ``join`` run
+    over every bound leaf at each call."""
+    from treeclone._native import Taker, any_identical
+
+    a, b, c = [1.5], [2.5], [2.5]
+    many = [[i] for i in range(20)]
+    assert any_identical([b], [a, b]) and not any_identical([c], [a, b])  # identity, not ==
+    assert any_identical([*many, b], [a, b]) and not any_identical(many, [a, b, *[[0]] * 9])
+    assert not any_identical([], [a]) and not any_identical([a], [])
+    take = Taker([3, 0, 2])
+    assert len(take) == 3
+    taken = take([a, b], (c, "out"))
+    assert taken[0] == "out" and taken[1] is a and taken[2] is c
+    assert take([a, b], [c, "out"])[0] == "out"  # the outputs come as a list or a tuple
+    with pytest.raises(IndexError, match="index 3 out of range of 2 and 1 items"):
+        take([a, b], (c,))
+    with pytest.raises(TypeError):
+        take([a, b], "cd")
