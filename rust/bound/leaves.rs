@@ -3,9 +3,10 @@
 //! (`Taker`). Both run at every call over every bound leaf, so neither takes a reference to
 //! an item it only looks at: touching each array's reference count costs more than the rest.
 
+use crate::writeback::Outputs;
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::PyList;
 use std::collections::HashSet;
 
 /// Whether any of `these` is, by identity, an item of `those`: whether a `jit_partial` call's
@@ -51,29 +52,6 @@ pub struct Taker {
     indices: Vec<usize>,
 }
 
-/// The computation's outputs: a list or a tuple.
-#[derive(FromPyObject)]
-pub enum Items<'py> {
-    List(Bound<'py, PyList>),
-    Tuple(Bound<'py, PyTuple>),
-}
-
-impl<'py> Items<'py> {
-    fn get(&self, i: usize) -> Option<Bound<'py, PyAny>> {
-        match self {
-            Items::List(list) => list.get_item(i).ok(),
-            Items::Tuple(tuple) => tuple.get_item(i).ok(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Items::List(list) => list.len(),
-            Items::Tuple(tuple) => tuple.len(),
-        }
-    }
-}
-
 #[pymethods]
 impl Taker {
     #[new]
@@ -84,7 +62,7 @@ impl Taker {
     fn __call__<'py>(
         &self,
         first: &Bound<'py, PyList>,
-        second: Items<'py>,
+        second: Outputs<'py>,
     ) -> PyResult<Bound<'py, PyList>> {
         // Taken as references first: the list made below may start the GC, whose finalizers
         // could change `first` or `second`.
@@ -92,11 +70,11 @@ impl Taker {
         let mut taken = Vec::with_capacity(self.indices.len());
         for &i in &self.indices {
             let item = if i < n {
-                first.get_item(i).ok()
+                first.get_item(i)
             } else {
                 second.get(i - n)
             };
-            taken.push(item.ok_or_else(|| {
+            taken.push(item.map_err(|_| {
                 PyIndexError::new_err(format!(
                     "Taker: index {i} out of range of {n} and {} items",
                     second.len()

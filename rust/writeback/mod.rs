@@ -8,9 +8,15 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PySet, PySlice, PyString, PyTuple};
+use std::ops::Range;
+use std::sync::Mutex;
+
+mod slots;
+use slots::{swap_slot, SlotPlace};
 
 /// Where a result leaf comes from.
-#[pyclass(frozen, module = "treeclone._native")]
+#[pyclass(frozen, skip_from_py_object, module = "treeclone._native")]
+#[derive(Clone, Copy)]
 pub enum Source {
     /// The caller's input leaf in this slot (unchanged by the function: not materialized).
     Input { slot: usize },
@@ -84,19 +90,40 @@ impl Origin {
     }
 }
 
-/// A pending in-place write: the caller's object, its node, its origin, its new children.
-type Write<'a, 'py> = (
-    Bound<'py, PyAny>,
-    &'a Node,
-    &'a Origin,
-    Vec<Bound<'py, PyAny>>,
-);
+/// The computation's outputs, as jax hands them over: a list or a tuple.
+#[derive(FromPyObject)]
+pub enum Outputs<'py> {
+    List(Bound<'py, PyList>),
+    Tuple(Bound<'py, PyTuple>),
+}
+
+impl<'py> Outputs<'py> {
+    pub fn get(&self, i: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Outputs::List(list) => list.get_item(i),
+            Outputs::Tuple(tuple) => tuple.get_item(i),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Outputs::List(list) => list.len(),
+            Outputs::Tuple(tuple) => tuple.len(),
+        }
+    }
+}
+
+/// A pending in-place write: the caller's object, its node, its origin, and where its new
+/// children are among all the writes' children (one vector for all: a call of an nnx step
+/// writes hundreds of Variables, and a vector for each cost an allocation each).
+type Write<'a, 'py> = (Bound<'py, PyAny>, &'a Node, &'a Origin, Range<usize>);
 
 /// What a traced call returns and writes, fixed at trace time, applied at every call.
 #[pyclass(frozen, module = "treeclone")]
 pub struct CallPlan {
     def: Py<SharedTreeDef>,
-    sources: Vec<Py<Source>>,
+    /// By leaf slot (copied out of the `Source` objects given: read at every call).
+    sources: Vec<Source>,
     /// Per node: the caller's container it is (written back in place), or None (built fresh).
     /// Only `alias` plans have any.
     origins: Vec<Option<Py<Origin>>>,
@@ -112,6 +139,8 @@ pub struct CallPlan {
     /// leaf is `input_leaves[slot]`, which `jit_partial` keeps up to date where its objects
     /// list is not); empty without `input_def`.
     input_slots: Vec<Option<usize>>,
+    /// Where attributes written directly are stored, by type version (`slots.rs`).
+    slot_places: Mutex<Vec<SlotPlace>>,
 }
 
 #[pymethods]
@@ -153,12 +182,13 @@ impl CallPlan {
         };
         Ok(CallPlan {
             def,
-            sources,
+            sources: sources.iter().map(|s| *s.get()).collect(),
             origins,
             result_child,
             write_custom,
             skips,
             input_slots,
+            slot_places: Mutex::new(Vec::new()),
         })
     }
 
@@ -173,21 +203,11 @@ impl CallPlan {
         outputs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let def = self.def.get();
-        // jax hands the outputs over as a list or a tuple.
-        let outputs = match outputs.cast::<PyList>() {
-            Ok(list) => list.to_tuple(),
-            Err(_) => outputs.cast::<PyTuple>().cloned().map_err(|_| {
-                PyTypeError::new_err("the computation's outputs must come as a list or tuple")
-            })?,
-        };
-        let mut leaves: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.sources.len());
-        for s in &self.sources {
-            leaves.push(match s.get() {
-                Source::Input { slot } => input_leaves.get_item(*slot)?,
-                Source::Output { index } => outputs.get_item(*index)?,
-            });
-        }
+        let outputs = outputs.extract::<Outputs<'py>>().map_err(|_| {
+            PyTypeError::new_err("the computation's outputs must come as a list or tuple")
+        })?;
         let mut writes: Vec<Write<'_, 'py>> = Vec::new();
+        let mut children: Vec<Bound<'py, PyAny>> = Vec::new();
         // Objects by node index, kept only when a `Ref` will look one up.
         let mut built: Vec<Bound<'py, PyAny>> = Vec::new();
         if def.has_refs {
@@ -212,7 +232,10 @@ impl CallPlan {
             let (entry, origin) = (&def.entries[i], self.origins[i].as_ref().map(Py::get));
             i += 1;
             let obj = match entry {
-                Entry::Leaf(slot) => leaves[*slot].clone(),
+                Entry::Leaf(slot) => match self.sources[*slot] {
+                    Source::Input { slot } => input_leaves.get_item(slot)?,
+                    Source::Output { index } => outputs.get(index)?,
+                },
                 Entry::Ref(target) => built[*target].clone(),
                 Entry::Node(node) => {
                     let start = stack.len() - node.arity;
@@ -233,12 +256,9 @@ impl CallPlan {
                                 stack.truncate(start);
                                 original
                             } else if o.writable {
-                                writes.push((
-                                    original.clone(),
-                                    node,
-                                    o,
-                                    stack.drain(start..).collect(),
-                                ));
+                                let at = children.len();
+                                children.extend(stack.drain(start..));
+                                writes.push((original.clone(), node, o, at..children.len()));
                                 original
                             } else {
                                 build_node(py, &node.kind, stack.drain(start..))?
@@ -253,7 +273,7 @@ impl CallPlan {
             stack.push(obj);
         }
         let root = stack.pop().expect("one root");
-        self.write_all(py, writes, input_leaves, input_objects)?;
+        self.write_all(py, writes, &children, input_leaves, input_objects)?;
         match self.result_child {
             None => Ok(root),
             Some(i) => root.get_item(i),
@@ -421,14 +441,26 @@ impl CallPlan {
         &self,
         py: Python<'py>,
         writes: Vec<Write<'_, 'py>>,
+        children: &[Bound<'py, PyAny>],
         input_leaves: &Bound<'py, PyList>,
         input_objects: &Bound<'py, PyList>,
     ) -> PyResult<()> {
         let mut done: Vec<Undo<'py>> = Vec::with_capacity(writes.len());
-        for (obj, node, origin, children) in writes {
+        // A copy: the lock is not held while Python code may run (a finalizer, a setter).
+        let mut places = match self.slot_places.lock() {
+            Ok(places) => places.clone(),
+            Err(_) => Vec::new(),
+        };
+        let known = places.len();
+        for (obj, node, origin, at) in writes {
+            let mut write = Writing {
+                plan: self,
+                done: &mut done,
+                places: &mut places,
+            };
             let written = self
                 .old_children(origin, input_leaves, input_objects)
-                .and_then(|old| write_one(&obj, node, origin, children, old, self, &mut done));
+                .and_then(|old| write_one(&obj, node, origin, &children[at], old, &mut write));
             if let Err(err) = written {
                 // Put back what was written, newest first; the first error is the one
                 // reported, so a failing undo is only attached as context.
@@ -438,6 +470,11 @@ impl CallPlan {
                     }
                 }
                 return Err(err);
+            }
+        }
+        if places.len() != known {
+            if let Ok(mut kept) = self.slot_places.lock() {
+                *kept = places;
             }
         }
         Ok(())
@@ -557,14 +594,15 @@ fn write_attributes<'py>(
     obj: &Bound<'py, PyAny>,
     direct: &[(Py<PyString>, usize)],
     children: &[Bound<'py, PyAny>],
+    places: &mut Vec<SlotPlace>,
 ) -> PyResult<Undo<'py>> {
     if let [(name, j)] = direct {
-        let (name, before) = write_attribute(obj, name, *j, children)?;
+        let (name, before) = write_attribute(obj, name, *j, children, places)?;
         return Ok(Undo::Attribute(obj.clone(), name, before));
     }
     let mut old = Vec::with_capacity(direct.len());
     for (name, j) in direct {
-        match write_attribute(obj, name, *j, children) {
+        match write_attribute(obj, name, *j, children, places) {
             Ok(done) => old.push(done),
             Err(e) => {
                 restore_attributes(obj, old)?;
@@ -581,6 +619,7 @@ fn write_attribute<'py>(
     name: &Py<PyString>,
     j: usize,
     children: &[Bound<'py, PyAny>],
+    places: &mut Vec<SlotPlace>,
 ) -> PyResult<(Bound<'py, PyString>, Option<Bound<'py, PyAny>>)> {
     let py = obj.py();
     let name = name.bind(py);
@@ -589,6 +628,9 @@ fn write_attribute<'py>(
             "CallPlan: a direct write names a child the node does not have",
         ));
     };
+    if let Some(before) = swap_slot(obj, name, value, places)? {
+        return Ok((name.clone(), before));
+    }
     // Read as `object.__getattribute__` reads it, the value `set_attribute`'s generic setter
     // replaces (and the undo puts back), past a class's own `__getattr__` hook.
     // SAFETY: `obj` and `name` are alive (borrowed) and the GIL is held; the result is a new
@@ -840,17 +882,25 @@ fn write_mapping<'py>(
     Ok(Undo::Mapping(dict.clone(), old))
 }
 
+/// What the writes of one call share: the plan, the undo log (how to undo each step taken,
+/// also when a later step fails) and where attributes are stored (`slots.rs`).
+struct Writing<'a, 'py> {
+    plan: &'a CallPlan,
+    done: &'a mut Vec<Undo<'py>>,
+    places: &'a mut Vec<SlotPlace>,
+}
+
 /// Give `obj` the contents `children` (and the node data of `node`) in place, pushing onto
-/// `done` how to undo each step taken (also when a later step fails).
+/// the undo log how to undo each step taken.
 fn write_one<'py>(
     obj: &Bound<'py, PyAny>,
     node: &Node,
     origin: &Origin,
-    children: Vec<Bound<'py, PyAny>>,
+    children: &[Bound<'py, PyAny>],
     old: Option<Vec<Bound<'py, PyAny>>>,
-    plan: &CallPlan,
-    done: &mut Vec<Undo<'py>>,
+    write: &mut Writing<'_, 'py>,
 ) -> PyResult<()> {
+    let done = &mut *write.done;
     let py = obj.py();
     let key_order = origin.key_order.as_ref().map(|o| o.bind(py));
     let old_keys = origin.old_keys.as_ref().map(|k| k.bind(py));
@@ -859,11 +909,11 @@ fn write_one<'py>(
     let dict_old = old.as_deref().zip(old_keys);
     match &node.kind {
         NodeKind::List => done.push(match list_old {
-            Some(old) => write_list_entries(obj, &children, old)?,
+            Some(old) => write_list_entries(obj, children, old)?,
             None => write_list(obj, PyList::new(py, children)?.as_any())?,
         }),
         NodeKind::Dict(keys) => {
-            let new = keys.bind(py).iter().zip(children).collect();
+            let new = keys.bind(py).iter().zip(children.iter().cloned()).collect();
             done.push(match dict_old {
                 Some((old, old_keys)) => {
                     write_mapping_entries(obj, new, key_order, origin.reordered, old_keys, old)?
@@ -873,10 +923,10 @@ fn write_one<'py>(
         }
         NodeKind::Custom(..) if origin.direct.is_some() => {
             let direct = origin.direct.as_deref().unwrap_or_default();
-            done.push(write_attributes(obj, direct, &children)?);
+            done.push(write_attributes(obj, direct, children, write.places)?);
         }
         NodeKind::Custom(..) => {
-            let mut children = children;
+            let mut children = children.to_vec();
             let fresh = build_node(py, &node.kind, children.drain(..))?;
             // A registered dict or list subclass (OrderedDict, defaultdict, ...): its items
             // are written as a dict's or a list's, then its attributes as any object's.
@@ -898,7 +948,11 @@ fn write_one<'py>(
                 });
             }
             let attrs = origin.attrs.as_ref().map(|a| a.bind(py));
-            let undo = plan.write_custom.bind(py).call1((obj, fresh, attrs))?;
+            let undo = write
+                .plan
+                .write_custom
+                .bind(py)
+                .call1((obj, fresh, attrs))?;
             done.push(Undo::Call(undo));
         }
         NodeKind::NamedTuple(_) | NodeKind::Tuple | NodeKind::None | NodeKind::Leaf => {

@@ -523,6 +523,79 @@ def test_alias_sets_attributes_past_a_class_own_setattr(mode):
         guarded.w = None
 
 
+class SlottedHolder:
+    """A Holder whose attributes are slots, as an nnx Variable's value is: write-back stores
+    them where the instance keeps them, as ``object.__setattr__`` would."""
+
+    __slots__ = ("w", "b")
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+
+jax.tree_util.register_pytree_node(
+    SlottedHolder, lambda h: ((h.w, h.b), None), lambda _, children: SlottedHolder(*children)
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_sets_slots_as_object_setattr_does_also_after_the_class_changes(mode):
+    """The place of a slot is remembered per version of the class: once the class is changed
+    (here its slot hidden behind a property), the write goes through what
+    ``object.__setattr__`` finds now. A place kept by the class alone would skip the setter."""
+
+    class Slots:
+        __slots__ = ("w", "b")
+
+        def __init__(self, w, b):
+            self.w, self.b = w, b
+
+    jax.tree_util.register_pytree_node(
+        Slots, lambda h: ((h.w, h.b), None), lambda _, children: Slots(*children)
+    )
+    obj = Slots(jnp.zeros(2), jnp.ones(2))
+    b = obj.b
+
+    def f(h):
+        h.w = h.w + 1
+
+    run = runner(mode, f, "alias")
+    run(obj)
+    run(obj)
+    assert as_lists(obj.w) == [2.0, 2.0] and obj.b is b
+    slot, seen = Slots.w, []
+
+    def set_w(h, value):
+        if h is obj:  # not the copies ``call`` runs the function on
+            seen.append(value)
+        slot.__set__(h, value)
+
+    Slots.w = property(slot.__get__, set_w)
+    run(obj)
+    assert len(seen) == 1 and seen[0] is obj.w and as_lists(obj.w) == [3.0, 3.0]
+    assert obj.b is b
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alias_undoes_slots_set_directly_when_a_later_write_fails(mode):
+    def update(target, source):
+        raise RuntimeError("hook failed")
+
+    tc.register_inplace(Broken, update)
+    holder = SlottedHolder(np.zeros(1), np.zeros(1))
+    w = holder.w
+    broken = Broken(np.zeros(1), np.zeros(1))
+
+    def f(h, o):
+        h.w = h.w + 1
+        o.a = o.a + 1
+
+    for _ in range(2):  # the second call finds the slot's place known
+        with pytest.raises(RuntimeError, match="hook failed"):
+            runner(mode, f, "alias")(holder, broken)
+        assert holder.w is w and as_lists(broken.a) == [0.0]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_alias_rebuilds_a_node_whose_unflatten_converts_its_children(mode):
     obj = Converting(jnp.zeros(2))
