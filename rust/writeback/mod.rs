@@ -132,9 +132,12 @@ pub struct CallPlan {
     result_child: Option<usize>,
     /// `write_custom(obj, new_obj, attrs) -> undo` for custom nodes, from Python.
     write_custom: Py<PyAny>,
-    /// By entry: where a subtree the trace proved unchanged starts, `(its root entry, the
-    /// caller's node it is)`; `apply` hands the caller's object over without visiting it.
-    skips: Vec<Option<(usize, usize)>>,
+    /// By entry: where a subtree the caller keeps starts (an index into `kept`); `apply`
+    /// hands the caller's object over without visiting it entry by entry.
+    skips: Vec<Option<usize>>,
+    kept: Vec<Kept>,
+    /// By entry: whether a later `Ref` looks it up (empty when none does).
+    targets: Vec<bool>,
     /// By entry of the caller's structure: its leaf slot, for a leaf (the caller's current
     /// leaf is `input_leaves[slot]`, which `jit_partial` keeps up to date where its objects
     /// list is not); empty without `input_def`.
@@ -164,9 +167,10 @@ impl CallPlan {
                 "CallPlan: one source per leaf slot and one origin per node are needed",
             ));
         }
-        let skips = match &input_def {
-            Some(input) => unchanged_subtrees(d, input.get(), &sources, &origins)?,
-            None => vec![None; d.entries.len()],
+        let targets = ref_targets(d);
+        let (skips, kept) = match &input_def {
+            Some(input) => kept_subtrees(d, input.get(), &sources, &origins, &targets)?,
+            None => (vec![None; d.entries.len()], Vec::new()),
         };
         let input_slots = match &input_def {
             Some(input) => input
@@ -187,6 +191,8 @@ impl CallPlan {
             result_child,
             write_custom,
             skips,
+            kept,
+            targets,
             input_slots,
             slot_places: Mutex::new(Vec::new()),
         })
@@ -208,35 +214,48 @@ impl CallPlan {
         })?;
         let mut writes: Vec<Write<'_, 'py>> = Vec::new();
         let mut children: Vec<Bound<'py, PyAny>> = Vec::new();
-        // Objects by node index, kept only when a `Ref` will look one up.
-        let mut built: Vec<Bound<'py, PyAny>> = Vec::new();
-        if def.has_refs {
-            built.reserve(def.entries.len());
-        }
+        // The objects a later `Ref` looks up, by entry.
+        let mut built: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.targets.len()];
+        let leaf = |slot: usize| match self.sources[slot] {
+            Source::Input { slot } => input_leaves.get_item(slot),
+            Source::Output { index } => outputs.get(index),
+        };
         let mut stack: Vec<Bound<'py, PyAny>> = Vec::with_capacity(16);
         let mut i = 0;
         while i < def.entries.len() {
-            if let Some((root, node)) = self.skips[i] {
-                // The caller's own subtree, entry for entry (the same layout: see
-                // `unchanged_subtrees`); `built` gets its objects for a later `Ref`.
-                if def.has_refs {
-                    let first = node + 1 - (root + 1 - i);
-                    for k in first..=node {
-                        built.push(input_objects.get_item(k)?);
-                    }
+            if let Some(k) = self.skips[i] {
+                // The caller's own subtree (see `kept_subtrees`): only what the call writes
+                // in it, and what a later `Ref` looks up, is read.
+                let kept = &self.kept[k];
+                for &(target, theirs) in &kept.targets {
+                    built[target] = Some(input_objects.get_item(theirs)?);
                 }
-                stack.push(input_objects.get_item(node)?);
-                i = root + 1;
+                for &w in &kept.writes {
+                    let (Entry::Node(node), Some(o)) = (&def.entries[w], &self.origins[w]) else {
+                        return Err(PyValueError::new_err("CallPlan: a kept write is no node"));
+                    };
+                    let at = children.len();
+                    for c in w - node.arity..w {
+                        let Entry::Leaf(slot) = def.entries[c] else {
+                            return Err(PyValueError::new_err("CallPlan: a kept write's child"));
+                        };
+                        children.push(leaf(slot)?);
+                    }
+                    let original = input_objects.get_item(o.get().node)?;
+                    writes.push((original, node, o.get(), at..children.len()));
+                }
+                stack.push(input_objects.get_item(kept.node)?);
+                i = kept.root + 1;
                 continue;
             }
             let (entry, origin) = (&def.entries[i], self.origins[i].as_ref().map(Py::get));
+            let at = i;
             i += 1;
             let obj = match entry {
-                Entry::Leaf(slot) => match self.sources[*slot] {
-                    Source::Input { slot } => input_leaves.get_item(slot)?,
-                    Source::Output { index } => outputs.get(index)?,
-                },
-                Entry::Ref(target) => built[*target].clone(),
+                Entry::Leaf(slot) => leaf(*slot)?,
+                Entry::Ref(target) => built.get(*target).cloned().flatten().ok_or_else(|| {
+                    PyValueError::new_err("CallPlan: a reference to an entry not built")
+                })?,
                 Entry::Node(node) => {
                     let start = stack.len() - node.arity;
                     match origin {
@@ -267,8 +286,8 @@ impl CallPlan {
                     }
                 }
             };
-            if def.has_refs {
-                built.push(obj.clone());
+            if self.targets.get(at) == Some(&true) {
+                built[at] = Some(obj.clone());
             }
             stack.push(obj);
         }
@@ -281,55 +300,116 @@ impl CallPlan {
     }
 }
 
-/// The subtrees of `def` the trace proved to be the caller's own, unchanged: a node whose
-/// origin keeps its data and whose every child is the caller's child at that place (a leaf
-/// handed back from the same slot, a node that is itself unchanged), as `apply` would find
-/// at every call, since a plan only ever meets calls of the structure it was traced with.
-/// A `Ref` child is left to `apply`. Marked at the first entry of each largest such subtree,
-/// whose layout is then the caller's, entry for entry.
-fn unchanged_subtrees(
+/// A subtree of the results that is the caller's own object, kept (see `kept_subtrees`).
+struct Kept {
+    /// Its root entry (it starts at the entry whose `skips` names it).
+    root: usize,
+    /// The caller's node it is.
+    node: usize,
+    /// The nodes in it written in place, in entry order: custom nodes whose children are all
+    /// leaves, set directly as attributes (an nnx Variable's value).
+    writes: Vec<usize>,
+    /// The entries in it a later `Ref` looks up, each with the caller's node it is.
+    targets: Vec<(usize, usize)>,
+}
+
+/// By entry of `def`: whether a `Ref` looks it up (empty when none does).
+fn ref_targets(def: &SharedTreeDef) -> Vec<bool> {
+    if !def.has_refs {
+        return Vec::new();
+    }
+    let mut targets = vec![false; def.entries.len()];
+    for entry in &def.entries {
+        if let Entry::Ref(target) = entry {
+            if let Some(t) = targets.get_mut(*target) {
+                *t = true;
+            }
+        }
+    }
+    targets
+}
+
+/// The subtrees of `def` the trace proved to be the caller's own objects, as `apply` would
+/// find at every call (a plan only ever meets calls of the structure it was traced with):
+/// a node is kept when its origin keeps its data and each child is the caller's child at
+/// that place (a leaf handed back from the same slot, a kept node), or when it is a custom
+/// node written in place directly whose children are all leaves (`apply` writes it and hands
+/// the caller's object over; its new leaves come from other slots or the outputs, so they are
+/// never the old ones). A `Ref` child is left to `apply`. Marked at the first entry of each
+/// largest subtree of kept nodes whose root keeps its data: its layout is the caller's, entry
+/// for entry, so `apply` reads only its writes and the entries a later `Ref` looks up.
+fn kept_subtrees(
     def: &SharedTreeDef,
     input: &SharedTreeDef,
     sources: &[Py<Source>],
     origins: &[Option<Py<Origin>>],
-) -> PyResult<Vec<Option<(usize, usize)>>> {
+    targets: &[bool],
+) -> PyResult<(Vec<Option<usize>>, Vec<Kept>)> {
     let n = def.entries.len();
     let mut same = vec![false; n];
+    let mut written = vec![false; n];
     let mut covered = vec![false; n];
     for (i, entry) in def.entries.iter().enumerate() {
         let (Entry::Node(node), Some(origin)) = (entry, origins[i].as_ref().map(Py::get)) else {
             continue;
         };
-        if !origin.same_data || origin.old_children.len() != node.arity {
+        if origin.old_children.len() != node.arity {
             continue;
         }
         let children = def.child_indices(i)?;
-        let kept = children.iter().zip(&origin.old_children).all(|(&c, &old)| {
-            match (&def.entries[c], input.entries.get(old)) {
+        let pairs = || children.iter().zip(&origin.old_children);
+        let kept = pairs().all(
+            |(&c, &old)| match (&def.entries[c], input.entries.get(old)) {
                 (Entry::Leaf(slot), Some(Entry::Leaf(theirs))) => matches!(
                     sources[*slot].get(),
                     Source::Input { slot: s } if s == theirs
                 ),
                 (Entry::Node(_), _) => {
-                    same[c] && origins[c].as_ref().is_some_and(|o| o.get().node == old)
+                    (same[c] || written[c])
+                        && origins[c].as_ref().is_some_and(|o| o.get().node == old)
                 }
                 _ => false,
-            }
-        });
-        if kept {
+            },
+        );
+        if kept && origin.same_data {
             same[i] = true;
             for c in children {
                 covered[c] = true;
             }
+        } else if origin.writable
+            && origin.direct.is_some()
+            && matches!(node.kind, NodeKind::Custom(..))
+            && pairs().all(|(&c, &old)| {
+                matches!(
+                    (&def.entries[c], input.entries.get(old)),
+                    (Entry::Leaf(_), Some(Entry::Leaf(_)))
+                )
+            })
+        {
+            written[i] = true;
         }
     }
     let mut skips = vec![None; n];
-    for i in (0..n).filter(|&i| same[i] && !covered[i]) {
-        let first = i + 1 - def.entries[i].size();
-        let node = origins[i].as_ref().map_or(0, |o| o.get().node);
-        skips[first] = Some((i, node));
+    let mut kept = Vec::new();
+    for root in (0..n).filter(|&i| same[i] && !covered[i]) {
+        let size = def.entries[root].size();
+        let (first, node) = (
+            root + 1 - size,
+            origins[root].as_ref().map_or(0, |o| o.get().node),
+        );
+        let theirs = node + 1 - size; // the caller's first entry of it
+        skips[first] = Some(kept.len());
+        kept.push(Kept {
+            root,
+            node,
+            writes: (first..=root).filter(|&e| written[e]).collect(),
+            targets: (first..=root)
+                .filter(|&e| targets.get(e) == Some(&true))
+                .map(|e| (e, e - first + theirs))
+                .collect(),
+        });
     }
-    Ok(skips)
+    Ok((skips, kept))
 }
 
 /// How to put a container back as it was.

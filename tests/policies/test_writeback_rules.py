@@ -577,6 +577,38 @@ def test_alias_sets_slots_as_object_setattr_does_also_after_the_class_changes(mo
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_alias_writes_inside_a_kept_subtree_that_a_later_reference_returns(mode):
+    """A model the caller keeps (its nodes are its own objects after the call) with leaves
+    written in place deep inside it, reached twice (a ``Ref``), and returned through the
+    second place: the write-back hands over the caller's objects, writes exactly the slot
+    changed, and returns the caller's model, as plain Python does, at every call."""
+
+    def f(state):
+        inner = state["model"].w
+        inner.w = inner.w + 1
+        return state["again"], state["model"].b
+
+    def make(array):
+        model = Holder(
+            SlottedHolder(array([1.0]), array([2.0])), SlottedHolder(array([3.0]), array([4.0]))
+        )
+        return {"model": model, "again": model}
+
+    state, plain = make(jnp.asarray), make(np.asarray)
+    model, first, second = state["model"], state["model"].w, state["model"].b
+    kept = (first.b, second.w, second.b)
+    run = runner(mode, f, "alias")
+    for calls in range(1, 4):
+        out, b = run(state)
+        expected_out, expected_b = f(plain)
+        assert out is model and b is second and state["again"] is model
+        assert model.w is first and model.b is second and first.b is kept[0]
+        assert (second.w, second.b) == kept[1:]  # not written: the very objects
+        assert as_lists(first.w) == as_lists(plain["model"].w.w) == [1.0 + calls]
+        assert expected_out is plain["model"] and expected_b is plain["model"].b
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_alias_undoes_slots_set_directly_when_a_later_write_fails(mode):
     def update(target, source):
         raise RuntimeError("hook failed")
