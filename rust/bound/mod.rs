@@ -260,6 +260,11 @@ impl Watched {
                     return Ok(());
                 }
             }
+            // A write-back sets attributes and items, not `__class__`: the type is the same
+            // object (nothing to record again) unless something else changed it.
+            Watched::Type(obj, ty) if obj.bind(py).get_type_ptr() == ty.as_ptr().cast() => {
+                return Ok(());
+            }
             _ => {}
         }
         *self = self.again(py, tree)?;

@@ -136,6 +136,8 @@ pub struct CallPlan {
     /// hands the caller's object over without visiting it entry by entry.
     skips: Vec<Option<usize>>,
     kept: Vec<Kept>,
+    /// How many nodes the kept subtrees write, and how many children those have.
+    kept_writes: (usize, usize),
     /// By entry: whether a later `Ref` looks it up (empty when none does).
     targets: Vec<bool>,
     /// By entry of the caller's structure: its leaf slot, for a leaf (the caller's current
@@ -172,6 +174,7 @@ impl CallPlan {
             Some(input) => kept_subtrees(d, input.get(), &sources, &origins, &targets)?,
             None => (vec![None; d.entries.len()], Vec::new()),
         };
+        let kept_writes = kept_writes(d, &kept);
         let input_slots = match &input_def {
             Some(input) => input
                 .get()
@@ -192,6 +195,7 @@ impl CallPlan {
             write_custom,
             skips,
             kept,
+            kept_writes,
             targets,
             input_slots,
             slot_places: Mutex::new(Vec::new()),
@@ -212,8 +216,9 @@ impl CallPlan {
         let outputs = outputs.extract::<Outputs<'py>>().map_err(|_| {
             PyTypeError::new_err("the computation's outputs must come as a list or tuple")
         })?;
-        let mut writes: Vec<Write<'_, 'py>> = Vec::new();
-        let mut children: Vec<Bound<'py, PyAny>> = Vec::new();
+        // Sized for the writes known at trace time (those of kept subtrees; there may be more).
+        let mut writes: Vec<Write<'_, 'py>> = Vec::with_capacity(self.kept_writes.0);
+        let mut children: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.kept_writes.1);
         // The objects a later `Ref` looks up, by entry.
         let mut built: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.targets.len()];
         let leaf = |slot: usize| match self.sources[slot] {
@@ -311,6 +316,13 @@ struct Kept {
     writes: Vec<usize>,
     /// The entries in it a later `Ref` looks up, each with the caller's node it is.
     targets: Vec<(usize, usize)>,
+}
+
+/// How many nodes the `kept` subtrees of `def` write, and how many children those have.
+fn kept_writes(def: &SharedTreeDef, kept: &[Kept]) -> (usize, usize) {
+    let writes = kept.iter().flat_map(|k| &k.writes);
+    let children = writes.clone().map(|&w| def.entries[w].size() - 1).sum();
+    (writes.count(), children)
 }
 
 /// By entry of `def`: whether a `Ref` looks it up (empty when none does).
