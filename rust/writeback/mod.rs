@@ -345,9 +345,9 @@ fn ref_targets(def: &SharedTreeDef) -> Vec<bool> {
 /// find at every call (a plan only ever meets calls of the structure it was traced with):
 /// a node is kept when its origin keeps its data and each child is the caller's child at
 /// that place (a leaf handed back from the same slot, a kept node), or when it is a custom
-/// node written in place directly whose children are all leaves (`apply` writes it and hands
-/// the caller's object over; its new leaves come from other slots or the outputs, so they are
-/// never the old ones). A `Ref` child is left to `apply`. Marked at the first entry of each
+/// node written in place directly whose children are all leaves (not kept so, it has new data
+/// or a leaf from another slot or the outputs, never the old leaf: `apply` would write it at
+/// every call and hand the caller's object over). A `Ref` child is left to `apply`. Marked at the first entry of each
 /// largest subtree of kept nodes whose root keeps its data: its layout is the caller's, entry
 /// for entry, so `apply` reads only its writes and the entries a later `Ref` looks up.
 fn kept_subtrees(
