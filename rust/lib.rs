@@ -10,6 +10,7 @@
 //! - `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
 //! - `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, and
 //!   the native bases of `Jitted` and `JitPartial`, whose `__call__` they are;
+//! - `member.rs`: slots' member descriptors, read and set where the object keeps them;
 //! - `api.rs`: the module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.
@@ -19,6 +20,7 @@ use pyo3::prelude::*;
 mod api;
 mod bound;
 mod call;
+mod member;
 mod node;
 mod registry;
 mod sharing;

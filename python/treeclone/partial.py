@@ -30,7 +30,7 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._calls import Naming, check_cycles
-from treeclone._native import EntryInfo, SharedTreeDef, Snapshot
+from treeclone._native import EntryInfo, SharedTreeDef, Snapshot, Taker
 from treeclone.jit import Jitted, jit
 from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
@@ -65,7 +65,7 @@ class _BoundArguments:
             info = self.sdef.node_info()
             self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
             self.joined: dict[Any, SharedTreeDef] = {}
-            self.takers: dict[tuple[int, ...], _native.Taker] = {}
+            self.takers: dict[tuple[int, ...], Taker] = {}
         self.snapshot = Snapshot.take(self.objects, self.sdef)
         # Objects a call's arguments must not share with the bound ones: the containers, and
         # the leaves as they are now.
@@ -107,7 +107,7 @@ class _BoundArguments:
             index, written = next_inputs
             taker = self.takers.get(index)
             if taker is None:
-                taker = self.takers[index] = _native.Taker(index[: len(self.leaves)])
+                taker = self.takers[index] = Taker(index[: len(self.leaves)])
             self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
             self.snapshot.refresh(written)
 

@@ -22,6 +22,7 @@ mod leaves;
 
 pub use leaves::{any_identical, Taker};
 
+use crate::member::{member_descr, object_member};
 use crate::node::NodeKind;
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
@@ -389,33 +390,11 @@ unsafe fn member_value(
 ) -> Option<*mut pyo3::ffi::PyObject> {
     use pyo3::ffi;
     unsafe {
-        let descr = member_descr(descr)?;
-        let member = descr.d_member.as_ref()?;
-        if member.type_code != ffi::Py_T_OBJECT_EX
-            || member.flags & (ffi::Py_AUDIT_READ | ffi::Py_RELATIVE_OFFSET) != 0
-            || (!instance && ffi::PyObject_TypeCheck(obj, descr.d_common.d_type) == 0)
-        {
+        let (offset, class) = object_member(descr, false)?;
+        if !instance && ffi::PyObject_TypeCheck(obj, class) == 0 {
             return None;
         }
-        Some(
-            *obj.cast::<u8>()
-                .offset(member.offset)
-                .cast::<*mut ffi::PyObject>(),
-        )
-    }
-}
-
-/// `descr` as a member descriptor, if it is one.
-///
-/// # Safety
-/// `descr` must point to a live object, which must outlive the reference returned.
-unsafe fn member_descr<'a>(
-    descr: *mut pyo3::ffi::PyObject,
-) -> Option<&'a pyo3::ffi::PyMemberDescrObject> {
-    use pyo3::ffi;
-    unsafe {
-        (ffi::Py_TYPE(descr) == std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type))
-            .then(|| &*descr.cast::<ffi::PyMemberDescrObject>())
+        Some(*obj.cast::<u8>().offset(offset).cast::<*mut ffi::PyObject>())
     }
 }
 

@@ -10,6 +10,7 @@
 //! `__bases__` assigned), so a place found under a tag stays right for as long as the tag
 //! does; a type without a valid tag takes the generic path.
 
+use crate::member::object_member;
 use pyo3::exceptions::PyKeyError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -123,14 +124,9 @@ fn find_slot(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<Opt
         };
         // SAFETY: `descr` is alive (held) while it is read; `obj` is alive.
         return Ok(unsafe {
-            let Some((member, defined_by)) = member_of(descr.as_ptr()) else {
-                return Ok(None);
-            };
-            let flags = ffi::Py_READONLY | ffi::Py_AUDIT_READ | ffi::Py_RELATIVE_OFFSET;
-            let writable = member.type_code == ffi::Py_T_OBJECT_EX
-                && member.flags & flags == 0
-                && ffi::PyObject_TypeCheck(obj.as_ptr(), defined_by) != 0;
-            writable.then_some(member.offset)
+            object_member(descr.as_ptr(), true)
+                .filter(|&(_, class)| ffi::PyObject_TypeCheck(obj.as_ptr(), class) != 0)
+                .map(|(offset, _)| offset)
         });
     }
     Ok(None)
@@ -148,20 +144,4 @@ unsafe fn version_tag(ty: *mut ffi::PyTypeObject) -> Option<u32> {
         return None;
     }
     (tag != 0).then_some(tag)
-}
-
-/// The member definition of a member descriptor, with the type that defines it.
-///
-/// # Safety
-/// `descr` must point to a live object, which must outlive the reference returned.
-unsafe fn member_of<'a>(
-    descr: *mut ffi::PyObject,
-) -> Option<(&'a ffi::PyMemberDef, *mut ffi::PyTypeObject)> {
-    unsafe {
-        if ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type) {
-            return None;
-        }
-        let descr = &*descr.cast::<ffi::PyMemberDescrObject>();
-        Some((descr.d_member.as_ref()?, descr.d_common.d_type))
-    }
 }
