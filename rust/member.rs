@@ -1,8 +1,15 @@
-//! Member descriptors as `__slots__` makes them: what the snapshot reads (`bound/`) and the
-//! write-back sets (`writeback/slots.rs`) in the object itself, where the interpreter keeps a
-//! slot's value, instead of calling the descriptor.
+//! Member descriptors as `__slots__` makes them: what the snapshot reads (`bound/`), the
+//! write-back sets (`writeback/slots.rs`) and nnx's flatten reads (`SlotReader`) in the
+//! object itself, where the interpreter keeps a slot's value, instead of calling the
+//! descriptor.
 
+use pyo3::exceptions::{PyKeyError, PyTypeError};
 use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `descr` as a member descriptor, if it is one.
 ///
@@ -34,4 +41,186 @@ pub unsafe fn object_member(
     }
     (member.type_code == ffi::Py_T_OBJECT_EX && member.flags & refused == 0)
         .then_some((member.offset, descr.d_common.d_type))
+}
+
+/// What `_PyType_Lookup(ty, name)` finds (CPython does not export it): the value `name` has in
+/// the namespace of the first class along `ty`'s MRO that defines it, `Some(None)` when none
+/// does. None where that cannot be told without running Python code (an MRO that is not a
+/// tuple of types, a namespace that raises).
+pub fn type_lookup<'py>(
+    ty: &Bound<'py, PyType>,
+    name: &Bound<'py, PyString>,
+) -> Option<Option<Bound<'py, PyAny>>> {
+    let py = ty.py();
+    // The MRO and namespaces `_PyType_Lookup` reads: the type's own, past any metaclass.
+    // SAFETY: the type is alive (held), so is its MRO tuple, taken a reference to at once.
+    let mro = unsafe { Bound::from_borrowed_ptr_or_opt(py, (*ty.as_type_ptr()).tp_mro)? };
+    for class in mro.cast_into::<PyTuple>().ok()?.iter() {
+        let class = class.cast_into::<PyType>().ok()?;
+        // SAFETY: `class` is alive (held); `tp_dict` is NULL only for static built-in types
+        // from 3.12 on, whose namespace `__dict__` then gives.
+        let dict = unsafe { (*class.as_type_ptr()).tp_dict };
+        let namespace = if dict.is_null() {
+            class.getattr(intern!(py, "__dict__")).ok()?
+        } else {
+            unsafe { Bound::from_borrowed_ptr(py, dict) }
+        };
+        match namespace.get_item(name) {
+            Ok(value) => return Some(Some(value)),
+            Err(e) if e.is_instance_of::<PyKeyError>(py) => continue,
+            Err(_) => return None,
+        }
+    }
+    Some(None)
+}
+
+/// The offset at which instances of `obj`'s type store `name`, where the first class along
+/// the MRO that defines it defines it as a plain object member (`object_member`, `writable`
+/// as there) and `obj` is an instance of that class.
+pub fn slot_offset(
+    obj: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyString>,
+    writable: bool,
+) -> Option<isize> {
+    let descr = type_lookup(&obj.get_type(), name)??;
+    // SAFETY: `descr` is alive (held) while it is read; `obj` is alive.
+    unsafe {
+        object_member(descr.as_ptr(), writable)
+            .filter(|&(_, class)| ffi::PyObject_TypeCheck(obj.as_ptr(), class) != 0)
+            .map(|(offset, _)| offset)
+    }
+}
+
+/// The type's version tag, None when it has no valid one (0; before 3.13 the flag
+/// `Py_TPFLAGS_VALID_VERSION_TAG` says so too, and is cleared with it). CPython renews it
+/// whenever the type or one of its bases changes (an attribute set or deleted on the class,
+/// `__bases__` assigned) and never gives one to two type versions, so what was found about a
+/// type under a tag holds while the type has that tag.
+///
+/// # Safety
+/// `ty` must point to a live type object.
+pub unsafe fn version_tag(ty: *mut ffi::PyTypeObject) -> Option<u32> {
+    let (tag, _flags) = unsafe { ((*ty).tp_version_tag, (*ty).tp_flags) };
+    #[cfg(not(Py_3_13))]
+    if _flags & ffi::Py_TPFLAGS_VALID_VERSION_TAG == 0 {
+        return None;
+    }
+    (tag != 0).then_some(tag)
+}
+
+/// Reads one attribute as `getattr` does, from where the instance stores it when that is a
+/// slot: a flatten reads `_raw_value` from every nnx `Variable`, whose class defines
+/// `__getattr__`, so `getattr` looks up `__getattr__`, `__getattribute__` and the name along
+/// the MRO and calls the member descriptor, about 300 instructions for a pointer read. The
+/// place is found once per type version (the last one read is kept: a reader serves one
+/// registered type).
+pub struct SlotReader {
+    /// The version tag (high half) and the offset (low half, `NOT_A_SLOT` where `getattr`
+    /// must run) last found; 0: none yet.
+    place: AtomicU64,
+}
+
+const NOT_A_SLOT: u32 = u32::MAX;
+
+impl SlotReader {
+    pub const fn new() -> Self {
+        SlotReader {
+            place: AtomicU64::new(0),
+        }
+    }
+
+    /// `getattr(obj, name)`; `name` must be the same string at every call.
+    pub fn getattr<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match self.read(obj, name) {
+            Some(value) => Ok(value),
+            None => obj.getattr(name),
+        }
+    }
+
+    /// The slot's value where `getattr` would return it (None: `getattr` must run, as it must
+    /// when the slot is unset, for `__getattr__`).
+    fn read<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+    ) -> Option<Bound<'py, PyAny>> {
+        let ty = obj.get_type_ptr();
+        // SAFETY: `obj` is alive, so is its type.
+        let tag = unsafe { version_tag(ty) }?;
+        let place = self.place.load(Ordering::Relaxed);
+        let offset = if (place >> 32) as u32 == tag {
+            place as u32
+        } else {
+            let offset = find_readable(obj, name)
+                .and_then(|offset| u32::try_from(offset).ok())
+                .unwrap_or(NOT_A_SLOT);
+            // Finding it may have run Python code: kept only for the version it was found in.
+            // SAFETY: as above.
+            if unsafe { version_tag(ty) } != Some(tag) {
+                return None;
+            }
+            self.place
+                .store(u64::from(tag) << 32 | u64::from(offset), Ordering::Relaxed);
+            offset
+        };
+        if offset == NOT_A_SLOT {
+            return None;
+        }
+        // SAFETY: under this type version `getattr(obj, name)` reads an object member at
+        // `offset` of a class `obj` is an instance of (`find_readable`), so the object's
+        // memory holds a `PyObject *` (or NULL) there; it is made a reference at once.
+        unsafe {
+            let at = obj.as_ptr().cast::<u8>().offset(offset as isize);
+            Bound::from_borrowed_ptr_or_opt(obj.py(), *at.cast::<*mut ffi::PyObject>())
+        }
+    }
+}
+
+/// Where `getattr(obj, name)` reads a plain object slot: the type's `tp_getattro` is the
+/// generic one, or a Python class's `__getattr__` hook whose `__getattribute__` along the MRO
+/// is `object`'s (the hook then calls the generic one first), and the name is such a slot
+/// (`slot_offset`; found first along the MRO, a data descriptor comes before any instance
+/// dict).
+fn find_readable(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> Option<isize> {
+    let py = obj.py();
+    let ty = obj.get_type();
+    // SAFETY: `ty` is alive (held).
+    let getattro = unsafe { (*ty.as_type_ptr()).tp_getattro }.map_or(0, |f| f as usize);
+    if getattro != ffi::PyObject_GenericGetAttr as *const () as usize {
+        let (hook, generic) = getattr_hook(py)?;
+        let found = type_lookup(&ty, intern!(py, "__getattribute__"))??;
+        if getattro != *hook || !found.is(generic) {
+            return None;
+        }
+    }
+    slot_offset(obj, name, false)
+}
+
+/// The `tp_getattro` of a Python class that defines `__getattr__` (CPython's
+/// `slot_tp_getattr_hook`, which it does not export), found on such a class made once, and
+/// `object.__getattribute__`.
+fn getattr_hook(py: Python<'_>) -> Option<&(usize, Py<PyAny>)> {
+    static HOOK: PyOnceLock<(usize, Py<PyAny>)> = PyOnceLock::new();
+    HOOK.get_or_try_init(py, || -> PyResult<_> {
+        let namespace = PyDict::new(py);
+        py.run(
+            c"class GetsMissing:\n    def __getattr__(self, name): raise AttributeError(name)\n",
+            None,
+            Some(&namespace),
+        )?;
+        let class = namespace
+            .get_item("GetsMissing")?
+            .ok_or_else(|| PyTypeError::new_err("the probe class was not made"))?
+            .cast_into::<PyType>()?;
+        // SAFETY: `class` is alive (held above).
+        let hook = unsafe { (*class.as_type_ptr()).tp_getattro }.map_or(0, |f| f as usize);
+        let object = py.get_type::<PyAny>();
+        let generic = object.getattr("__dict__")?.get_item("__getattribute__")?;
+        Ok((hook, generic.unbind()))
+    })
+    .ok()
 }

@@ -15,6 +15,7 @@
 //! that type, so a change in flax costs speed, never correctness.
 
 use super::memo;
+use crate::member::SlotReader;
 use crate::registry::CustomType;
 use crate::traverse::address::AddressMap;
 use crate::traverse::keysort;
@@ -29,8 +30,12 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Known {
     /// `flax.nnx.pytreelib.Pytree._pytree__flatten`.
     Pytree,
-    /// `flax.nnx.variablelib._variable_flatten`.
-    Variable,
+    /// `flax.nnx.variablelib._variable_flatten`, with where the type keeps the two slots it
+    /// reads.
+    Variable {
+        value: SlotReader,
+        metadata: SlotReader,
+    },
     /// `flax.nnx.pytreelib._flatten_pytree_state`.
     PytreeState,
     /// `flax.nnx.statelib._state_flatten`.
@@ -81,7 +86,7 @@ pub fn flatten<'py>(
     }
     let native = match &known.known {
         Known::Pytree => nnx_pytree(obj),
-        Known::Variable => nnx_variable(obj),
+        Known::Variable { value, metadata } => nnx_variable(obj, value, metadata),
         Known::PytreeState => nnx_pytree_state(obj),
         Known::State => nnx_state(obj),
         Known::Dataclass { data, meta } => dataclass(obj, data, meta),
@@ -102,38 +107,58 @@ pub fn flatten<'py>(
     Ok(Some(expected))
 }
 
-/// `obj`'s children as its type's flatten function gives them, in no particular order, for a
-/// walk that needs nothing else (the cycle check): the native version's, without the sorting
-/// and the aux data it never reads; None where it does not apply (no native version, or one
-/// not yet checked against the function, or a case it does not cover), and the caller runs
-/// the whole flatten.
-pub fn children<'py>(
+/// Put `obj`'s children, as its type's flatten function gives them but in no particular
+/// order, into `out` (emptied first), for a walk that needs nothing else (the cycle check):
+/// the native version's, without the sorting and the aux data it never reads. None where it
+/// does not apply (no native version, or one not yet checked against the function, or a case
+/// it does not cover; `out` is then empty), and the caller runs the whole flatten. `out` is
+/// the caller's to reuse: a Variable's one child costs no allocation.
+pub fn children_into<'py>(
     obj: &Bound<'py, PyAny>,
     custom: &CustomType,
-) -> Option<Vec<Bound<'py, PyAny>>> {
+    out: &mut Vec<Bound<'py, PyAny>>,
+) -> Option<()> {
+    out.clear();
+    let found = children(obj, custom, out);
+    if found.is_none() {
+        out.clear();
+    }
+    found
+}
+
+fn children<'py>(
+    obj: &Bound<'py, PyAny>,
+    custom: &CustomType,
+    out: &mut Vec<Bound<'py, PyAny>>,
+) -> Option<()> {
     let known = custom.known.as_ref()?;
     if known.check.load(Ordering::Relaxed) != AGREES {
         return None;
     }
     let py = obj.py();
     match &known.known {
-        Known::Variable => Some(vec![obj.getattr(intern!(py, "_raw_value")).ok()?]),
-        Known::PytreeState => Some(Vec::new()),
+        Known::Variable { value, .. } => {
+            out.push(value.getattr(obj, intern!(py, "_raw_value")).ok()?)
+        }
+        Known::PytreeState => {}
         Known::State => {
             let mapping = dict_attr(obj, intern!(py, "_mapping"))?;
-            Some(mapping.values().iter().collect())
+            out.extend(mapping.values().iter());
         }
-        Known::Pytree => nnx_pytree_children(obj),
-        Known::Dataclass { .. } => None,
+        Known::Pytree => nnx_pytree_children(obj, out)?,
+        Known::Dataclass { .. } => return None,
     }
+    Some(())
 }
 
 /// `nnx_pytree`'s children, unsorted: the attributes of `vars(obj)` marked as data.
-fn nnx_pytree_children<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+fn nnx_pytree_children<'py>(
+    obj: &Bound<'py, PyAny>,
+    out: &mut Vec<Bound<'py, PyAny>>,
+) -> Option<()> {
     let (vars, nodes) = pytree_dicts(obj)?;
     // Copied out first (increfs only): the lookups below may run a key's `__eq__`.
     let items: Vec<_> = vars.iter().collect();
-    let mut children = Vec::new();
     for (key, value) in items {
         key.cast_exact::<PyString>().ok()?;
         let is_data = match nodes.get_item(&key).ok()? {
@@ -141,10 +166,10 @@ fn nnx_pytree_children<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, Py
             None => false,
         };
         if is_data {
-            children.push(value);
+            out.push(value);
         }
     }
-    Some(children)
+    Some(())
 }
 
 /// The same object, or tuples of the same length whose items are (recursively) the same.
@@ -280,10 +305,18 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
 }
 
 /// `_variable_flatten`: child `x._raw_value`, aux the sorted items of `x._var_metadata`.
-fn nnx_variable<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+fn nnx_variable<'py>(
+    obj: &Bound<'py, PyAny>,
+    value: &SlotReader,
+    metadata: &SlotReader,
+) -> Option<Flat<'py>> {
     let py = obj.py();
-    let metadata = dict_attr(obj, intern!(py, "_var_metadata"))?;
-    let value = obj.getattr(intern!(py, "_raw_value")).ok()?;
+    let metadata = metadata
+        .getattr(obj, intern!(py, "_var_metadata"))
+        .ok()?
+        .cast_into_exact::<PyDict>()
+        .ok()?;
+    let value = value.getattr(obj, intern!(py, "_raw_value")).ok()?;
     if let Some(memo) = memo::lookup_items(&metadata) {
         return Some((vec![value], memo.aux.bind(py).clone()));
     }

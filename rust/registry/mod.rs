@@ -10,6 +10,7 @@ mod compat;
 
 pub use compat::compat;
 
+use crate::member::SlotReader;
 use crate::node::{Known, KnownFlatten};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -333,7 +334,10 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
             unflatten: answer.get_item(2)?.unbind(),
             known: match custom {
                 TypeKind::NnxPytree => Some(KnownFlatten::new(Known::Pytree)),
-                TypeKind::NnxVariable => Some(KnownFlatten::new(Known::Variable)),
+                TypeKind::NnxVariable => Some(KnownFlatten::new(Known::Variable {
+                    value: SlotReader::new(),
+                    metadata: SlotReader::new(),
+                })),
                 TypeKind::NnxPytreeState => Some(KnownFlatten::new(Known::PytreeState)),
                 TypeKind::NnxState => Some(KnownFlatten::new(Known::State)),
                 TypeKind::Dataclass => {

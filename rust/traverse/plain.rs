@@ -213,19 +213,48 @@ struct LookThrough<'py> {
     /// height so far, and the stack's length when they were opened (their children are the
     /// entries above it).
     open: Vec<(usize, usize, usize)>,
+    /// A custom node's children, on their way to `stack` (one vector for every node).
+    children: Vec<Bound<'py, PyAny>>,
 }
 
 /// How many entered containers are searched one by one before `LookThrough` indexes them.
 const SEARCHED: usize = 32;
+
+/// The largest index `LookThrough` keeps for the next look (in entries).
+const KEPT_INDEX: usize = 1 << 16;
+
+thread_local! {
+    /// The index of the last look through a large tree, emptied, for the next: a model's
+    /// state is looked through at every call, and growing an index (and the list of what was
+    /// entered) to its size again was a sixth of the look. Taken while in use, so a look that runs during another (from a
+    /// flatten function, or a finalizer) makes its own.
+    static SPARE_INDEX: std::cell::Cell<Option<AddressMap<usize, usize>>> =
+        const { std::cell::Cell::new(None) };
+    /// How many containers the last look entered: the next starts with room for as many.
+    static ENTERED_LAST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+impl Drop for LookThrough<'_> {
+    fn drop(&mut self) {
+        ENTERED_LAST.set(self.entered.len());
+        if let Some(mut index) = self.index.take() {
+            if index.capacity() <= KEPT_INDEX {
+                index.clear(); // addresses only: no Python code runs
+                SPARE_INDEX.set(Some(index));
+            }
+        }
+    }
+}
 
 impl<'py> LookThrough<'py> {
     fn new() -> Self {
         LookThrough {
             classifier: Classifier::new(),
             stack: Vec::with_capacity(32),
-            entered: Vec::with_capacity(16),
+            entered: Vec::with_capacity(ENTERED_LAST.get().clamp(16, KEPT_INDEX)),
             index: None,
             open: Vec::with_capacity(8),
+            children: Vec::new(),
         }
     }
 
@@ -279,8 +308,8 @@ impl<'py> LookThrough<'py> {
             if let Some(index) = &mut self.index {
                 index.insert(address, at);
             } else if at == SEARCHED {
-                let mut index =
-                    AddressMap::with_capacity_and_hasher(2 * SEARCHED, Default::default());
+                let mut index = SPARE_INDEX.take().unwrap_or_default();
+                index.reserve(2 * SEARCHED);
                 for (i, (obj, _)) in self.entered.iter().enumerate() {
                     index.insert(obj.as_ptr() as usize, i);
                 }
@@ -311,13 +340,14 @@ impl<'py> LookThrough<'py> {
                 Kind::Custom(custom) => {
                     // Only the children matter here, not their order: for flax nnx's nodes,
                     // without the sorting and aux data of their flatten.
-                    let children = match known::children(&obj, &custom) {
-                        Some(found) => found,
-                        None => call_custom_flatten(&obj, &custom)?.0,
-                    };
+                    let mut children = std::mem::take(&mut self.children);
+                    if known::children_into(&obj, &custom, &mut children).is_none() {
+                        children = call_custom_flatten(&obj, &custom)?.0;
+                    }
                     self.classifier.python_ran();
                     self.stack
-                        .extend(children.into_iter().map(|child| (child, below)));
+                        .extend(children.drain(..).map(|child| (child, below)));
+                    self.children = children;
                 }
                 Kind::Leaf | Kind::None => {}
             }

@@ -353,3 +353,50 @@ MODULES = st.recursive(
 def test_generated_modules_flatten_as_jax(module):
     assert_flattens_as_jax(module)
     assert_flattens_as_jax([module, {"again": module}])
+
+
+def test_variable_slots_are_read_as_getattr_reads_them_also_after_the_class_changes():
+    """The native flatten and the cycle check read a Variable's ``_raw_value`` and
+    ``_var_metadata`` from where the instance stores them, the place found once per version
+    of the class (``SlotReader`` in ``rust/member.rs``): a property shadowing the slot, a
+    ``__getattribute__`` set on the class later and an unset slot are each seen as ``getattr``
+    sees them, by the flatten (against JAX's) and by the cycle check (a value that contains
+    the Variable itself only through the class's ``__getattribute__``)."""
+
+    class Tracked(nnx.Param):
+        pass
+
+    variable = Tracked(jnp.ones(2), note="n")
+    other = Tracked(jnp.zeros(3))
+    jitted = treeclone.jit(lambda v: 0)
+
+    def agree() -> None:
+        for v in (variable, other, [variable, other]):
+            assert_flattens_as_jax(v)
+        jitted(variable)  # no cycle
+
+    agree()
+    shadow = jnp.full(4, 2.0)
+    Tracked._raw_value = property(lambda self: shadow, lambda self, value: None)  # hides the slot
+    agree()
+    assert tc.tree_leaves(variable)[0].shape == (4,)
+    del Tracked._raw_value
+    agree()
+
+    loop: list = []
+
+    def getattribute(self: Any, name: str) -> Any:
+        if name == "_raw_value" and self is variable:
+            return loop
+        return object.__getattribute__(self, name)
+
+    Tracked.__getattribute__ = getattribute  # type: ignore[method-assign]
+    loop.append(variable)
+    assert_flattens_as_jax(other)
+    with pytest.raises(ValueError, match="cycle detected"):
+        jitted(variable)
+    del Tracked.__getattribute__
+    agree()
+
+    object.__delattr__(other, "_raw_value")  # unset: getattr goes on to __getattr__
+    check_same_error(lambda: tc.tree_flatten(other), lambda: jtu.tree_flatten(other))
