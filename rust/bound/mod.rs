@@ -22,7 +22,7 @@ mod leaves;
 
 pub use leaves::{any_identical, Taker};
 
-use crate::member::{member_descr, object_member};
+use crate::member::{object_member, version_tag as type_version};
 use crate::node::NodeKind;
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
@@ -34,8 +34,15 @@ use std::collections::{HashMap, HashSet};
 /// the snapshot uncheckable.
 const PLAIN_DEPTH: usize = 16;
 
-/// A slot's member descriptor and the value it held (None: unset).
-type SlotValue = (Py<PyAny>, Option<Py<PyAny>>);
+/// A watched slot: its member descriptor, the value it held (None: unset) and, where the
+/// descriptor is a plain object member (`member::object_member`) of a class the object is an
+/// instance of, the offset in the object where the value is stored, read there while the
+/// object's `Layout` holds (three slots of each nnx Variable at every `jit_partial` call).
+struct SlotValue {
+    descr: Py<PyAny>,
+    value: Option<Py<PyAny>>,
+    offset: Option<isize>,
+}
 
 /// One watched object and what it held.
 enum Watched {
@@ -50,50 +57,39 @@ enum Watched {
     Type(Py<PyAny>, Py<PyType>),
     /// An object, its `__dict__` and that dict's items, and the plain containers those hold.
     Attributes(Py<PyAny>, Py<PyDict>, DictItems, Vec<Watched>),
-    /// An object, the type its slots were read under (`Layout`), for each of its slots the
-    /// member descriptor and the value (None: unset), and the plain containers those hold.
+    /// An object, the type version its slots were read under (`Layout`; where there is one,
+    /// it also stands for the object's `Type` watch), its slots, and the plain containers
+    /// those hold.
     Slots(Py<PyAny>, Option<Layout>, Vec<SlotValue>, Vec<Watched>),
 }
 
-/// The type an object's slots were read under, with its MRO then, when the object was an
-/// instance of the class of each member descriptor read: while the object is of this very
-/// type with this very MRO (both held, so neither address can be reused), it still is, and
-/// `member_value` need not ask again at every check (a walk of the MRO each time).
+/// The type version an object's slots were read under: while the object is of this very type
+/// (held, so that its address cannot be reused) and the type has this version tag
+/// (`member::version_tag`, renewed at any change of the class or a base), the class's
+/// namespaces and MRO are as they were, so the slots' descriptors are still what the names
+/// resolve to and their offsets still where the object stores the values. None where the
+/// type had no valid tag.
 struct Layout {
     ty: Py<PyType>,
-    mro: Py<PyAny>,
+    tag: u32,
 }
 
 impl Layout {
-    fn of(obj: &Bound<'_, PyAny>, slots: &[SlotValue]) -> Option<Layout> {
-        use pyo3::ffi;
-        let py = obj.py();
+    fn of(obj: &Bound<'_, PyAny>) -> Option<Layout> {
         let ty = obj.get_type();
-        // SAFETY: `ty` is alive (held); its MRO tuple is borrowed and taken a reference to at
-        // once. Each descriptor is alive (held by `slots`) and only its type and class read.
-        unsafe {
-            let mro = Bound::from_borrowed_ptr_or_opt(py, (*ty.as_type_ptr()).tp_mro)?;
-            for (descr, _) in slots {
-                if let Some(descr) = member_descr(descr.as_ptr()) {
-                    if ffi::PyObject_TypeCheck(obj.as_ptr(), descr.d_common.d_type) == 0 {
-                        return None;
-                    }
-                }
-            }
-            Some(Layout {
-                ty: ty.unbind(),
-                mro: mro.unbind(),
-            })
-        }
+        // SAFETY: `ty` is alive (held).
+        let tag = unsafe { type_version(ty.as_type_ptr()) }?;
+        Some(Layout {
+            ty: ty.unbind(),
+            tag,
+        })
     }
 
-    /// Whether `obj` is still of this type, whose MRO is still this one.
-    fn holds(layout: Option<&Layout>, obj: &Bound<'_, PyAny>) -> bool {
-        layout.is_some_and(|layout| {
-            let ty = layout.ty.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
-            // SAFETY: the type is alive (held); reading its MRO pointer has no side effects.
-            obj.get_type_ptr() == ty && unsafe { (*ty).tp_mro } == layout.mro.as_ptr()
-        })
+    /// Whether `obj` is still of this type, which still has this version.
+    fn holds(&self, obj: &Bound<'_, PyAny>) -> bool {
+        let ty = self.ty.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
+        // SAFETY: the type is alive (held); reading its tag has no side effects.
+        obj.get_type_ptr() == ty && unsafe { type_version(ty) } == Some(self.tag)
     }
 }
 
@@ -169,13 +165,32 @@ impl<'a> Plain<'a> {
     }
 }
 
-/// Whether `value` is a container whose items `Plain` watches.
+/// Whether `value` is a container whose items `Plain` watches. Asked of every value a
+/// write-back replaces (an array, most often): a set's subclass check walks the MRO, so the
+/// last type found to be no set is remembered by its version tag (unique to one version of
+/// one type, so a later `__bases__` cannot make it wrong).
 fn is_plain(value: &Bound<'_, PyAny>) -> bool {
-    value.is_instance_of::<PyList>()
-        || value.is_instance_of::<PyDict>()
-        || value.is_instance_of::<PyTuple>()
-        || value.is_instance_of::<PySet>()
-        || value.is_instance_of::<PyFrozenSet>()
+    use pyo3::ffi;
+    thread_local! {
+        static NOT_A_SET: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    let ty = value.get_type_ptr();
+    // SAFETY: `value` is alive, so is its type; its flags and tag are plain reads.
+    let (flags, tag) = unsafe { ((*ty).tp_flags, type_version(ty)) };
+    let sequences = ffi::Py_TPFLAGS_LIST_SUBCLASS
+        | ffi::Py_TPFLAGS_TUPLE_SUBCLASS
+        | ffi::Py_TPFLAGS_DICT_SUBCLASS;
+    if flags & sequences != 0 {
+        return true;
+    }
+    if tag.is_some() && tag == Some(NOT_A_SET.get()) {
+        return false;
+    }
+    let set = value.is_instance_of::<PySet>() || value.is_instance_of::<PyFrozenSet>();
+    if let (false, Some(tag)) = (set, tag) {
+        NOT_A_SET.set(tag);
+    }
+    set
 }
 
 /// Whether a value replaced (`old`) or its replacement (`now`) is a plain container (None:
@@ -232,21 +247,31 @@ impl Watched {
     fn refresh(&mut self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<()> {
         match self {
             Watched::Slots(obj, layout, slots, _) => {
+                let obj = obj.bind(py);
                 let mut kept = true;
-                for (descr, value) in slots.iter_mut() {
-                    let known = Layout::holds(layout.as_ref(), obj.bind(py));
-                    let now = slot_now(obj.bind(py), descr.bind(py), known)?;
-                    if now.as_ref().map(Bound::as_ptr) == value.as_ref().map(Py::as_ptr) {
+                for slot in slots.iter_mut() {
+                    // Asked again for each slot: a value read through its descriptor, or a
+                    // value let go below, may have run Python code that changed the class.
+                    let laid_out = match layout {
+                        Some(layout) if !layout.holds(obj) => {
+                            kept = false; // recorded again, under the type version now
+                            break;
+                        }
+                        Some(_) => true,
+                        None => false,
+                    };
+                    let now = slot.now(obj, laid_out)?;
+                    if now.as_ref().map(Bound::as_ptr) == slot.value.as_ref().map(Py::as_ptr) {
                         continue;
                     }
-                    if plain_either(now.as_ref(), value.as_ref().map(|v| v.bind(py))) {
+                    if plain_either(now.as_ref(), slot.value.as_ref().map(|v| v.bind(py))) {
                         kept = false;
                         break;
                     }
                     // The value replaced goes now: a finalizer it runs can change the object,
                     // whose slots are read from the object itself (a slot it changes after
                     // its read only makes the next `unchanged` false).
-                    drop(std::mem::replace(value, now.map(Bound::unbind)));
+                    drop(std::mem::replace(&mut slot.value, now.map(Bound::unbind)));
                 }
                 if kept {
                     return Ok(());
@@ -299,15 +324,16 @@ impl Watched {
                 }
                 Watched::Attributes(owner.clone().unbind(), attrs.unbind(), items, plain.watched)
             }
-            Watched::Slots(obj, _, slots, _) => {
-                let descrs = slots.iter().map(|(d, _)| d.bind(py).clone()).collect();
-                let values = slot_values(obj.bind(py), descrs)?;
+            Watched::Slots(obj, _, _, _) => {
+                // The slots as the class has them now (it may have changed since).
+                let obj = obj.bind(py);
+                let layout = Layout::of(obj);
+                let values = slot_values(obj, slot_descriptors(&obj.get_type())?)?;
                 let mut plain = Plain::new(tree);
-                for v in values.iter().filter_map(|(_, v)| v.as_ref()) {
+                for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
                     plain.add(v.bind(py), 0)?;
                 }
-                let layout = Layout::of(obj.bind(py), &values);
-                Watched::Slots(obj.clone_ref(py), layout, values, plain.watched)
+                Watched::Slots(obj.clone().unbind(), layout, values, plain.watched)
             }
         })
     }
@@ -329,9 +355,15 @@ impl Watched {
                     && all_unchanged(py, plain)?
             }
             Watched::Slots(obj, layout, slots, plain) => {
-                for (descr, value) in slots {
-                    let known = Layout::holds(layout.as_ref(), obj.bind(py));
-                    if !slot_holds(obj.bind(py), descr.bind(py), value.as_ref(), known)? {
+                let obj = obj.bind(py);
+                for slot in slots {
+                    // Asked for each slot: one read through its descriptor may run Python code.
+                    let laid_out = match layout {
+                        Some(layout) if !layout.holds(obj) => return Ok(false), // class changed
+                        Some(_) => true,
+                        None => false,
+                    };
+                    if !slot.holds(obj, laid_out)? {
                         return Ok(false);
                     }
                 }
@@ -350,67 +382,118 @@ fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
     Ok(true)
 }
 
-/// Whether the slot of `descr` on `obj` holds `value` (None: unset), by identity. This runs
-/// for every slot of every bound object at each `jit_partial` call (three per nnx Variable):
-/// a member descriptor as `__slots__` makes it is compared where it reads, in the object,
-/// with no reference taken; any other descriptor is called (`read_slot`). `known`: `obj` is
-/// an instance of the descriptor's class (`Layout`).
-fn slot_holds(
-    obj: &Bound<'_, PyAny>,
-    descr: &Bound<'_, PyAny>,
-    value: Option<&Py<PyAny>>,
-    known: bool,
-) -> PyResult<bool> {
-    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held; `known` is only
-    // true when the object is an instance of the descriptor's class.
-    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr(), known) } {
-        return Ok(held == value.map_or(std::ptr::null_mut(), Py::as_ptr));
+impl SlotValue {
+    /// The slot of `descr` on `obj`, read now.
+    fn read(obj: &Bound<'_, PyAny>, descr: Bound<'_, PyAny>) -> PyResult<SlotValue> {
+        // SAFETY: `descr` and `obj` are alive (held, borrowed); only the descriptor's fields
+        // and type are read.
+        let offset = unsafe {
+            object_member(descr.as_ptr(), false)
+                .filter(|&(_, class)| pyo3::ffi::PyObject_TypeCheck(obj.as_ptr(), class) != 0)
+                .map(|(offset, _)| offset)
+        };
+        let value = match offset {
+            // SAFETY: `offset` is where `obj` stores the member (found above).
+            Some(offset) => unsafe { stored(obj, offset) },
+            None => read_slot(obj, &descr)?,
+        };
+        Ok(SlotValue {
+            descr: descr.unbind(),
+            value: value.map(Bound::unbind),
+            offset,
+        })
     }
-    Ok(match (read_slot(obj, descr)?, value) {
-        (Some(a), Some(b)) => a.is(b),
-        (None, None) => true,
-        _ => false,
-    })
+
+    /// What the slot holds now (None: unset). `laid_out`: the object's `Layout` holds, so
+    /// that the value is read where it is stored; else through the descriptor.
+    fn now<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+        laid_out: bool,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.offset {
+            // SAFETY: the layout the offset was found under holds.
+            Some(offset) if laid_out => Ok(unsafe { stored(obj, offset) }),
+            _ => {
+                let descr = self.descr.bind(obj.py());
+                // SAFETY: `obj` and `descr` are alive and the GIL is held; the pointer read is
+                // made a reference of its own at once, before any Python code can run.
+                match unsafe { member_value(obj.as_ptr(), descr.as_ptr()) } {
+                    Some(held) => Ok(unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), held) }),
+                    None => read_slot(obj, descr),
+                }
+            }
+        }
+    }
+
+    /// Whether the slot still holds its value, by identity, without taking a reference where
+    /// it is read in the object (`laid_out` as for `now`).
+    fn holds(&self, obj: &Bound<'_, PyAny>, laid_out: bool) -> PyResult<bool> {
+        let value = self.value.as_ref().map_or(std::ptr::null_mut(), Py::as_ptr);
+        let descr = self.descr.as_ptr();
+        // SAFETY: with `laid_out`, the offset is where the object stores the member; else the
+        // member is read after its class is checked. Both pointers are only compared.
+        let held = match self.offset {
+            Some(offset) if laid_out => Some(unsafe { stored_ptr(obj, offset) }),
+            _ => unsafe { member_value(obj.as_ptr(), descr) },
+        };
+        if let Some(held) = held {
+            return Ok(held == value);
+        }
+        Ok(
+            match (read_slot(obj, self.descr.bind(obj.py()))?, &self.value) {
+                (Some(a), Some(b)) => a.is(b),
+                (None, None) => true,
+                _ => false,
+            },
+        )
+    }
+}
+
+/// The pointer `obj` stores at `offset` (null: unset).
+///
+/// # Safety
+/// `offset` must be where `obj`'s layout stores an object member; the GIL must be held. The
+/// pointer is borrowed and may dangle once any Python code runs: only compare it, or take a
+/// reference to it at once.
+unsafe fn stored_ptr(obj: &Bound<'_, PyAny>, offset: isize) -> *mut pyo3::ffi::PyObject {
+    unsafe {
+        *obj.as_ptr()
+            .cast::<u8>()
+            .offset(offset)
+            .cast::<*mut pyo3::ffi::PyObject>()
+    }
+}
+
+/// A reference to what `obj` stores at `offset` (None: unset).
+///
+/// # Safety
+/// As for `stored_ptr`.
+unsafe fn stored<'py>(obj: &Bound<'py, PyAny>, offset: isize) -> Option<Bound<'py, PyAny>> {
+    unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), stored_ptr(obj, offset)) }
 }
 
 /// What the member descriptor `descr` reads on `obj` when it is one as `__slots__` makes it
-/// (an object member, no audit hook, `obj` an instance of its class, asked unless `instance`
-/// says so): the pointer stored in the object (null: unset), as `PyMember_GetOne` reads it.
-/// None for any other descriptor.
+/// (an object member, no audit hook) and `obj` is an instance of its class: the pointer
+/// stored in the object (null: unset), as `PyMember_GetOne` reads it. None for any other
+/// descriptor.
 ///
 /// # Safety
-/// `obj` and `descr` must point to live objects and the GIL must be held; `instance` may be
-/// true only when `obj` is an instance of the descriptor's class (the read is at an offset in
-/// that class's layout). The pointer returned is borrowed and may dangle once any Python code
-/// runs: only compare it, or take a reference to it at once.
+/// `obj` and `descr` must point to live objects and the GIL must be held. The pointer
+/// returned is borrowed and may dangle once any Python code runs: only compare it, or take a
+/// reference to it at once.
 unsafe fn member_value(
     obj: *mut pyo3::ffi::PyObject,
     descr: *mut pyo3::ffi::PyObject,
-    instance: bool,
 ) -> Option<*mut pyo3::ffi::PyObject> {
     use pyo3::ffi;
     unsafe {
         let (offset, class) = object_member(descr, false)?;
-        if !instance && ffi::PyObject_TypeCheck(obj, class) == 0 {
+        if ffi::PyObject_TypeCheck(obj, class) == 0 {
             return None;
         }
         Some(*obj.cast::<u8>().offset(offset).cast::<*mut ffi::PyObject>())
     }
-}
-
-/// `read_slot`, reading a member descriptor's value where it is stored (`member_value`).
-fn slot_now<'py>(
-    obj: &Bound<'py, PyAny>,
-    descr: &Bound<'py, PyAny>,
-    known: bool,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    // SAFETY: `obj` and `descr` are alive (borrowed) and the GIL is held; `known` as for
-    // `slot_holds`; the pointer read is made a reference of its own at once, before any
-    // Python code can run.
-    if let Some(held) = unsafe { member_value(obj.as_ptr(), descr.as_ptr(), known) } {
-        return Ok(unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), held) });
-    }
-    read_slot(obj, descr)
 }
 
 /// The value of the slot whose member descriptor is `descr` on `obj`, or None when unset:
@@ -446,10 +529,7 @@ fn slot_values<'py>(
 ) -> PyResult<Vec<SlotValue>> {
     descrs
         .into_iter()
-        .map(|d| {
-            let v = slot_now(obj, &d, false)?.map(Bound::unbind);
-            Ok((d.unbind(), v))
-        })
+        .map(|descr| SlotValue::read(obj, descr))
         .collect()
 }
 
@@ -682,6 +762,7 @@ impl Snapshot {
             }
             // First, so that a reassigned `__class__` is seen before its slots are read.
             let ty = obj.get_type();
+            let type_at = watched.len();
             watched.push(Watched::Type(obj.clone().unbind(), ty.clone().unbind()));
             let mut known = false;
             // What the node's flatten may read its children from.
@@ -729,14 +810,18 @@ impl Snapshot {
                 }
             };
             if !descrs.is_empty() {
+                let layout = Layout::of(&obj);
                 let values = slot_values(&obj, descrs)?;
                 let mut plain = Plain::new(&tree);
-                for v in values.iter().filter_map(|(_, v)| v.as_ref()) {
+                for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
                     plain.add(v.bind(py), 0)?;
                 }
                 checkable &= plain.complete;
                 found.extend(plain.found);
-                let layout = Layout::of(&obj, &values);
+                if layout.as_ref().is_some_and(|layout| layout.holds(&obj)) {
+                    // The layout's check, first in the slots' own, stands for the type watch.
+                    watched.remove(type_at);
+                }
                 watched.push(Watched::Slots(
                     obj.clone().unbind(),
                     layout,

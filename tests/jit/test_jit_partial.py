@@ -528,6 +528,28 @@ def test_a_reassigned___class___between_calls_is_used():
     assert ours == theirs == plain == [2.0, 2.0]
 
 
+def test_a_slot_hidden_by_a_class_attribute_between_calls_is_used():
+    """The class of a slotted node changed between calls: ``w`` now reads another slot. The
+    object's slots all hold what they held, so only the class's version shows it."""
+
+    class Shadowed:
+        __slots__ = ("other", "w")
+
+        def __init__(self, w):
+            self.w, self.other = w, jnp.full(2, 5.0)
+
+    jax.tree_util.register_pytree_node(
+        Shadowed, lambda s: ((s.w,), None), lambda _, c: Shadowed(c[0])
+    )
+
+    def change(obj):
+        hidden = property(lambda s: s.other, lambda s, v: setattr(s, "other", v))
+        type(obj).w = hidden  # type: ignore[method-assign]
+
+    ours, theirs, plain = _three_ways(lambda o, x: o.w * x, lambda: Shadowed(jnp.ones(2)), change, 2.0)
+    assert ours == theirs == plain == [10.0, 10.0]
+
+
 class Holder:
     def __init__(self, w):
         self.w = w
