@@ -4,7 +4,7 @@
 //! an item it only looks at: touching each array's reference count costs more than the rest.
 
 use crate::writeback::Outputs;
-use pyo3::exceptions::PyIndexError;
+use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use std::collections::HashSet;
@@ -62,8 +62,11 @@ impl Taker {
     fn __call__<'py>(
         &self,
         first: &Bound<'py, PyList>,
-        second: Outputs<'py>,
+        second: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
+        let second = Outputs::of(second).ok_or_else(|| {
+            PyTypeError::new_err("Taker: the second argument is no list or tuple")
+        })?;
         // Taken as references first: the list made below may start the GC, whose finalizers
         // could change `first` or `second`.
         let n = first.len();

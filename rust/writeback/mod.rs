@@ -91,13 +91,24 @@ impl Origin {
 }
 
 /// The computation's outputs, as jax hands them over: a list or a tuple.
-#[derive(FromPyObject)]
 pub enum Outputs<'py> {
     List(Bound<'py, PyList>),
     Tuple(Bound<'py, PyTuple>),
 }
 
 impl<'py> Outputs<'py> {
+    /// `outputs` as a list or a tuple (asked by type: a derived extraction would make and
+    /// drop an error at every call that hands over the second kind); None if it is neither.
+    pub fn of(outputs: &Bound<'py, PyAny>) -> Option<Self> {
+        if let Ok(tuple) = outputs.cast::<PyTuple>() {
+            return Some(Outputs::Tuple(tuple.clone()));
+        }
+        outputs
+            .cast::<PyList>()
+            .ok()
+            .map(|list| Outputs::List(list.clone()))
+    }
+
     pub fn get(&self, i: usize) -> PyResult<Bound<'py, PyAny>> {
         match self {
             Outputs::List(list) => list.get_item(i),
@@ -213,7 +224,7 @@ impl CallPlan {
         outputs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let def = self.def.get();
-        let outputs = outputs.extract::<Outputs<'py>>().map_err(|_| {
+        let outputs = Outputs::of(outputs).ok_or_else(|| {
             PyTypeError::new_err("the computation's outputs must come as a list or tuple")
         })?;
         // Sized for the writes known at trace time (those of kept subtrees; there may be more).
