@@ -546,7 +546,9 @@ def test_a_slot_hidden_by_a_class_attribute_between_calls_is_used():
         hidden = property(lambda s: s.other, lambda s, v: setattr(s, "other", v))
         type(obj).w = hidden  # type: ignore[method-assign]
 
-    ours, theirs, plain = _three_ways(lambda o, x: o.w * x, lambda: Shadowed(jnp.ones(2)), change, 2.0)
+    ours, theirs, plain = _three_ways(
+        lambda o, x: o.w * x, lambda: Shadowed(jnp.ones(2)), change, 2.0
+    )
     assert ours == theirs == plain == [10.0, 10.0]
 
 
