@@ -155,14 +155,18 @@ impl SlotReader {
         let offset = if (place >> 32) as u32 == tag {
             place as u32
         } else {
+            // Held: finding the place may run Python code, which could give `obj` another
+            // class and let this one go.
+            let held = obj.get_type();
             let offset = find_readable(obj, name)
                 .and_then(|offset| u32::try_from(offset).ok())
                 .unwrap_or(NOT_A_SLOT);
-            // Finding it may have run Python code: kept only for the version it was found in.
-            // SAFETY: as above.
-            if unsafe { version_tag(ty) } != Some(tag) {
+            // Kept only for the type and version it was found in.
+            // SAFETY: `ty` is alive (held).
+            if obj.get_type_ptr() != ty || unsafe { version_tag(ty) } != Some(tag) {
                 return None;
             }
+            drop(held);
             self.place
                 .store(u64::from(tag) << 32 | u64::from(offset), Ordering::Relaxed);
             offset
