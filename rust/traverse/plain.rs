@@ -226,8 +226,8 @@ const KEPT_INDEX: usize = 1 << 16;
 thread_local! {
     /// The index of the last look through a large tree, emptied, for the next: a model's
     /// state is looked through at every call, and growing an index (and the list of what was
-    /// entered) to its size again was a sixth of the look. Taken while in use, so a look that runs during another (from a
-    /// flatten function, or a finalizer) makes its own.
+    /// entered) to its size again was a sixth of the look. Taken while in use, so a look
+    /// that runs during another (from a flatten function, or a finalizer) makes its own.
     static SPARE_INDEX: std::cell::Cell<Option<AddressMap<usize, usize>>> =
         const { std::cell::Cell::new(None) };
     /// How many containers the last look entered: the next starts with room for as many.

@@ -4,6 +4,7 @@
 //! name up along the type's MRO twice and call the descriptor twice for each. Where the
 //! lookup finds a plain object slot, what they do comes down to swapping one pointer, so the
 //! place is found once per type version and the pointer swapped directly.
+//!
 //! A place is kept under the type's version tag (`member::version_tag`); a type without a
 //! valid tag takes the generic path.
 
