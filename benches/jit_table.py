@@ -9,7 +9,7 @@ overhead), a step that trains half of the parameters and returns the other half 
 near-empty call on a 49-leaf tree (dispatch alone), and a trivial function with a static
 argument (``static_argnums=1``). Each call is blocked on
 (``jax.block_until_ready``), compiled before timing, and checked against ``jax.jit``'s result.
-Contenders are interleaved in rounds (order rotated each round), batches of about
+Contenders are interleaved in rounds (``timing.interleaved``'s balanced orders), batches of about
 ``--batch-ms``, the garbage collector off; the figure is the median over rounds of the time per
 call, and the ratio is treeclone's median over jax.jit's (below 1 means treeclone is faster).
 The Markdown goes between ``<!-- jit-table:begin -->`` and ``<!-- jit-table:end -->``.

@@ -13,7 +13,7 @@ v5e) that cost the host a wait at every step; this probe measures it where it ru
 each on the workload's own loop from ``treeclone.bench.workloads``: ``jax.jit``; ``jax.jit``
 with each call's arguments (and a shallow copy of each dict among them) held three calls longer
 (``jax.jit, held``); ``treeclone.jit[strict]`` and ``[alias]`` traced with the holding turned
-on for this platform (``held``) and off (``not held``). Interleaved rounds (order rotated),
+on for this platform (``held``) and off (``not held``). Interleaved rounds (balanced orders),
 one batch of steps per contender a round, each batch ending with ``jax.block_until_ready``; the
 garbage collector off; the figure is the median over rounds of the time per step, and the
 ratio is over ``jax.jit``'s. The Markdown goes between ``<!-- release-probe:begin -->`` and

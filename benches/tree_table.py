@@ -11,8 +11,9 @@ Every speed claim about treeclone comes from this script. Method, per (tree, ope
 * Each contender's call is bound beforehand (``fn(*args, **kwargs)``; see tree_ops.py) and
   timed as a batch of N back-to-back calls with ``time.perf_counter_ns``. N is chosen per
   contender so that one batch takes about ``--batch-ms`` milliseconds.
-* The contenders are interleaved: each round times every contender once, in an order rotated
-  from round to round, so slow drifts of the machine (frequency, other load) hit all alike.
+* The contenders are interleaved: each round times every contender once, in orders in which
+  each follows every other equally often (``timing.interleaved``), so slow drifts of the
+  machine (frequency, other load) and what one batch leaves for the next hit all alike.
 * The garbage collector is off while a cell is timed. The result per contender is the median
   over rounds of (batch time / N), in microseconds; speedups are ratios of those medians.
 

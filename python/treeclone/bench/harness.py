@@ -9,7 +9,8 @@ Per workload:
    failure and is not timed;
 3. one untimed batch per remaining contender, then interleaved rounds: each round times
    every contender once (a batch of ``steps`` steps, then ``jax.block_until_ready`` on the
-   outputs), in an order rotated from round to round. The garbage collector runs once
+   outputs), in the orders of ``timing.interleaved`` (each contender follows every other
+   equally often). The garbage collector runs once
    before the rounds and is off during each batch.
 """
 
