@@ -43,6 +43,33 @@ pub unsafe fn object_member(
         .then_some((member.offset, descr.d_common.d_type))
 }
 
+/// Where `obj` stores the value of `descr`, when `descr` is a plain object member
+/// (`object_member`) of a class `obj` is an instance of.
+///
+/// # Safety
+/// `obj` and `descr` must point to live objects.
+pub unsafe fn instance_member(
+    obj: *mut ffi::PyObject,
+    descr: *mut ffi::PyObject,
+    writable: bool,
+) -> Option<isize> {
+    unsafe {
+        object_member(descr, writable)
+            .filter(|&(_, class)| ffi::PyObject_TypeCheck(obj, class) != 0)
+            .map(|(offset, _)| offset)
+    }
+}
+
+/// The place of a slot's value in `obj`: the `PyObject *` (NULL: unset) at `offset`.
+///
+/// # Safety
+/// `offset` must be where `obj`'s type stores an object member (`instance_member`, or an offset
+/// found under the type version `obj`'s type still has). What the place holds is borrowed and
+/// may dangle once any Python code runs: only compare it, swap it, or take a reference at once.
+pub unsafe fn slot_ptr(obj: *mut ffi::PyObject, offset: isize) -> *mut *mut ffi::PyObject {
+    unsafe { obj.cast::<u8>().offset(offset).cast::<*mut ffi::PyObject>() }
+}
+
 /// What `_PyType_Lookup(ty, name)` finds (CPython does not export it): the value `name` has in
 /// the namespace of the first class along `ty`'s MRO that defines it, `Some(None)` when none
 /// does. None where that cannot be told without running Python code (an MRO that is not a
@@ -84,11 +111,20 @@ pub fn slot_offset(
 ) -> Option<isize> {
     let descr = type_lookup(&obj.get_type(), name)??;
     // SAFETY: `descr` is alive (held) while it is read; `obj` is alive.
-    unsafe {
-        object_member(descr.as_ptr(), writable)
-            .filter(|&(_, class)| ffi::PyObject_TypeCheck(obj.as_ptr(), class) != 0)
-            .map(|(offset, _)| offset)
-    }
+    unsafe { instance_member(obj.as_ptr(), descr.as_ptr(), writable) }
+}
+
+/// `find()` for the version of `obj`'s type: its tag with what was found, or None where the
+/// type has no valid tag or changed while `find` ran (it may run Python code, which can change
+/// the class, or give `obj` another and let this one go: the type is held meanwhile). What
+/// was found about a type version stays right while the type has that tag.
+pub fn for_type_version<T>(obj: &Bound<'_, PyAny>, find: impl FnOnce() -> T) -> Option<(u32, T)> {
+    let held = obj.get_type();
+    let ty = held.as_type_ptr();
+    // SAFETY: `ty` is alive (held) at both reads.
+    let tag = unsafe { version_tag(ty) }?;
+    let found = find();
+    (obj.get_type_ptr() == ty && unsafe { version_tag(ty) } == Some(tag)).then_some((tag, found))
 }
 
 /// The type's version tag, None when it has no valid one (0; before 3.13 the flag
@@ -155,18 +191,11 @@ impl SlotReader {
         let offset = if (place >> 32) as u32 == tag {
             place as u32
         } else {
-            // Held: finding the place may run Python code, which could give `obj` another
-            // class and let this one go.
-            let held = obj.get_type();
-            let offset = find_readable(obj, name)
-                .and_then(|offset| u32::try_from(offset).ok())
-                .unwrap_or(NOT_A_SLOT);
-            // Kept only for the type and version it was found in.
-            // SAFETY: `ty` is alive (held).
-            if obj.get_type_ptr() != ty || unsafe { version_tag(ty) } != Some(tag) {
-                return None;
-            }
-            drop(held);
+            let (tag, offset) = for_type_version(obj, || {
+                find_readable(obj, name)
+                    .and_then(|offset| u32::try_from(offset).ok())
+                    .unwrap_or(NOT_A_SLOT)
+            })?;
             self.place
                 .store(u64::from(tag) << 32 | u64::from(offset), Ordering::Relaxed);
             offset
@@ -175,11 +204,11 @@ impl SlotReader {
             return None;
         }
         // SAFETY: under this type version `getattr(obj, name)` reads an object member at
-        // `offset` of a class `obj` is an instance of (`find_readable`), so the object's
-        // memory holds a `PyObject *` (or NULL) there; it is made a reference at once.
+        // `offset` of a class `obj` is an instance of (`find_readable`); the value is made a
+        // reference at once.
         unsafe {
-            let at = obj.as_ptr().cast::<u8>().offset(offset as isize);
-            Bound::from_borrowed_ptr_or_opt(obj.py(), *at.cast::<*mut ffi::PyObject>())
+            let at = slot_ptr(obj.as_ptr(), offset as isize);
+            Bound::from_borrowed_ptr_or_opt(obj.py(), *at)
         }
     }
 }
@@ -195,36 +224,56 @@ fn find_readable(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> Option<i
     // SAFETY: `ty` is alive (held).
     let getattro = unsafe { (*ty.as_type_ptr()).tp_getattro }.map_or(0, |f| f as usize);
     if getattro != ffi::PyObject_GenericGetAttr as *const () as usize {
-        let (hook, generic) = getattr_hook(py)?;
+        let python = python_slots(py).ok()?;
         let found = type_lookup(&ty, intern!(py, "__getattribute__"))??;
-        if getattro != *hook || !found.is(generic) {
+        if getattro != python.getattro || !found.is(&python.object_getattribute) {
             return None;
         }
     }
     slot_offset(obj, name, false)
 }
 
-/// The `tp_getattro` of a Python class that defines `__getattr__` (CPython's
-/// `slot_tp_getattr_hook`, which it does not export), found on such a class made once, and
-/// `object.__getattribute__`.
-fn getattr_hook(py: Python<'_>) -> Option<&(usize, Py<PyAny>)> {
-    static HOOK: PyOnceLock<(usize, Py<PyAny>)> = PyOnceLock::new();
-    HOOK.get_or_try_init(py, || -> PyResult<_> {
+/// What CPython gives the instances of a Python class for attribute access and does not
+/// export: the `tp_getattro` of a class that defines `__getattr__` (`slot_tp_getattr_hook`)
+/// and the `tp_setattro` of one that defines `__setattr__` (`slot_tp_setattro`), read off one
+/// such class made once; and `object.__getattribute__`.
+pub struct PythonSlots {
+    pub getattro: usize,
+    pub setattro: usize,
+    pub object_getattribute: Py<PyAny>,
+}
+
+/// The probe class's answers (found at the first call).
+pub fn python_slots(py: Python<'_>) -> PyResult<&PythonSlots> {
+    static SLOTS: PyOnceLock<PythonSlots> = PyOnceLock::new();
+    SLOTS.get_or_try_init(py, || {
         let namespace = PyDict::new(py);
         py.run(
-            c"class GetsMissing:\n    def __getattr__(self, name): raise AttributeError(name)\n",
+            // (Indented by one space: the line breaks of the literal drop what follows them.)
+            c"class Hooked:\n \
+              def __getattr__(self, name): raise AttributeError(name)\n \
+              def __setattr__(self, name, value): pass\n",
             None,
             Some(&namespace),
         )?;
         let class = namespace
-            .get_item("GetsMissing")?
+            .get_item("Hooked")?
             .ok_or_else(|| PyTypeError::new_err("the probe class was not made"))?
             .cast_into::<PyType>()?;
         // SAFETY: `class` is alive (held above).
-        let hook = unsafe { (*class.as_type_ptr()).tp_getattro }.map_or(0, |f| f as usize);
+        let (getattro, setattro) = unsafe {
+            let ty = class.as_type_ptr();
+            (
+                (*ty).tp_getattro.map_or(0, |f| f as usize),
+                (*ty).tp_setattro.map_or(0, |f| f as usize),
+            )
+        };
         let object = py.get_type::<PyAny>();
-        let generic = object.getattr("__dict__")?.get_item("__getattribute__")?;
-        Ok((hook, generic.unbind()))
+        let object_getattribute = object.getattr("__dict__")?.get_item("__getattribute__")?;
+        Ok(PythonSlots {
+            getattro,
+            setattro,
+            object_getattribute: object_getattribute.unbind(),
+        })
     })
-    .ok()
 }

@@ -22,7 +22,7 @@ mod leaves;
 
 pub use leaves::{any_identical, Taker};
 
-use crate::member::{object_member, version_tag as type_version};
+use crate::member::{instance_member, slot_ptr, version_tag as type_version};
 use crate::node::NodeKind;
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
@@ -387,11 +387,7 @@ impl SlotValue {
     fn read(obj: &Bound<'_, PyAny>, descr: Bound<'_, PyAny>) -> PyResult<SlotValue> {
         // SAFETY: `descr` and `obj` are alive (held, borrowed); only the descriptor's fields
         // and type are read.
-        let offset = unsafe {
-            object_member(descr.as_ptr(), false)
-                .filter(|&(_, class)| pyo3::ffi::PyObject_TypeCheck(obj.as_ptr(), class) != 0)
-                .map(|(offset, _)| offset)
-        };
+        let offset = unsafe { instance_member(obj.as_ptr(), descr.as_ptr(), false) };
         let value = match offset {
             // SAFETY: `offset` is where `obj` stores the member (found above).
             Some(offset) => unsafe { stored(obj, offset) },
@@ -457,12 +453,7 @@ impl SlotValue {
 /// pointer is borrowed and may dangle once any Python code runs: only compare it, or take a
 /// reference to it at once.
 unsafe fn stored_ptr(obj: &Bound<'_, PyAny>, offset: isize) -> *mut pyo3::ffi::PyObject {
-    unsafe {
-        *obj.as_ptr()
-            .cast::<u8>()
-            .offset(offset)
-            .cast::<*mut pyo3::ffi::PyObject>()
-    }
+    unsafe { *slot_ptr(obj.as_ptr(), offset) }
 }
 
 /// A reference to what `obj` stores at `offset` (None: unset).
@@ -486,13 +477,9 @@ unsafe fn member_value(
     obj: *mut pyo3::ffi::PyObject,
     descr: *mut pyo3::ffi::PyObject,
 ) -> Option<*mut pyo3::ffi::PyObject> {
-    use pyo3::ffi;
     unsafe {
-        let (offset, class) = object_member(descr, false)?;
-        if ffi::PyObject_TypeCheck(obj, class) == 0 {
-            return None;
-        }
-        Some(*obj.cast::<u8>().offset(offset).cast::<*mut ffi::PyObject>())
+        let offset = instance_member(obj, descr, false)?;
+        Some(*slot_ptr(obj, offset))
     }
 }
 

@@ -2,6 +2,7 @@
 //! the new contents of the caller's containers back into those very objects, all or nothing
 //! (an undo log puts back what was written when a later write fails).
 
+use crate::member::python_slots;
 use crate::node::{build_node, Node, NodeKind};
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -358,9 +359,10 @@ fn ref_targets(def: &SharedTreeDef) -> Vec<bool> {
 /// that place (a leaf handed back from the same slot, a kept node), or when it is a custom
 /// node written in place directly whose children are all leaves (not kept so, it has new data
 /// or a leaf from another slot or the outputs, never the old leaf: `apply` would write it at
-/// every call and hand the caller's object over). A `Ref` child is left to `apply`. Marked at the first entry of each
-/// largest subtree of kept nodes whose root keeps its data: its layout is the caller's, entry
-/// for entry, so `apply` reads only its writes and the entries a later `Ref` looks up.
+/// every call and hand the caller's object over). A `Ref` child is left to `apply`. Marked at
+/// the first entry of each largest subtree of kept nodes whose root keeps its data: its layout
+/// is the caller's, entry for entry, so `apply` reads only its writes and the entries a later
+/// `Ref` looks up.
 fn kept_subtrees(
     def: &SharedTreeDef,
     input: &SharedTreeDef,
@@ -604,31 +606,10 @@ unsafe fn setattro_of(ty: *mut pyo3::ffi::PyTypeObject) -> usize {
     unsafe { (*ty).tp_setattro }.map_or(0, |f| f as usize)
 }
 
-/// The `tp_setattro` of a Python class that defines `__setattr__` (CPython's
-/// `slot_tp_setattro`, which it does not export), found on such a class made once.
-fn python_setattro(py: Python<'_>) -> PyResult<usize> {
-    static SLOT: PyOnceLock<usize> = PyOnceLock::new();
-    SLOT.get_or_try_init(py, || {
-        let namespace = PyDict::new(py);
-        py.run(
-            c"class SetsAttributes:\n    def __setattr__(self, name, value): pass\n",
-            None,
-            Some(&namespace),
-        )?;
-        let class = namespace
-            .get_item("SetsAttributes")?
-            .ok_or_else(|| PyTypeError::new_err("the probe class was not made"))?
-            .cast_into::<pyo3::types::PyType>()?;
-        // SAFETY: `class` is alive (held above).
-        Ok(unsafe { setattro_of(class.as_type_ptr()) })
-    })
-    .copied()
-}
-
 /// Whether CPython's check in `object.__setattr__` (its `hackcheck`: it must not skip a
 /// C-level `__setattr__`) passes for instances of `ty`, making the call the same as
 /// `PyObject_GenericSetAttr`: going up the bases from `ty`, the first whose `tp_setattro` is
-/// not a Python class's (`python`) must be object's. Any other C-level one, or none found,
+/// not a Python class's (`python`, `member::python_slots`) must be object's. Any other C-level one, or none found,
 /// answers false.
 ///
 /// # Safety
@@ -655,7 +636,8 @@ fn set_attribute<'py>(
 ) -> PyResult<()> {
     let py = obj.py();
     // SAFETY: `obj` is alive, so is its type.
-    if !unsafe { generic_setattr_applies(pyo3::ffi::Py_TYPE(obj.as_ptr()), python_setattro(py)?) } {
+    let python = python_slots(py)?.setattro;
+    if !unsafe { generic_setattr_applies(pyo3::ffi::Py_TYPE(obj.as_ptr()), python) } {
         return object_setattr(py)?.call1((obj, name, value)).map(|_| ());
     }
     // SAFETY: all three are alive (borrowed for the call) and the GIL is held; the setter may

@@ -8,8 +8,7 @@
 //! A place is kept under the type's version tag (`member::version_tag`); a type without a
 //! valid tag takes the generic path.
 
-use crate::member::{slot_offset, version_tag};
-use pyo3::ffi;
+use crate::member::{for_type_version, python_slots, slot_offset, slot_ptr, version_tag};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
@@ -47,13 +46,10 @@ pub(super) fn swap_slot<'py>(
     let offset = match found {
         Some(place) => place.offset,
         None => {
-            let offset = find_slot(obj, name)?;
-            // Finding it may have run Python code (a metaclass's `__mro__`): the place is
-            // kept only if the type version is still the one it was found for.
-            // SAFETY: as above.
-            if unsafe { version_tag(ty) } != Some(tag) {
+            let Some((tag, offset)) = for_type_version(obj, || find_slot(obj, name)) else {
                 return Ok(None);
-            }
+            };
+            let offset = offset?;
             if places.len() >= PLACES {
                 places.clear();
             }
@@ -69,15 +65,11 @@ pub(super) fn swap_slot<'py>(
     let Some(offset) = offset else {
         return Ok(None);
     };
-    // SAFETY: `offset` is a plain object slot of this very type version (found above), so the
-    // object's memory holds a `PyObject *` (or NULL) there; no Python code runs between the
-    // read and the write, and the reference the slot held passes to the caller.
+    // SAFETY: `offset` is a plain object slot of this very type version (found above); no
+    // Python code runs between the read and the write, and the reference the slot held passes
+    // to the caller.
     let before = unsafe {
-        let at = obj
-            .as_ptr()
-            .cast::<u8>()
-            .offset(offset)
-            .cast::<*mut ffi::PyObject>();
+        let at = slot_ptr(obj.as_ptr(), offset);
         let before = *at;
         *at = value.clone().into_ptr();
         Bound::from_owned_ptr_or_opt(obj.py(), before)
@@ -92,7 +84,7 @@ pub(super) fn swap_slot<'py>(
 fn find_slot(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<Option<isize>> {
     // SAFETY: `obj` is alive, so is its type.
     if !unsafe {
-        super::generic_setattr_applies(obj.get_type_ptr(), super::python_setattro(obj.py())?)
+        super::generic_setattr_applies(obj.get_type_ptr(), python_slots(obj.py())?.setattro)
     } {
         return Ok(None);
     }
