@@ -175,3 +175,20 @@ def test_a_run_under_load_says_its_numbers_are_noisy() -> None:
     spread = {"median_us": 100.0, "q1_us": 70.0, "q3_us": 130.0}
     noisy = {"workloads": {"w": {"contenders": {"jax.jit": spread}}}}
     assert "60%" in noise_warning(noisy)
+
+
+def test_a_runner_whose_timed_wait_misses_an_output_array_is_not_timed() -> None:
+    import jax.numpy as jnp
+    from treeclone.bench.harness import _unwaited
+    from treeclone.bench.workloads import Runner, TraceCounter
+
+    loss, w = jnp.ones(()), jnp.zeros(2)
+    outputs = (loss, {"w": w, "name": "relu"})
+
+    def runner(arrays):
+        return Runner(run=lambda n: outputs, traces=TraceCounter(), arrays=arrays)
+
+    assert _unwaited(runner(lambda out: [out[0], out[1]["w"]]), outputs) is None
+    assert _unwaited(runner(None), outputs) is None  # waits on the outputs themselves
+    problem = _unwaited(runner(lambda out: [out[0]]), outputs)
+    assert problem == "the runner's arrays() misses 1 of the outputs' arrays"

@@ -9,9 +9,9 @@ Per workload:
    failure and is not timed;
 3. one untimed batch per remaining contender, then interleaved rounds: each round times
    every contender once (a batch of ``steps`` steps, then ``jax.block_until_ready`` on the
-   outputs), in the orders of ``timing.interleaved`` (each contender follows every other
-   equally often). The garbage collector runs once
-   before the rounds and is off during each batch.
+   outputs, or on the arrays ``Runner.arrays`` reads from them), in the orders of
+   ``timing.interleaved`` (each contender follows every other equally often). The garbage
+   collector runs once before the rounds and is off during each batch.
 """
 
 from __future__ import annotations
@@ -177,9 +177,10 @@ def _check(
         runner = wl.runner(c, av.wrappers[c])
         res["notes"] = runner.notes  # the same list: notes added later show up too
         t0 = time.perf_counter()
+        outputs = None
         for i in range(cfg.check_steps):
-            loss, _ = runner.run(1)
-            losses.append(float(loss))
+            outputs = runner.run(1)
+            losses.append(float(outputs[0]))
             if i == 0:
                 res["first_step_s"] = time.perf_counter() - t0
         res["check_s"] = time.perf_counter() - t0
@@ -214,7 +215,8 @@ def _check(
             detail += f"; they match the {others[0]} reference instead"
         res.update(status="failed", detail=detail)
         return None
-    if runner.verify is not None:
+    problem = _unwaited(runner, outputs)
+    if runner.verify is not None and not problem:
         try:
             problem = runner.verify()
         except Exception as e:
@@ -226,13 +228,27 @@ def _check(
     return runner
 
 
+def _unwaited(runner: Runner, outputs: Any) -> str | None:
+    """None, or why the arrays ``runner.arrays`` reads are not all of ``outputs``' arrays (a
+    batch whose timed wait missed some would be timed before its work is done)."""
+    if runner.arrays is None or outputs is None:
+        return None
+    waited = {id(x) for x in runner.arrays(outputs)}
+    missed = [
+        x for x in jax.tree.leaves(outputs) if isinstance(x, jax.Array) and id(x) not in waited
+    ]
+    if missed:
+        return f"the runner's arrays() misses {len(missed)} of the outputs' arrays"
+    return None
+
+
 def _time_batch(runner: Runner, steps: int) -> float:
     """Microseconds per step over one batch of ``steps`` steps, outputs ready."""
     gc.disable()
     try:
         t0 = time.perf_counter_ns()
         outputs = runner.run(steps)
-        jax.block_until_ready(outputs)
+        jax.block_until_ready(outputs if runner.arrays is None else runner.arrays(outputs))
         t = time.perf_counter_ns() - t0
     finally:
         gc.enable()
