@@ -179,16 +179,29 @@ def test_a_run_under_load_says_its_numbers_are_noisy() -> None:
 
 def test_a_runner_whose_timed_wait_misses_an_output_array_is_not_timed() -> None:
     import jax.numpy as jnp
-    from treeclone.bench.harness import _unwaited
-    from treeclone.bench.workloads import Runner, TraceCounter
+    from treeclone.bench.contenders import Availability
+    from treeclone.bench.harness import Config, _check
+    from treeclone.bench.workloads import STANDARD, Runner, TraceCounter
 
     loss, w = jnp.ones(()), jnp.zeros(2)
     outputs = (loss, {"w": w, "name": "relu"})
 
-    def runner(arrays):
-        return Runner(run=lambda n: outputs, traces=TraceCounter(), arrays=arrays)
+    class OneRunner:  # a workload whose only runner is the one given
+        def __init__(self, arrays):
+            self.arrays = arrays
 
-    assert _unwaited(runner(lambda out: [out[0], out[1]["w"]]), outputs) is None
-    assert _unwaited(runner(None), outputs) is None  # waits on the outputs themselves
-    problem = _unwaited(runner(lambda out: [out[0]]), outputs)
-    assert problem == "the runner's arrays() misses 1 of the outputs' arrays"
+        def runner(self, contender, jit):
+            return Runner(run=lambda n: outputs, traces=TraceCounter(), arrays=self.arrays)
+
+    def check(arrays) -> dict:
+        res: dict = {}
+        cfg = Config(rounds=1, steps=1, check_steps=2, rtol=1e-6, atol=0.0)
+        av = Availability(wrappers={BASELINE: lambda f: f})
+        _check(OneRunner(arrays), BASELINE, av, cfg, res, {STANDARD: {"losses": [1.0, 1.0]}})
+        return res
+
+    assert check(lambda out: [out[0], out[1]["w"]])["status"] == "ok"
+    assert check(None)["status"] == "ok"  # waits on the outputs themselves
+    missed = check(lambda out: [out[0]])
+    assert missed["status"] == "failed"
+    assert missed["detail"] == "the runner's arrays() misses 1 of the outputs' arrays"

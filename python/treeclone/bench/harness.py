@@ -221,9 +221,9 @@ def _check(
             problem = runner.verify()
         except Exception as e:
             problem = f"the extra check raised {describe_error(e)}"
-        if problem:
-            res.update(status="failed", detail=problem)
-            return None
+    if problem:
+        res.update(status="failed", detail=problem)
+        return None
     res.update(status="ok", detail="")
     return runner
 
