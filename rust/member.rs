@@ -124,7 +124,35 @@ pub fn for_type_version<T>(obj: &Bound<'_, PyAny>, find: impl FnOnce() -> T) -> 
     // SAFETY: `ty` is alive (held) at both reads.
     let tag = unsafe { version_tag(ty) }?;
     let found = find();
-    (obj.get_type_ptr() == ty && unsafe { version_tag(ty) } == Some(tag)).then_some((tag, found))
+    unsafe { has_type_version(obj, ty, tag) }.then_some((tag, found))
+}
+
+/// Whether `obj` is of the type `ty`, which has the version `tag`.
+///
+/// # Safety
+/// `ty` must point to a live type object.
+pub unsafe fn has_type_version(
+    obj: &Bound<'_, PyAny>,
+    ty: *mut ffi::PyTypeObject,
+    tag: u32,
+) -> bool {
+    obj.get_type_ptr() == ty && unsafe { version_tag(ty) } == Some(tag)
+}
+
+/// The address of a type's `tp_getattro` (0: none).
+///
+/// # Safety
+/// `ty` must point to a live type object.
+pub unsafe fn getattro_of(ty: *mut ffi::PyTypeObject) -> usize {
+    unsafe { (*ty).tp_getattro }.map_or(0, |f| f as usize)
+}
+
+/// The address of a type's `tp_setattro` (0: none).
+///
+/// # Safety
+/// `ty` must point to a live type object.
+pub unsafe fn setattro_of(ty: *mut ffi::PyTypeObject) -> usize {
+    unsafe { (*ty).tp_setattro }.map_or(0, |f| f as usize)
 }
 
 /// The type's version tag, None when it has no valid one (0; before 3.13 the flag
@@ -222,7 +250,7 @@ fn find_readable(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> Option<i
     let py = obj.py();
     let ty = obj.get_type();
     // SAFETY: `ty` is alive (held).
-    let getattro = unsafe { (*ty.as_type_ptr()).tp_getattro }.map_or(0, |f| f as usize);
+    let getattro = unsafe { getattro_of(ty.as_type_ptr()) };
     if getattro != ffi::PyObject_GenericGetAttr as *const () as usize {
         let python = python_slots(py).ok()?;
         let found = type_lookup(&ty, intern!(py, "__getattribute__"))??;
@@ -263,10 +291,7 @@ pub fn python_slots(py: Python<'_>) -> PyResult<&PythonSlots> {
         // SAFETY: `class` is alive (held above).
         let (getattro, setattro) = unsafe {
             let ty = class.as_type_ptr();
-            (
-                (*ty).tp_getattro.map_or(0, |f| f as usize),
-                (*ty).tp_setattro.map_or(0, |f| f as usize),
-            )
+            (getattro_of(ty), setattro_of(ty))
         };
         let object = py.get_type::<PyAny>();
         let object_getattribute = object.getattr("__dict__")?.get_item("__getattribute__")?;

@@ -22,7 +22,7 @@ mod leaves;
 
 pub use leaves::{any_identical, Taker};
 
-use crate::member::{instance_member, slot_ptr, version_tag as type_version};
+use crate::member::{has_type_version, instance_member, slot_ptr, version_tag as type_version};
 use crate::node::NodeKind;
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
@@ -87,9 +87,17 @@ impl Layout {
 
     /// Whether `obj` is still of this type, which still has this version.
     fn holds(&self, obj: &Bound<'_, PyAny>) -> bool {
-        let ty = self.ty.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
-        // SAFETY: the type is alive (held); reading its tag has no side effects.
-        obj.get_type_ptr() == ty && unsafe { type_version(ty) } == Some(self.tag)
+        // SAFETY: the type is alive (held).
+        unsafe { has_type_version(obj, self.ty.as_ptr().cast(), self.tag) }
+    }
+
+    /// Whether `obj`'s slots are read where it stores them (`layout` holds), through their
+    /// descriptors (there is no layout), or not at all: None, the class changed since.
+    fn laid_out(layout: Option<&Layout>, obj: &Bound<'_, PyAny>) -> Option<bool> {
+        match layout {
+            Some(layout) => layout.holds(obj).then_some(true),
+            None => Some(false),
+        }
     }
 }
 
@@ -252,13 +260,9 @@ impl Watched {
                 for slot in slots.iter_mut() {
                     // Asked again for each slot: a value read through its descriptor, or a
                     // value let go below, may have run Python code that changed the class.
-                    let laid_out = match layout {
-                        Some(layout) if !layout.holds(obj) => {
-                            kept = false; // recorded again, under the type version now
-                            break;
-                        }
-                        Some(_) => true,
-                        None => false,
+                    let Some(laid_out) = Layout::laid_out(layout.as_ref(), obj) else {
+                        kept = false; // recorded again, under the type version now
+                        break;
                     };
                     let now = slot.now(obj, laid_out)?;
                     if now.as_ref().map(Bound::as_ptr) == slot.value.as_ref().map(Py::as_ptr) {
@@ -358,10 +362,8 @@ impl Watched {
                 let obj = obj.bind(py);
                 for slot in slots {
                     // Asked for each slot: one read through its descriptor may run Python code.
-                    let laid_out = match layout {
-                        Some(layout) if !layout.holds(obj) => return Ok(false), // class changed
-                        Some(_) => true,
-                        None => false,
+                    let Some(laid_out) = Layout::laid_out(layout.as_ref(), obj) else {
+                        return Ok(false); // the class changed
                     };
                     if !slot.holds(obj, laid_out)? {
                         return Ok(false);

@@ -2,7 +2,7 @@
 //! the new contents of the caller's containers back into those very objects, all or nothing
 //! (an undo log puts back what was written when a later write fails).
 
-use crate::member::python_slots;
+use crate::member::{python_slots, setattro_of};
 use crate::node::{build_node, Node, NodeKind};
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -598,19 +598,11 @@ fn object_setattr(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
         .map(|f| f.bind(py))
 }
 
-/// The address of a type's `tp_setattro` (0: none).
-///
-/// # Safety
-/// `ty` must point to a live type object.
-unsafe fn setattro_of(ty: *mut pyo3::ffi::PyTypeObject) -> usize {
-    unsafe { (*ty).tp_setattro }.map_or(0, |f| f as usize)
-}
-
 /// Whether CPython's check in `object.__setattr__` (its `hackcheck`: it must not skip a
 /// C-level `__setattr__`) passes for instances of `ty`, making the call the same as
 /// `PyObject_GenericSetAttr`: going up the bases from `ty`, the first whose `tp_setattro` is
-/// not a Python class's (`python`, `member::python_slots`) must be object's. Any other C-level one, or none found,
-/// answers false.
+/// not a Python class's (`python`, `member::python_slots`) must be object's. Any other C-level
+/// one, or none found, answers false.
 ///
 /// # Safety
 /// `ty` must point to a live type object; its `tp_base` chain is then alive too.
