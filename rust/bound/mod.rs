@@ -4,12 +4,16 @@
 //! Each container's items (a list's or dict's) and instance attributes are recorded as the
 //! objects they are. A call compares them, in Rust: a leaf or child replaced, a key or
 //! attribute added or removed, a list resized all show. For every container that is not an
-//! exact list or dict, the snapshot also records its type (`__class__` can be reassigned), its
-//! `__dict__` itself (it can be replaced wholesale), its slots (read through their member
-//! descriptors), a dict subclass's key order (an `OrderedDict`'s `move_to_end` leaves its
-//! items as they were), and the contents of the plain containers (lists, dicts, sets, tuples,
-//! nested) its attributes hold that are not nodes of the tree: a registered flatten may read
-//! its children or its aux data from them (`self._store["w"]`, nnx's `_var_metadata`).
+//! exact list or dict, the snapshot also records its type and the type's version (`__class__`
+//! can be reassigned; a flatten may read the class: a setting every instance shares, a
+//! property hiding an attribute), its `__dict__` itself (it can be replaced wholesale), its
+//! slots (read through their member descriptors), a dict subclass's key order (an
+//! `OrderedDict`'s `move_to_end` leaves its items as they were), and the contents of the plain
+//! containers (lists, dicts, sets, tuples, nested) its attributes hold that are not nodes of
+//! the tree: a registered flatten may read its children or its aux data from them
+//! (`self._store["w"]`, nnx's `_var_metadata`). A class without a version (CPython stops
+//! giving new ones to a class changed very often) cannot be watched: such a snapshot is not
+//! `checkable`.
 //!
 //! A registered node is checkable only when each of its children is found among what is
 //! watched: an attribute's value, an item of its own or of a watched plain container, or a
@@ -44,6 +48,9 @@ struct SlotValue {
     offset: Option<isize>,
 }
 
+/// A type (held, so that its address is not reused) and its slots' member descriptors.
+type TypeSlots = (Py<PyType>, Vec<Py<PyAny>>);
+
 /// One watched object and what it held.
 enum Watched {
     List(Py<PyAny>, Vec<Py<PyAny>>),
@@ -53,51 +60,58 @@ enum Watched {
     /// A dict subclass's keys in iteration order: an `OrderedDict` keeps its order outside
     /// the items `Dict` compares.
     Order(Py<PyAny>, Vec<Py<PyAny>>),
-    /// An object's type (`obj.__class__ = Other` changes its flatten).
-    Type(Py<PyAny>, Py<PyType>),
+    /// An object's type and its version (`obj.__class__ = Other`, or a change to the class or
+    /// a base, can change its flatten). Never recorded again by `refresh`: a class changed
+    /// makes the next `unchanged` false, whoever changed it.
+    Type(Py<PyAny>, Layout),
     /// An object, its `__dict__` and that dict's items, and the plain containers those hold.
     Attributes(Py<PyAny>, Py<PyDict>, DictItems, Vec<Watched>),
-    /// An object, the type version its slots were read under (`Layout`; where there is one,
-    /// it also stands for the object's `Type` watch), its slots, and the plain containers
-    /// those hold.
-    Slots(Py<PyAny>, Option<Layout>, Vec<SlotValue>, Vec<Watched>),
+    /// An object, the type version its slots were read under (`Layout`; it also stands for
+    /// the object's `Type` watch), its slots, and the plain containers those hold.
+    Slots(Py<PyAny>, Layout, Vec<SlotValue>, Vec<Watched>),
 }
 
-/// The type version an object's slots were read under: while the object is of this very type
+/// The type version an object was recorded under: while the object is of this very type
 /// (held, so that its address cannot be reused) and the type has this version tag
 /// (`member::version_tag`, renewed at any change of the class or a base), the class's
-/// namespaces and MRO are as they were, so the slots' descriptors are still what the names
-/// resolve to and their offsets still where the object stores the values. None where the
-/// type had no valid tag.
+/// namespaces and MRO are as they were, so a flatten reading the class reads what it read,
+/// and the slots' descriptors are still what the names resolve to and their offsets still
+/// where the object stores the values.
 struct Layout {
     ty: Py<PyType>,
     tag: u32,
 }
 
 impl Layout {
+    /// The version of `obj`'s type now; None where the type has none (CPython gives a tag at
+    /// a lookup on the type and stops giving a class new ones after many changes to it).
     fn of(obj: &Bound<'_, PyAny>) -> Option<Layout> {
         let ty = obj.get_type();
-        // SAFETY: `ty` is alive (held).
-        let tag = unsafe { type_version(ty.as_type_ptr()) }?;
+        // SAFETY (both reads): `ty` is alive (held).
+        let tag = unsafe { type_version(ty.as_type_ptr()) }.or_else(|| {
+            // A lookup on the type (`type.__getattribute__` looks `__init__` up in the type
+            // itself, past the metaclass's non-data one) gives it a tag if it can have one;
+            // what the lookup finds, or an error it raises, does not matter.
+            let _ = ty.getattr(pyo3::intern!(ty.py(), "__init__"));
+            unsafe { type_version(ty.as_type_ptr()) }
+        })?;
         Some(Layout {
             ty: ty.unbind(),
             tag,
         })
     }
 
+    fn clone_ref(&self, py: Python<'_>) -> Layout {
+        Layout {
+            ty: self.ty.clone_ref(py),
+            tag: self.tag,
+        }
+    }
+
     /// Whether `obj` is still of this type, which still has this version.
     fn holds(&self, obj: &Bound<'_, PyAny>) -> bool {
         // SAFETY: the type is alive (held).
         unsafe { has_type_version(obj, self.ty.as_ptr().cast(), self.tag) }
-    }
-
-    /// Whether `obj`'s slots are read where it stores them (`layout` holds), through their
-    /// descriptors (there is no layout), or not at all: None, the class changed since.
-    fn laid_out(layout: Option<&Layout>, obj: &Bound<'_, PyAny>) -> Option<bool> {
-        match layout {
-            Some(layout) => layout.holds(obj).then_some(true),
-            None => Some(false),
-        }
     }
 }
 
@@ -260,11 +274,12 @@ impl Watched {
                 for slot in slots.iter_mut() {
                     // Asked again for each slot: a value read through its descriptor, or a
                     // value let go below, may have run Python code that changed the class.
-                    let Some(laid_out) = Layout::laid_out(layout.as_ref(), obj) else {
-                        kept = false; // recorded again, under the type version now
-                        break;
-                    };
-                    let now = slot.now(obj, laid_out)?;
+                    if !layout.holds(obj) {
+                        // The class changed: left as recorded, so the next `unchanged` is
+                        // false and the objects are flattened again under the class now.
+                        return Ok(());
+                    }
+                    let now = slot.now(obj)?;
                     if now.as_ref().map(Bound::as_ptr) == slot.value.as_ref().map(Py::as_ptr) {
                         continue;
                     }
@@ -290,11 +305,9 @@ impl Watched {
                     return Ok(());
                 }
             }
-            // A write-back sets attributes and items, not `__class__`: the type is the same
-            // object (nothing to record again) unless something else changed it.
-            Watched::Type(obj, ty) if obj.bind(py).get_type_ptr() == ty.as_ptr().cast() => {
-                return Ok(());
-            }
+            // A write-back sets attributes and items, not classes: a type changed was changed
+            // by something else, which the next `unchanged` must see.
+            Watched::Type(..) => return Ok(()),
             _ => {}
         }
         *self = self.again(py, tree)?;
@@ -315,9 +328,8 @@ impl Watched {
             }
             Watched::Set(obj, _) => Watched::Set(obj.clone_ref(py), iter_items(obj.bind(py))?),
             Watched::Order(obj, _) => Watched::Order(obj.clone_ref(py), iter_items(obj.bind(py))?),
-            Watched::Type(obj, _) => {
-                Watched::Type(obj.clone_ref(py), obj.bind(py).get_type().unbind())
-            }
+            // Never recorded again (see `refresh`).
+            Watched::Type(obj, layout) => Watched::Type(obj.clone_ref(py), layout.clone_ref(py)),
             Watched::Attributes(owner, _, _, _) => {
                 let owner = owner.bind(py);
                 let attrs = stored_dict(owner)?.cast_into::<PyDict>()?;
@@ -328,10 +340,12 @@ impl Watched {
                 }
                 Watched::Attributes(owner.clone().unbind(), attrs.unbind(), items, plain.watched)
             }
-            Watched::Slots(obj, _, _, _) => {
+            Watched::Slots(obj, old, _, _) => {
                 // The slots as the class has them now (it may have changed since).
                 let obj = obj.bind(py);
-                let layout = Layout::of(obj);
+                // A type with no version now keeps the old one, which no longer holds: the
+                // next `unchanged` is false, and the snapshot taken then is not checkable.
+                let layout = Layout::of(obj).unwrap_or_else(|| old.clone_ref(py));
                 let values = slot_values(obj, slot_descriptors(&obj.get_type())?)?;
                 let mut plain = Plain::new(tree);
                 for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
@@ -352,7 +366,7 @@ impl Watched {
             Watched::Set(obj, items) | Watched::Order(obj, items) => {
                 same_items(obj.bind(py), items)?
             }
-            Watched::Type(obj, ty) => obj.bind(py).get_type().is(ty),
+            Watched::Type(obj, layout) => layout.holds(obj.bind(py)),
             Watched::Attributes(owner, attrs, items, plain) => {
                 stored_dict(owner.bind(py))?.is(attrs)
                     && items.same(attrs.bind(py))
@@ -362,11 +376,8 @@ impl Watched {
                 let obj = obj.bind(py);
                 for slot in slots {
                     // Asked for each slot: one read through its descriptor may run Python code.
-                    let Some(laid_out) = Layout::laid_out(layout.as_ref(), obj) else {
-                        return Ok(false); // the class changed
-                    };
-                    if !slot.holds(obj, laid_out)? {
-                        return Ok(false);
+                    if !layout.holds(obj) || !slot.holds(obj)? {
+                        return Ok(false); // the class or the slot changed
                     }
                 }
                 all_unchanged(py, plain)?
@@ -402,17 +413,13 @@ impl SlotValue {
         })
     }
 
-    /// What the slot holds now (None: unset). `laid_out`: the object's `Layout` holds, so
-    /// that the value is read where it is stored; else through the descriptor.
-    fn now<'py>(
-        &self,
-        obj: &Bound<'py, PyAny>,
-        laid_out: bool,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    /// What the slot holds now (None: unset). The object's `Layout` must hold: the value is
+    /// then read where it is stored, or through the descriptor.
+    fn now<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.offset {
             // SAFETY: the layout the offset was found under holds.
-            Some(offset) if laid_out => Ok(unsafe { stored(obj, offset) }),
-            _ => {
+            Some(offset) => Ok(unsafe { stored(obj, offset) }),
+            None => {
                 let descr = self.descr.bind(obj.py());
                 // SAFETY: `obj` and `descr` are alive and the GIL is held; the pointer read is
                 // made a reference of its own at once, before any Python code can run.
@@ -425,15 +432,15 @@ impl SlotValue {
     }
 
     /// Whether the slot still holds its value, by identity, without taking a reference where
-    /// it is read in the object (`laid_out` as for `now`).
-    fn holds(&self, obj: &Bound<'_, PyAny>, laid_out: bool) -> PyResult<bool> {
+    /// it is read in the object (the `Layout` must hold, as for `now`).
+    fn holds(&self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         let value = self.value.as_ref().map_or(std::ptr::null_mut(), Py::as_ptr);
         let descr = self.descr.as_ptr();
-        // SAFETY: with `laid_out`, the offset is where the object stores the member; else the
-        // member is read after its class is checked. Both pointers are only compared.
+        // SAFETY: the layout holds, so the offset is where the object stores the member; else
+        // the member is read after its class is checked. Both pointers are only compared.
         let held = match self.offset {
-            Some(offset) if laid_out => Some(unsafe { stored_ptr(obj, offset) }),
-            _ => unsafe { member_value(obj.as_ptr(), descr) },
+            Some(offset) => Some(unsafe { stored_ptr(obj, offset) }),
+            None => unsafe { member_value(obj.as_ptr(), descr) },
         };
         if let Some(held) = held {
             return Ok(held == value);
@@ -733,9 +740,10 @@ impl Snapshot {
             tree.insert(obj.as_ptr() as usize);
             nodes.push((i, obj, matches!(node.kind, NodeKind::Custom(..))));
         }
-        // Slot descriptors by type: many objects share a few types (an nnx model's Variables).
-        // Each entry holds its type, so no address in the map can be reused meanwhile.
-        let mut slots_of: HashMap<usize, (Py<PyType>, Vec<Py<PyAny>>)> = HashMap::new();
+        // Slot descriptors by type version: many objects share a few types (an nnx model's
+        // Variables). Each entry holds its type, so no address in the map can be reused
+        // meanwhile, and a class changed during the take has a new tag.
+        let mut slots_of: HashMap<(usize, u32), TypeSlots> = HashMap::new();
         for (i, obj, custom) in nodes {
             // An exact list or dict has neither a `__dict__` nor slots: no lookups (each would
             // raise and clear an AttributeError).
@@ -749,10 +757,15 @@ impl Snapshot {
                 owners.resize(watched.len(), i);
                 continue;
             }
-            // First, so that a reassigned `__class__` is seen before its slots are read.
+            // First, so that a reassigned `__class__` or a changed class is seen, and the
+            // slots are read under the version recorded.
             let ty = obj.get_type();
+            let Some(layout) = Layout::of(&obj) else {
+                checkable = false; // the class cannot be watched: flattened at every call
+                break;
+            };
             let type_at = watched.len();
-            watched.push(Watched::Type(obj.clone().unbind(), ty.clone().unbind()));
+            watched.push(Watched::Type(obj.clone().unbind(), layout.clone_ref(py)));
             let mut known = false;
             // What the node's flatten may read its children from.
             let mut found = HashSet::new();
@@ -789,17 +802,21 @@ impl Snapshot {
                     Err(_) => checkable = false,
                 }
             }
-            let descrs = match slots_of.get(&(ty.as_ptr() as usize)) {
+            let version = (ty.as_ptr() as usize, layout.tag);
+            let descrs = match slots_of.get(&version) {
                 Some((_, descrs)) => descrs.iter().map(|d| d.bind(py).clone()).collect(),
                 None => {
                     let descrs = slot_descriptors(&ty)?;
-                    let kept = descrs.iter().map(|d| d.clone().unbind()).collect();
-                    slots_of.insert(ty.as_ptr() as usize, (ty.clone().unbind(), kept));
+                    // Kept for the next instances only if the class did not change meanwhile
+                    // (this object's watch then fails at the next check).
+                    if layout.holds(&obj) {
+                        let kept = descrs.iter().map(|d| d.clone().unbind()).collect();
+                        slots_of.insert(version, (ty.clone().unbind(), kept));
+                    }
                     descrs
                 }
             };
             if !descrs.is_empty() {
-                let layout = Layout::of(&obj);
                 let values = slot_values(&obj, descrs)?;
                 let mut plain = Plain::new(&tree);
                 for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
@@ -807,7 +824,7 @@ impl Snapshot {
                 }
                 checkable &= plain.complete;
                 found.extend(plain.found);
-                if layout.as_ref().is_some_and(|layout| layout.holds(&obj)) {
+                if layout.holds(&obj) {
                     // The layout's check, first in the slots' own, stands for the type watch.
                     watched.remove(type_at);
                 }
