@@ -19,12 +19,18 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
   an optax step does) leaves the caller holding containers the cache does not: the next call
   flattens everything together, as ``jit`` does (flattening the bound arguments after the call
   and the others at the next would cost more than ``jit``), and caching resumes after a call
-  that replaces none.
+  that replaces none;
+- the cyclic GC is paused while the bound arguments are flattened and their snapshot taken,
+  and while a call runs (from the check to the snapshot's refresh after the write-back): a
+  finalizer run at an allocation there could change a container after it was read and
+  before it was recorded, and the snapshot would then record a change the cache never saw.
+  The finalizers run after, and their changes are seen at the next call.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +54,15 @@ class _BoundArguments:
         self._flatten()
 
     def _flatten(self) -> None:
+        enabled = gc.isenabled()  # paused until the snapshot is taken (module docstring)
+        gc.disable()
+        try:
+            self._flatten_and_take()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _flatten_and_take(self) -> None:
         previous = getattr(self, "sdef", None)
         try:
             self.leaves, self.sdef, self.objects = _native.flatten_shared(self.args)
@@ -151,7 +166,10 @@ class JitPartial(_native.PartialCore):
 
     def _call_bound(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
-        bound arguments; the native base learns whether the call replaced bound containers."""
+        bound arguments; the native base learns whether the call replaced bound containers.
+        The cyclic GC is paused meanwhile (module docstring)."""
+        enabled = gc.isenabled()
+        gc.disable()
         try:
             jitted, bound = self._jitted, self._bound
             policy = policy_override.get() or jitted._policy
@@ -173,6 +191,8 @@ class JitPartial(_native.PartialCore):
             return out
         finally:
             self._set_replaced(self._bound.replaced)
+            if enabled:
+                gc.enable()
 
     def _resume(self) -> None:
         """After a call on the native path (``PartialCore``) that replaced no bound container:

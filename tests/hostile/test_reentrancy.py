@@ -11,6 +11,8 @@ A traversal may return a result or raise a Python ``Exception``; it may not cras
 
 from __future__ import annotations
 
+import re
+
 from helpers import LONG, run_script
 
 ROUNDS = 400 if LONG else 40
@@ -174,6 +176,69 @@ print("RUNS", count)
 """
     )
     assert "RUNS" in out
+
+
+def test_gc_finalizers_never_leave_jit_partial_trusting_a_stale_cache():
+    """A finalizer that changes a bound container while jit_partial flattens it again, or
+    between that flatten and the snapshot taken after it, must not be recorded by the
+    snapshot as if the cache had seen it: the next call would trust the cache and never see
+    the change. After each call (its finalizer run by then), wherever the snapshot says
+    nothing changed, a flatten must give exactly the cached leaves and structure. Every
+    container kind and mutation, the finalizer at each of the first GC passes of the call
+    (73 of these 720 runs were stale before the GC was paused there)."""
+    out = run_script(
+        SETUP
+        + """
+def arm_at(k, action):
+    # Run `action` at the k-th GC pass from now.
+    def fire():
+        if k <= 1:
+            action()
+        else:
+            arm_at(k - 1, action)
+    c = Cyclic(); c.me = c
+    weakref.finalize(c, fire)
+
+def as_cached(p):
+    b = p._bound
+    if not (b.snapshot.checkable and b.snapshot.unchanged()) or b.replaced or b.stale:
+        return True  # the next call flattens again
+    try:
+        leaves, sdef, _ = treeclone._native.flatten_shared(b.args)
+    except Exception:
+        return False
+    return sdef == b.sdef and all(x is y for x, y in zip(leaves, b.leaves))
+
+def ident(h, x):
+    return x
+
+stale = runs = 0
+for kind in containers(0):
+    for m in range(5):
+        holder = {"c": containers(0)[kind]}
+        p = treeclone.jit_partial(ident, holder)
+        p(1.0)
+        for k in range(1, 25):
+            c = holder["c"] = containers(k)[kind]  # changed: the next call flattens again
+            arm_at(k, list(mutations(c))[m])
+            gc.set_threshold(1)
+            try:
+                attempt(lambda: p(1.0))
+            finally:
+                gc.set_threshold(700)
+            gc.collect()  # the finalizer, if it has not run yet
+            gc.disable()
+            try:
+                runs += 1
+                if not as_cached(p):
+                    stale += 1
+                    print("STALE", kind, m, k)
+            finally:
+                gc.enable()
+print("RUNS", runs, "STALE", stale)
+"""
+    )
+    assert re.search(r"RUNS \d+ STALE 0\b", out), out
 
 
 def test_thread_mutating_shared_containers_during_traversals():
