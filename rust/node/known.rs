@@ -104,7 +104,9 @@ pub fn flatten<'py>(
     known
         .check
         .store(if agrees { AGREES } else { DIFFERS }, Ordering::Relaxed);
-    Ok(Some(expected))
+    // Where they agree, the native result, as every later node of the type gets (its aux the
+    // one memoized: the first node's flatten then equals the later ones' by identity too).
+    Ok(Some(if agrees { native } else { expected }))
 }
 
 /// Put `obj`'s children, as its type's flatten function gives them but in no particular
