@@ -12,7 +12,10 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
   that changes their structure (a key added, a list grown) flattens them again afterwards;
 - before each call, a ``Snapshot`` of the bound containers (their items and instance
   attributes, by identity, compared in Rust) tells whether code outside the function changed
-  them since; if so they are flattened again, so such a change is used, never lost;
+  them since; if so they are flattened again, so such a change is used, never lost. After a
+  call the snapshot follows the write-back from the call's own record of the bound leaves,
+  reading nothing from the containers, so what another thread wrote into them during the
+  call is seen at the next;
 - an argument of the call that is also reachable from the bound arguments (``step(model.layer)``
   with ``model`` bound) makes that call flatten everything together, so sharing is preserved;
 - a call that replaced containers of the bound arguments (``state["params"] = new_dict``, as
@@ -20,11 +23,12 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
   flattens everything together, as ``jit`` does (flattening the bound arguments after the call
   and the others at the next would cost more than ``jit``), and caching resumes after a call
   that replaces none;
-- the cyclic GC is paused while the bound arguments are flattened and their snapshot taken,
-  and while a call runs (from the check to the snapshot's refresh after the write-back): a
-  finalizer run at an allocation there could change a container after it was read and
-  before it was recorded, and the snapshot would then record a change the cache never saw.
-  The finalizers run after, and their changes are seen at the next call.
+- the bound arguments are flattened and their snapshot taken in one native call, with the
+  cyclic GC paused: neither another thread nor a finalizer run at an allocation can change a
+  container after the flatten read it and before the snapshot recorded it (the snapshot would
+  then hold a change the cache never saw); the finalizers run after, and their changes are
+  seen at the next call. A registered flatten written in Python runs Python code in between,
+  where another thread can still run.
 """
 
 from __future__ import annotations
@@ -54,23 +58,21 @@ class _BoundArguments:
         self._flatten()
 
     def _flatten(self) -> None:
-        enabled = gc.isenabled()  # paused until the snapshot is taken (module docstring)
+        previous = getattr(self, "sdef", None)
+        enabled = gc.isenabled()  # paused while the snapshot is taken (module docstring)
         gc.disable()
         try:
-            self._flatten_and_take()
-        finally:
-            if enabled:
-                gc.enable()
-
-    def _flatten_and_take(self) -> None:
-        previous = getattr(self, "sdef", None)
-        try:
-            self.leaves, self.sdef, self.objects = _native.flatten_shared(self.args)
+            # One native call: no Python code runs between a container's read and its record.
+            flat = Snapshot.flatten_and_take(self.args)
         except ValueError:
             # A cycle: the error names the argument (rule 14), as treeclone.jit's does, not
             # its position in the tuple of bound arguments.
             check_cycles(self.naming, self.args, {})
             raise
+        finally:
+            if enabled:
+                gc.enable()
+        self.leaves, self.sdef, self.objects, self.snapshot = flat
         self.stale = False
         self.replaced = False  # the last call replaced bound containers: flatten all, as jit
         # The same structure again (new containers in place of old ones, as after
@@ -81,7 +83,6 @@ class _BoundArguments:
             self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
             self.joined: dict[Any, SharedTreeDef] = {}
             self.takers: dict[tuple[int, ...], Taker] = {}
-        self.snapshot = Snapshot.take(self.objects, self.sdef)
         # Objects a call's arguments must not share with the bound ones: the containers, and
         # the leaves as they are now.
         self.ids = {id(self.objects[i]) for i in self.containers}
@@ -124,7 +125,7 @@ class _BoundArguments:
             if taker is None:
                 taker = self.takers[index] = Taker(index[: len(self.leaves)])
             self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
-            self.snapshot.refresh(written)
+            self.snapshot.refresh(written, self.leaves)
 
 
 class JitPartial(_native.PartialCore):
@@ -166,10 +167,7 @@ class JitPartial(_native.PartialCore):
 
     def _call_bound(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
-        bound arguments; the native base learns whether the call replaced bound containers.
-        The cyclic GC is paused meanwhile (module docstring)."""
-        enabled = gc.isenabled()
-        gc.disable()
+        bound arguments; the native base learns whether the call replaced bound containers."""
         try:
             jitted, bound = self._jitted, self._bound
             policy = policy_override.get() or jitted._policy
@@ -191,8 +189,6 @@ class JitPartial(_native.PartialCore):
             return out
         finally:
             self._set_replaced(self._bound.replaced)
-            if enabled:
-                gc.enable()
 
     def _resume(self) -> None:
         """After a call on the native path (``PartialCore``) that replaced no bound container:

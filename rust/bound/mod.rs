@@ -21,6 +21,13 @@
 //! nowhere (computed, converted, or read through another object's attributes) means the
 //! flatten reads state the snapshot does not see: `checkable` is then false, and the bound
 //! arguments are flattened again at each call instead.
+//!
+//! After a call, the record follows the call's own write-back without reading the containers
+//! again (`Snapshot::refresh`): each recorded value that is one of the bound leaves is
+//! replaced by what the write-back left in that leaf's place (the call's new list of bound
+//! leaves, in the order of the one the snapshot was taken with). Whatever else wrote into the
+//! containers during the call (another thread, while the computation ran) is then not in the
+//! record, and shows at the next `unchanged`.
 
 mod leaves;
 
@@ -38,14 +45,74 @@ use std::collections::{HashMap, HashSet};
 /// the snapshot uncheckable.
 const PLAIN_DEPTH: usize = 16;
 
-/// A watched slot: its member descriptor, the value it held (None: unset) and, where the
+/// A watched slot: its member descriptor, the value it held (None: unset), where the
 /// descriptor is a plain object member (`member::object_member`) of a class the object is an
 /// instance of, the offset in the object where the value is stored, read there while the
-/// object's `Layout` holds (three slots of each nnx Variable at every `jit_partial` call).
+/// object's `Layout` holds (three slots of each nnx Variable at every `jit_partial` call), and
+/// the index among the bound leaves of the value it held, if it is one (`LeafIndex`).
 struct SlotValue {
     descr: Py<PyAny>,
     value: Option<Py<PyAny>>,
     offset: Option<isize>,
+    leaf: Option<u32>,
+}
+
+/// The positions among some recorded values that hold bound leaves, each with the leaf's index
+/// among the bound leaves (`LeafIndex::followed`).
+type Followed = Vec<(u32, u32)>;
+
+/// Each bound leaf's index in the list of leaves a snapshot is taken with, by address (the
+/// leaves are held by that list, and by the record, meanwhile). An object at two indices (a
+/// Python scalar: arrays appear once) is at neither: a value the record cannot follow, which,
+/// if a call replaces it, makes the next check false.
+struct LeafIndex(HashMap<usize, u32>);
+
+const AMBIGUOUS: u32 = u32::MAX;
+
+impl LeafIndex {
+    fn of(leaves: &Bound<'_, PyList>) -> LeafIndex {
+        let mut index = HashMap::with_capacity(leaves.len());
+        for (i, leaf) in leaves.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(AMBIGUOUS);
+            index
+                .entry(leaf.as_ptr() as usize)
+                .and_modify(|at| *at = AMBIGUOUS)
+                .or_insert(i);
+        }
+        LeafIndex(index)
+    }
+
+    fn get(&self, value: &Py<PyAny>) -> Option<u32> {
+        let at = self.0.get(&(value.as_ptr() as usize)).copied()?;
+        (at != AMBIGUOUS).then_some(at)
+    }
+
+    /// The positions among `values` that hold bound leaves, with the leaves' indices.
+    fn followed<'a>(&self, values: impl Iterator<Item = &'a Py<PyAny>>) -> Followed {
+        (values.enumerate())
+            .filter_map(|(at, v)| Some((u32::try_from(at).ok()?, self.get(v)?)))
+            .collect()
+    }
+}
+
+/// Put in place of `value` what the call's write-back left in the place of the bound leaf
+/// `leaf` (`leaves`: the call's bound leaves); the value replaced goes into `dropped`, to be
+/// let go after (a finalizer it runs could change what is watched). Whether it was replaced.
+/// An index out of range (never, for the same structure) leaves the value as it is: the
+/// check then compares it with the object.
+fn follow_value(
+    value: &mut Py<PyAny>,
+    leaf: u32,
+    leaves: &Bound<'_, PyList>,
+    dropped: &mut Vec<Py<PyAny>>,
+) -> bool {
+    match leaves.get_item(leaf as usize) {
+        Ok(now) if !now.is(&*value) => {
+            dropped.push(std::mem::replace(value, now.unbind()));
+            true
+        }
+        _ => false,
+    }
 }
 
 /// A type (held, so that its address is not reused) and its slots' member descriptors.
@@ -53,7 +120,8 @@ type TypeSlots = (Py<PyType>, Vec<Py<PyAny>>);
 
 /// One watched object and what it held.
 enum Watched {
-    List(Py<PyAny>, Vec<Py<PyAny>>),
+    /// A list, its items, and which of them are bound leaves.
+    List(Py<PyAny>, Vec<Py<PyAny>>, Followed),
     Dict(Py<PyAny>, DictItems),
     /// A set's items, in iteration order.
     Set(Py<PyAny>, Vec<Py<PyAny>>),
@@ -61,8 +129,7 @@ enum Watched {
     /// the items `Dict` compares.
     Order(Py<PyAny>, Vec<Py<PyAny>>),
     /// An object's type and its version (`obj.__class__ = Other`, or a change to the class or
-    /// a base, can change its flatten). Never recorded again by `refresh`: a class changed
-    /// makes the next `unchanged` false, whoever changed it.
+    /// a base, can change its flatten).
     Type(Py<PyAny>, Layout),
     /// An object, its `__dict__` and that dict's items, and the plain containers those hold.
     Attributes(Py<PyAny>, Py<PyDict>, DictItems, Vec<Watched>),
@@ -120,6 +187,7 @@ impl Layout {
 struct Plain<'a> {
     /// Tree containers (watched on their own): not watched again.
     tree: &'a HashSet<usize>,
+    index: &'a LeafIndex,
     watched: Vec<Watched>,
     /// Addresses of everything reached (values and the contents of plain containers), while
     /// the watches hold them.
@@ -131,9 +199,10 @@ struct Plain<'a> {
 }
 
 impl<'a> Plain<'a> {
-    fn new(tree: &'a HashSet<usize>) -> Self {
+    fn new(tree: &'a HashSet<usize>, index: &'a LeafIndex) -> Self {
         Plain {
             tree,
+            index,
             watched: Vec::new(),
             found: HashSet::new(),
             seen: HashSet::new(),
@@ -159,10 +228,11 @@ impl<'a> Plain<'a> {
         let obj = value.clone().unbind();
         let mut items: Vec<Bound<'_, PyAny>> = Vec::new();
         if let Ok(list) = value.cast::<PyList>() {
-            self.watched.push(Watched::List(obj, list_items(list)));
+            self.watched.push(watch_list(obj, list, self.index));
             items.extend(list.iter());
         } else if let Ok(dict) = value.cast::<PyDict>() {
-            self.watched.push(Watched::Dict(obj, DictItems::read(dict)));
+            self.watched
+                .push(Watched::Dict(obj, DictItems::read(dict, self.index)));
             if !ty.is(value.py().get_type::<PyDict>()) {
                 let keys = iter_items(value)?;
                 self.watched
@@ -215,16 +285,6 @@ fn is_plain(value: &Bound<'_, PyAny>) -> bool {
     set
 }
 
-/// Whether a value replaced (`old`) or its replacement (`now`) is a plain container (None:
-/// a slot unset): then the watches under the object must be made again, not kept.
-fn plain_either(now: Option<&Bound<'_, PyAny>>, old: Option<&Bound<'_, PyAny>>) -> bool {
-    match (now, old) {
-        // The common case, an array replaced by an array: one type, asked once.
-        (Some(now), Some(old)) if now.get_type_ptr() == old.get_type_ptr() => is_plain(now),
-        _ => now.is_some_and(is_plain) || old.is_some_and(is_plain),
-    }
-}
-
 /// An iterable's items, in iteration order.
 fn iter_items(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Py<PyAny>>> {
     obj.try_iter()?.map(|i| i.map(Bound::unbind)).collect()
@@ -260,105 +320,39 @@ fn stored_dict<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 }
 
 impl Watched {
-    /// Record again what the object holds now, in place. The watches of the plain containers
-    /// under its attributes or slots are kept when only values that are not plain containers
-    /// changed (a write-back sets attributes to arrays, it does not change what such
-    /// containers hold; if something else did, the kept watch reports it at the next
-    /// `unchanged`). This runs at every `jit_partial` call for each container written back:
-    /// the common case allocates nothing.
-    fn refresh(&mut self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<()> {
+    /// Follow a call's write-back: each recorded value that is a bound leaf becomes what the
+    /// write-back left in that leaf's place (`leaves`, the call's bound leaves); nothing is
+    /// read from the object (see the module comment). The values replaced go into `dropped`.
+    fn follow(&mut self, leaves: &Bound<'_, PyList>, dropped: &mut Vec<Py<PyAny>>) {
         match self {
-            Watched::Slots(obj, layout, slots, _) => {
-                let obj = obj.bind(py);
-                let mut kept = true;
+            Watched::List(_, items, followed) => {
+                for &(at, leaf) in followed.iter() {
+                    if let Some(value) = items.get_mut(at as usize) {
+                        follow_value(value, leaf, leaves, dropped);
+                    }
+                }
+            }
+            Watched::Dict(_, items) => items.follow(leaves, dropped),
+            Watched::Attributes(_, _, items, plain) => {
+                items.follow(leaves, dropped);
+                plain.iter_mut().for_each(|w| w.follow(leaves, dropped));
+            }
+            Watched::Slots(_, _, slots, plain) => {
                 for slot in slots.iter_mut() {
-                    // Asked again for each slot: a value read through its descriptor, or a
-                    // value let go below, may have run Python code that changed the class.
-                    if !layout.holds(obj) {
-                        // The class changed: left as recorded, so the next `unchanged` is
-                        // false and the objects are flattened again under the class now.
-                        return Ok(());
+                    if let (Some(value), Some(leaf)) = (slot.value.as_mut(), slot.leaf) {
+                        follow_value(value, leaf, leaves, dropped);
                     }
-                    let now = slot.now(obj)?;
-                    if now.as_ref().map(Bound::as_ptr) == slot.value.as_ref().map(Py::as_ptr) {
-                        continue;
-                    }
-                    if plain_either(now.as_ref(), slot.value.as_ref().map(|v| v.bind(py))) {
-                        kept = false;
-                        break;
-                    }
-                    // The value replaced goes now: a finalizer it runs can change the object,
-                    // whose slots are read from the object itself (a slot it changes after
-                    // its read only makes the next `unchanged` false).
-                    drop(std::mem::replace(&mut slot.value, now.map(Bound::unbind)));
                 }
-                if kept {
-                    return Ok(());
-                }
+                plain.iter_mut().for_each(|w| w.follow(leaves, dropped));
             }
-            Watched::Attributes(owner, attrs, items, _) => {
-                let now = stored_dict(owner.bind(py))?;
-                let mut replaced = Vec::new();
-                let kept = now.is(&*attrs) && items.refresh(attrs.bind(py), &mut replaced);
-                drop(replaced);
-                if kept {
-                    return Ok(());
-                }
-            }
-            // A write-back sets attributes and items, not classes: a type changed was changed
-            // by something else, which the next `unchanged` must see.
-            Watched::Type(..) => return Ok(()),
-            _ => {}
+            // Neither a set's items nor a dict's key order nor a type is a leaf.
+            Watched::Set(..) | Watched::Order(..) | Watched::Type(..) => {}
         }
-        *self = self.again(py, tree)?;
-        Ok(())
-    }
-
-    /// The same object watched again, with what it holds now (plain containers under
-    /// attributes found again from the attributes' values now).
-    fn again(&self, py: Python<'_>, tree: &HashSet<usize>) -> PyResult<Watched> {
-        Ok(match self {
-            Watched::List(obj, _) => {
-                let items = obj.bind(py).cast::<PyList>().map(list_items)?;
-                Watched::List(obj.clone_ref(py), items)
-            }
-            Watched::Dict(obj, _) => {
-                let items = obj.bind(py).cast::<PyDict>().map(DictItems::read)?;
-                Watched::Dict(obj.clone_ref(py), items)
-            }
-            Watched::Set(obj, _) => Watched::Set(obj.clone_ref(py), iter_items(obj.bind(py))?),
-            Watched::Order(obj, _) => Watched::Order(obj.clone_ref(py), iter_items(obj.bind(py))?),
-            // Never recorded again (see `refresh`).
-            Watched::Type(obj, layout) => Watched::Type(obj.clone_ref(py), layout.clone_ref(py)),
-            Watched::Attributes(owner, _, _, _) => {
-                let owner = owner.bind(py);
-                let attrs = stored_dict(owner)?.cast_into::<PyDict>()?;
-                let items = DictItems::read(&attrs);
-                let mut plain = Plain::new(tree);
-                for (_, v) in attrs.iter() {
-                    plain.add(&v, 0)?;
-                }
-                Watched::Attributes(owner.clone().unbind(), attrs.unbind(), items, plain.watched)
-            }
-            Watched::Slots(obj, old, _, _) => {
-                // The slots as the class has them now (it may have changed since).
-                let obj = obj.bind(py);
-                // A type with no version now keeps the old one, which no longer holds: the
-                // next `unchanged` is false, and the snapshot taken then is not checkable.
-                let layout = Layout::of(obj).unwrap_or_else(|| old.clone_ref(py));
-                let values = slot_values(obj, slot_descriptors(&obj.get_type())?)?;
-                let mut plain = Plain::new(tree);
-                for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
-                    plain.add(v.bind(py), 0)?;
-                }
-                Watched::Slots(obj.clone().unbind(), layout, values, plain.watched)
-            }
-        })
     }
 
     fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(match self {
-            Watched::List(obj, items) => obj
+            Watched::List(obj, items, _) => obj
                 .bind(py)
                 .cast::<PyList>()
                 .is_ok_and(|l| same_list(l, items)),
@@ -396,8 +390,12 @@ fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
 }
 
 impl SlotValue {
-    /// The slot of `descr` on `obj`, read now.
-    fn read(obj: &Bound<'_, PyAny>, descr: Bound<'_, PyAny>) -> PyResult<SlotValue> {
+    /// The slot of `descr` on `obj`, read now (`index`: the bound leaves).
+    fn read(
+        obj: &Bound<'_, PyAny>,
+        descr: Bound<'_, PyAny>,
+        index: &LeafIndex,
+    ) -> PyResult<SlotValue> {
         // SAFETY: `descr` and `obj` are alive (held, borrowed); only the descriptor's fields
         // and type are read.
         let offset = unsafe { instance_member(obj.as_ptr(), descr.as_ptr(), false) };
@@ -406,33 +404,18 @@ impl SlotValue {
             Some(offset) => unsafe { stored(obj, offset) },
             None => read_slot(obj, &descr)?,
         };
+        let value = value.map(Bound::unbind);
         Ok(SlotValue {
             descr: descr.unbind(),
-            value: value.map(Bound::unbind),
+            leaf: value.as_ref().and_then(|v| index.get(v)),
+            value,
             offset,
         })
     }
 
-    /// What the slot holds now (None: unset). The object's `Layout` must hold: the value is
-    /// then read where it is stored, or through the descriptor.
-    fn now<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        match self.offset {
-            // SAFETY: the layout the offset was found under holds.
-            Some(offset) => Ok(unsafe { stored(obj, offset) }),
-            None => {
-                let descr = self.descr.bind(obj.py());
-                // SAFETY: `obj` and `descr` are alive and the GIL is held; the pointer read is
-                // made a reference of its own at once, before any Python code can run.
-                match unsafe { member_value(obj.as_ptr(), descr.as_ptr()) } {
-                    Some(held) => Ok(unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), held) }),
-                    None => read_slot(obj, descr),
-                }
-            }
-        }
-    }
-
     /// Whether the slot still holds its value, by identity, without taking a reference where
-    /// it is read in the object (the `Layout` must hold, as for `now`).
+    /// it is read in the object. The object's `Layout` must hold: the value is then read where
+    /// it is stored, or through the descriptor.
     fn holds(&self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         let value = self.value.as_ref().map_or(std::ptr::null_mut(), Py::as_ptr);
         let descr = self.descr.as_ptr();
@@ -522,10 +505,11 @@ fn read_slot<'py>(
 fn slot_values<'py>(
     obj: &Bound<'py, PyAny>,
     descrs: Vec<Bound<'py, PyAny>>,
+    index: &LeafIndex,
 ) -> PyResult<Vec<SlotValue>> {
     descrs
         .into_iter()
-        .map(|descr| SlotValue::read(obj, descr))
+        .map(|descr| SlotValue::read(obj, descr, index))
         .collect()
 }
 
@@ -564,23 +548,47 @@ fn slot_descriptors<'py>(ty: &Bound<'py, PyType>) -> PyResult<Vec<Bound<'py, PyA
     Ok(descrs)
 }
 
-fn list_items(list: &Bound<'_, PyList>) -> Vec<Py<PyAny>> {
-    list.iter().map(Bound::unbind).collect()
+/// A list watched: its items, and which of them are bound leaves.
+fn watch_list(obj: Py<PyAny>, list: &Bound<'_, PyList>, index: &LeafIndex) -> Watched {
+    let items: Vec<Py<PyAny>> = list.iter().map(Bound::unbind).collect();
+    let followed = index.followed(items.iter());
+    Watched::List(obj, items, followed)
 }
 
-/// A dict's items, by identity, in order, with its version tag when they were read.
+/// A dict's items, by identity, in order, with its version tag when they were read and which
+/// values are bound leaves.
 struct DictItems {
     /// CPython's version tag of the dict (`version_tag`; 0: none to go by).
     version: u64,
     items: Vec<(Py<PyAny>, Py<PyAny>)>,
+    followed: Followed,
 }
 
 impl DictItems {
-    fn read(dict: &Bound<'_, PyDict>) -> Self {
+    fn read(dict: &Bound<'_, PyDict>, index: &LeafIndex) -> Self {
         // The tag first: a change after it, even during the read, makes the tags differ.
         let version = version_tag(dict);
-        let items = dict.iter().map(|(k, v)| (k.unbind(), v.unbind())).collect();
-        DictItems { version, items }
+        let items: Vec<(Py<PyAny>, Py<PyAny>)> =
+            dict.iter().map(|(k, v)| (k.unbind(), v.unbind())).collect();
+        let followed = index.followed(items.iter().map(|(_, v)| v));
+        DictItems {
+            version,
+            items,
+            followed,
+        }
+    }
+
+    /// Follow a call's write-back (`Watched::follow`). A value replaced leaves no version tag
+    /// to go by (the dict's tag now would also stand for writes made by anything else): the
+    /// items are compared one by one until the dict is read again.
+    fn follow(&mut self, leaves: &Bound<'_, PyList>, dropped: &mut Vec<Py<PyAny>>) {
+        for &(at, leaf) in &self.followed {
+            if let Some((_, value)) = self.items.get_mut(at as usize) {
+                if follow_value(value, leaf, leaves, dropped) {
+                    self.version = 0;
+                }
+            }
+        }
     }
 
     /// Whether `dict` holds exactly these items: at once when its version tag is the one read
@@ -591,31 +599,6 @@ impl DictItems {
         }
         // SAFETY: `dict` is alive (a Bound) and the GIL is held; nothing below runs Python.
         unsafe { same_dict_items(dict.as_ptr(), &self.items) }
-    }
-
-    /// Record `dict`'s values where only values changed, none of them (before or after) a
-    /// plain container; false, with the items partly updated, when its keys changed or a
-    /// plain container came or went (the caller then records the whole object again). The
-    /// values replaced go into `replaced`, to be let go after the iteration (a finalizer could
-    /// change the dict during it).
-    fn refresh(&mut self, dict: &Bound<'_, PyDict>, replaced: &mut Vec<Py<PyAny>>) -> bool {
-        let version = version_tag(dict);
-        if dict.len() != self.items.len() {
-            return false;
-        }
-        for ((key, value), (k0, v0)) in dict.iter().zip(self.items.iter_mut()) {
-            if !key.is(&*k0) {
-                return false;
-            }
-            if !value.is(&*v0) {
-                if plain_either(Some(&value), Some(v0.bind(dict.py()))) {
-                    return false;
-                }
-                replaced.push(std::mem::replace(v0, value.unbind()));
-            }
-        }
-        self.version = version;
-        true
     }
 }
 
@@ -678,9 +661,6 @@ pub struct Snapshot {
     watched: Vec<Watched>,
     /// The node (index into the objects taken) each watched entry belongs to.
     owners: Vec<usize>,
-    /// The addresses of the tree's mutable containers (each held by a watch above, so none
-    /// can be reused meanwhile): plain containers under attributes skip them.
-    tree: HashSet<usize>,
     /// False when some container's state is out of reach (see the module comment).
     #[pyo3(get)]
     checkable: bool,
@@ -720,12 +700,18 @@ fn found_child(
 #[pymethods]
 impl Snapshot {
     /// Record the containers among `objects` (a flatten's objects, one per entry of `def`,
-    /// its structure). Tuples, namedtuples and None are immutable and need no record; their
-    /// items are among `objects` themselves.
+    /// its structure), whose leaves are `leaves` (the flatten's, which `refresh` follows).
+    /// Tuples, namedtuples and None are immutable and need no record; their items are among
+    /// `objects` themselves.
     #[staticmethod]
-    fn take(objects: &Bound<'_, PyList>, def: &Bound<'_, SharedTreeDef>) -> PyResult<Self> {
+    fn take(
+        objects: &Bound<'_, PyList>,
+        def: &Bound<'_, SharedTreeDef>,
+        leaves: &Bound<'_, PyList>,
+    ) -> PyResult<Self> {
         let py = objects.py();
         let def = def.get();
+        let index = LeafIndex::of(leaves);
         let mut watched = Vec::new();
         let mut owners = Vec::new();
         let mut checkable = true;
@@ -748,12 +734,13 @@ impl Snapshot {
             // An exact list or dict has neither a `__dict__` nor slots: no lookups (each would
             // raise and clear an AttributeError).
             if let Ok(list) = obj.cast_exact::<PyList>() {
-                watched.push(Watched::List(obj.clone().unbind(), list_items(list)));
+                watched.push(watch_list(obj.clone().unbind(), list, &index));
                 owners.resize(watched.len(), i);
                 continue;
             }
             if let Ok(dict) = obj.cast_exact::<PyDict>() {
-                watched.push(Watched::Dict(obj.clone().unbind(), DictItems::read(dict)));
+                let items = DictItems::read(dict, &index);
+                watched.push(Watched::Dict(obj.clone().unbind(), items));
                 owners.resize(watched.len(), i);
                 continue;
             }
@@ -770,11 +757,12 @@ impl Snapshot {
             // What the node's flatten may read its children from.
             let mut found = HashSet::new();
             if let Ok(list) = obj.cast::<PyList>() {
-                watched.push(Watched::List(obj.clone().unbind(), list_items(list)));
+                watched.push(watch_list(obj.clone().unbind(), list, &index));
                 found.extend(list.iter().map(|v| v.as_ptr() as usize));
                 known = true;
             } else if let Ok(dict) = obj.cast::<PyDict>() {
-                watched.push(Watched::Dict(obj.clone().unbind(), DictItems::read(dict)));
+                let items = DictItems::read(dict, &index);
+                watched.push(Watched::Dict(obj.clone().unbind(), items));
                 watched.push(Watched::Order(obj.clone().unbind(), iter_items(&obj)?));
                 found.extend(dict.values().iter().map(|v| v.as_ptr() as usize));
                 known = true;
@@ -784,8 +772,8 @@ impl Snapshot {
             if let Ok(attrs) = stored_dict(&obj) {
                 match attrs.cast_into::<PyDict>() {
                     Ok(attrs) => {
-                        let items = DictItems::read(&attrs);
-                        let mut plain = Plain::new(&tree);
+                        let items = DictItems::read(&attrs, &index);
+                        let mut plain = Plain::new(&tree, &index);
                         for (_, v) in attrs.iter() {
                             plain.add(&v, 0)?;
                         }
@@ -817,8 +805,8 @@ impl Snapshot {
                 }
             };
             if !descrs.is_empty() {
-                let values = slot_values(&obj, descrs)?;
-                let mut plain = Plain::new(&tree);
+                let values = slot_values(&obj, descrs, &index)?;
+                let mut plain = Plain::new(&tree, &index);
                 for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
                     plain.add(v.bind(py), 0)?;
                 }
@@ -852,17 +840,38 @@ impl Snapshot {
         Ok(Snapshot {
             watched,
             owners,
-            tree,
             checkable,
             written: None,
         })
     }
 
-    /// Record again, in place, what the objects at these node indices hold now (those a
-    /// call's write-back changed); the others keep their record. A node left out that did
-    /// change only makes the next `unchanged` false: a flatten too many, never a change
+    /// `flatten_shared(tree)` and the snapshot of what it flattened (`take`), made in one
+    /// native call: no Python code runs between a container's read and its record (none in the
+    /// flatten either, for the nodes flattened natively), so another thread cannot change a
+    /// container in between, unseen. The caller pauses the cyclic GC around it (finalizers).
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn flatten_and_take<'py>(
+        tree: &Bound<'py, PyAny>,
+    ) -> PyResult<(
+        Bound<'py, PyList>,
+        Bound<'py, SharedTreeDef>,
+        Bound<'py, PyList>,
+        Snapshot,
+    )> {
+        let (leaves, def, objects) =
+            crate::sharing::flatten_shared(tree)?.into_python(tree.py())?;
+        let snapshot = Snapshot::take(&objects, &def, &leaves)?;
+        Ok((leaves, def, objects, snapshot))
+    }
+
+    /// Follow a call's write-back in the record of the objects at these node indices (those
+    /// the write-back wrote), from the call's bound leaves (`leaves`, in the order of those
+    /// the snapshot was taken with): see the module comment. Nothing is read from the
+    /// objects, so a change made to them by anything but the write-back, or one the record
+    /// cannot follow, makes the next `unchanged` false: a flatten too many, never a change
     /// missed.
-    fn refresh(&mut self, py: Python<'_>, nodes: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn refresh(&mut self, nodes: &Bound<'_, PyAny>, leaves: &Bound<'_, PyList>) -> PyResult<()> {
         let cached = matches!(&self.written, Some((t, _)) if t.is(nodes));
         if !cached {
             let nodes_set: HashSet<usize> = nodes.extract::<Vec<usize>>()?.into_iter().collect();
@@ -873,18 +882,17 @@ impl Snapshot {
             // A list can change under the same identity: only a tuple's positions are kept.
             let key = nodes.cast::<PyTuple>().ok().map(|t| t.clone().unbind());
             let Some(key) = key else {
-                return refresh_at(&mut self.watched, py, &self.tree, &positions);
+                follow_at(&mut self.watched, &positions, leaves);
+                return Ok(());
             };
             self.written = Some((key, positions));
         }
         let Snapshot {
-            watched,
-            tree,
-            written,
-            ..
+            watched, written, ..
         } = self;
         let positions = written.as_ref().map_or(&[][..], |(_, p)| &p[..]);
-        refresh_at(watched, py, tree, positions)
+        follow_at(watched, positions, leaves);
+        Ok(())
     }
 
     /// Whether every watched object still holds exactly what it held.
@@ -893,15 +901,14 @@ impl Snapshot {
     }
 }
 
-/// Record again the entries of `watched` at `positions`.
-fn refresh_at(
-    watched: &mut [Watched],
-    py: Python<'_>,
-    tree: &HashSet<usize>,
-    positions: &[usize],
-) -> PyResult<()> {
+/// Follow a call's write-back in the entries of `watched` at `positions`; the values replaced
+/// are let go after all are followed.
+fn follow_at(watched: &mut [Watched], positions: &[usize], leaves: &Bound<'_, PyList>) {
+    let mut dropped = Vec::new();
     for &i in positions {
-        watched[i].refresh(py, tree)?;
+        if let Some(w) = watched.get_mut(i) {
+            w.follow(leaves, &mut dropped);
+        }
     }
-    Ok(())
+    drop(dropped);
 }

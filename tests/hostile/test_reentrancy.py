@@ -123,14 +123,16 @@ def traversals(c, twin):
         yield f"call-{policy}-mutate", lambda p=policy: treeclone.call(_poke, c, policy=p)
 
 def _snapshot(x):
-    _, sdef, objects = treeclone._native.flatten_shared(x)
+    leaves, sdef, objects = treeclone._native.flatten_shared(x)
     nodes = [
         i for i, e in enumerate(sdef.node_info())
         if isinstance(e, treeclone._native.EntryInfo.Node)
     ]
-    snapshot = treeclone._native.Snapshot.take(objects, sdef)
+    snapshot = treeclone._native.Snapshot.take(objects, sdef, leaves)
     snapshot.unchanged()
-    snapshot.refresh(nodes)
+    snapshot.refresh(nodes, [[leaf] for leaf in leaves])  # every leaf replaced
+    snapshot.unchanged()
+    snapshot.refresh(nodes, leaves[:1])  # fewer leaves than taken with: indices out of range
     snapshot.unchanged()
 
 def _poke(x):
