@@ -746,7 +746,6 @@ impl Snapshot {
             }
             // First, so that a reassigned `__class__` or a changed class is seen, and the
             // slots are read under the version recorded.
-            let ty = obj.get_type();
             let Some(layout) = Layout::of(&obj) else {
                 checkable = false; // the class cannot be watched: flattened at every call
                 break;
@@ -790,11 +789,12 @@ impl Snapshot {
                     Err(_) => checkable = false,
                 }
             }
+            let ty = layout.ty.bind(py);
             let version = (ty.as_ptr() as usize, layout.tag);
             let descrs = match slots_of.get(&version) {
                 Some((_, descrs)) => descrs.iter().map(|d| d.bind(py).clone()).collect(),
                 None => {
-                    let descrs = slot_descriptors(&ty)?;
+                    let descrs = slot_descriptors(ty)?;
                     // Kept for the next instances only if the class did not change meanwhile
                     // (this object's watch then fails at the next check).
                     if layout.holds(&obj) {

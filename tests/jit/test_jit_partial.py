@@ -556,18 +556,22 @@ def test_a_slot_hidden_by_a_class_attribute_between_calls_is_used():
     assert ours == theirs == plain == [10.0, 10.0]
 
 
-def test_a_class_attribute_read_by_a_flatten_changed_between_calls_is_used():
-    """A registered flatten that takes its static data from the class (a setting every
-    instance shares): the object holds what it held, only the class's version shows it."""
+def _class_setting_changed(changes_before=0):
+    """``_three_ways`` for a registered flatten that takes its static data from the class (a
+    setting every instance shares, ``scale``) set again between calls; the class changed
+    ``changes_before`` times first, each change followed by a lookup on it."""
 
-    class Activated:
+    class Setting:
         scale = 2.0
 
         def __init__(self, w):
             self.w = w
 
+    for i in range(changes_before):
+        Setting.scale = float(i)
+        assert Setting.scale == i  # a lookup on the class: a new version, while it gets them
     jax.tree_util.register_pytree_node(
-        Activated, lambda a: ((a.w,), type(a).scale), lambda _, c: Activated(c[0])
+        Setting, lambda a: ((a.w,), type(a).scale), lambda _, c: Setting(c[0])
     )
 
     def fun(a, x):
@@ -576,7 +580,12 @@ def test_a_class_attribute_read_by_a_flatten_changed_between_calls_is_used():
     def change(obj):
         type(obj).scale = 3.0
 
-    ours, theirs, plain = _three_ways(fun, lambda: Activated(jnp.ones(2)), change, 1.0)
+    return _three_ways(fun, lambda: Setting(jnp.ones(2)), change, 1.0)
+
+
+def test_a_class_attribute_read_by_a_flatten_changed_between_calls_is_used():
+    """The object holds what it held, only the class's version shows the change."""
+    ours, theirs, plain = _class_setting_changed()
     assert ours == theirs == plain == [3.0, 3.0]
 
 
@@ -605,27 +614,7 @@ def test_a_class_changed_too_often_to_have_a_version_is_still_watched():
     """From 3.12 CPython gives a class no new version after about a thousand changes: the
     snapshot cannot watch such a class, so the bound arguments are flattened at every call
     (on 3.11 the class keeps getting versions, and each change is seen by its version)."""
-
-    class Worn:
-        scale = 0.0
-
-        def __init__(self, w):
-            self.w = w
-
-    for i in range(1100):
-        Worn.scale = float(i)
-        assert Worn.scale == i  # a lookup on the class: a new version, while it gets them
-    jax.tree_util.register_pytree_node(
-        Worn, lambda a: ((a.w,), type(a).scale), lambda _, c: Worn(c[0])
-    )
-
-    def fun(a, x):
-        return a.w * x * jax.tree_util.tree_structure(a).node_data()[1]
-
-    def change(obj):
-        type(obj).scale = 3.0
-
-    ours, theirs, plain = _three_ways(fun, lambda: Worn(jnp.ones(2)), change, 1.0)
+    ours, theirs, plain = _class_setting_changed(changes_before=1100)
     assert ours == theirs == plain == [3.0, 3.0]
 
 

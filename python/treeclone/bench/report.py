@@ -176,8 +176,9 @@ def render(
     lines += [
         "",
         "µs/step is the median over rounds of (batch time / steps), the batch ending with "
-        "`jax.block_until_ready` on the outputs' arrays (an nnx form's read from its "
-        "Variables); the spread is the interquartile range over "
+        "`jax.block_until_ready` on the outputs' arrays (an in-place nnx form's read from "
+        "its Variables, a functional one's by treeclone's native flatten); the spread is the "
+        "interquartile range over "
         "rounds (and min–max); *vs jax.jit*, *vs fastest peer* and *vs floor* are ratios of "
         "medians (below 1x is faster). `floor` is the least any wrapper can do: one "
         "`jax.jit` over the flat list of the state's arrays that returns only the arrays "
