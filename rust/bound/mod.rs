@@ -13,7 +13,8 @@
 //! the tree: a registered flatten may read its children or its aux data from them
 //! (`self._store["w"]`, nnx's `_var_metadata`). A class without a version (CPython stops
 //! giving new ones to a class changed very often) cannot be watched: such a snapshot is not
-//! `checkable`.
+//! `checkable`. The size of JAX's registry is watched too: a type registered since the flatten
+//! (a bound leaf's class made a node) changes what a flatten gives.
 //!
 //! A registered node is checkable only when each of its children is found among what is
 //! watched: an attribute's value, an item of its own or of a watched plain container, or a
@@ -35,6 +36,7 @@ pub use leaves::{any_identical, Taker};
 
 use crate::member::{has_type_version, instance_member, slot_ptr, version_tag as type_version};
 use crate::node::NodeKind;
+use crate::registry::registry_size;
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
@@ -664,6 +666,9 @@ pub struct Snapshot {
     /// False when some container's state is out of reach (see the module comment).
     #[pyo3(get)]
     checkable: bool,
+    /// The size of JAX's registry when the objects were flattened: a type registered since
+    /// (a bound leaf's class made a node) changes what a flatten would give.
+    registry_len: usize,
     /// The last tuple of node indices `refresh` was given (a trace's record, the same tuple at
     /// every call; held, so that its address is not reused) and the watched entries it names.
     written: Option<(Py<PyTuple>, Vec<usize>)>,
@@ -710,6 +715,7 @@ impl Snapshot {
         leaves: &Bound<'_, PyList>,
     ) -> PyResult<Self> {
         let py = objects.py();
+        let registry_len = registry_size(py)?;
         let def = def.get();
         let index = LeafIndex::of(leaves);
         let mut watched = Vec::new();
@@ -841,6 +847,7 @@ impl Snapshot {
             watched,
             owners,
             checkable,
+            registry_len,
             written: None,
         })
     }
@@ -859,9 +866,12 @@ impl Snapshot {
         Bound<'py, PyList>,
         Snapshot,
     )> {
+        // Read before the flatten: a type registered during it makes the next check false.
+        let registry_len = registry_size(tree.py())?;
         let (leaves, def, objects) =
             crate::sharing::flatten_shared(tree)?.into_python(tree.py())?;
-        let snapshot = Snapshot::take(&objects, &def, &leaves)?;
+        let mut snapshot = Snapshot::take(&objects, &def, &leaves)?;
+        snapshot.registry_len = registry_len;
         Ok((leaves, def, objects, snapshot))
     }
 
@@ -895,8 +905,12 @@ impl Snapshot {
         Ok(())
     }
 
-    /// Whether every watched object still holds exactly what it held.
+    /// Whether no type was registered and every watched object still holds exactly what it
+    /// held.
     fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
+        if registry_size(py)? != self.registry_len {
+            return Ok(false);
+        }
         all_unchanged(py, &self.watched)
     }
 }

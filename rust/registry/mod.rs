@@ -116,6 +116,12 @@ fn lock_cache() -> std::sync::MutexGuard<'static, Option<TypeCache>> {
     TYPE_CACHE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The size of JAX's registry: it only grows, so a different size means a type was registered
+/// since (what was a leaf may now be a node).
+pub fn registry_size(py: Python<'_>) -> PyResult<usize> {
+    Ok(compat(py)?.registry.bind(py).len())
+}
+
 /// Drop every cached classification (after a registration).
 pub fn invalidate() {
     GENERATION.fetch_add(1, Ordering::Relaxed);

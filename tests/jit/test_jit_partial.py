@@ -610,6 +610,31 @@ def test_a_property_added_to_the_class_between_calls_is_used():
     assert ours == theirs == plain == [6.0, 6.0]
 
 
+def test_a_leafs_class_registered_as_a_node_between_calls_is_used():
+    """JAX's registry only grows; a registration changes what a flatten gives, so the
+    snapshot watches the registry's size too (before, the call ran on the old structure and
+    failed inside JAX)."""
+
+    class Pair(np.ndarray):
+        pass
+
+    def register_once(_):
+        if Pair not in registered:
+            registered.append(Pair)
+            jax.tree_util.register_pytree_node(
+                Pair, lambda p: ((np.asarray(p), np.asarray(p)), None), lambda _, c: tuple(c)
+            )
+
+    registered: list[type] = []
+    ours, theirs, plain = _three_ways(
+        lambda s, x: x * len(jax.tree_util.tree_leaves(s)),
+        lambda: {"w": jnp.ones(2), "p": np.ones(2).view(Pair)},
+        register_once,
+        1.0,
+    )
+    assert ours == theirs == plain == 3.0
+
+
 def test_a_class_changed_too_often_to_have_a_version_is_still_watched():
     """From 3.12 CPython gives a class no new version after about a thousand changes: the
     snapshot cannot watch such a class, so the bound arguments are flattened at every call
