@@ -21,7 +21,10 @@
 //! tuple, list or dict built of such (`return ([self.a, self.b],), None`). A child found
 //! nowhere (computed, converted, or read through another object's attributes) means the
 //! flatten reads state the snapshot does not see: `checkable` is then false, and the bound
-//! arguments are flattened again at each call instead.
+//! arguments are flattened again at each call instead. An exact list's or dict's record must
+//! be its flatten's children (the very keys and values): Python code that ran later in the
+//! same flatten (a registered flatten, another thread meanwhile) may have changed it after it
+//! was read, and a record of that change would stand for a cache that never saw it.
 //!
 //! After a call, the record follows the call's own write-back without reading the containers
 //! again (`Snapshot::refresh`): each recorded value that is one of the bound leaves is
@@ -38,6 +41,7 @@ use crate::member::{has_type_version, instance_member, slot_ptr, version_tag as 
 use crate::node::NodeKind;
 use crate::registry::registry_size;
 use crate::sharing::{Entry, SharedTreeDef};
+use crate::traverse::address::AddressMap;
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple, PyType};
@@ -557,6 +561,25 @@ fn watch_list(obj: Py<PyAny>, list: &Bound<'_, PyList>, index: &LeafIndex) -> Wa
     Watched::List(obj, items, followed)
 }
 
+/// The objects at the child entries of node `i` of `def` (`objects`: one per entry).
+fn children_of<'py>(
+    def: &SharedTreeDef,
+    objects: &Bound<'py, PyList>,
+    i: usize,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    (def.child_indices(i)?.into_iter())
+        .map(|c| objects.get_item(c))
+        .collect()
+}
+
+/// Whether `recorded` are `children`, in order, by identity.
+fn same_objects(
+    recorded: impl ExactSizeIterator<Item = *mut pyo3::ffi::PyObject>,
+    children: &[Bound<'_, PyAny>],
+) -> bool {
+    recorded.len() == children.len() && recorded.zip(children).all(|(r, c)| r == c.as_ptr())
+}
+
 /// A dict's items, by identity, in order, with its version tag when they were read and which
 /// values are bound leaves.
 struct DictItems {
@@ -591,6 +614,25 @@ impl DictItems {
                 }
             }
         }
+    }
+
+    /// Whether these items are the dict's flatten: `keys` (in child order, the very key
+    /// objects) with `children`, by identity.
+    fn are(&self, keys: &Bound<'_, PyTuple>, children: &[Bound<'_, PyAny>]) -> bool {
+        if self.items.len() != keys.len() || keys.len() != children.len() {
+            return false;
+        }
+        // Insertion order is often the sorted one; otherwise each key is looked up.
+        let in_order =
+            (self.items.iter().zip(keys.iter())).all(|((k, _), key)| k.as_ptr() == key.as_ptr());
+        if in_order {
+            return same_objects(self.items.iter().map(|(_, v)| v.as_ptr()), children);
+        }
+        let mut values = AddressMap::with_capacity_and_hasher(keys.len(), Default::default());
+        values.extend((self.items.iter()).map(|(k, v)| (k.as_ptr() as usize, v.as_ptr() as usize)));
+        keys.iter().zip(children).all(|(key, child)| {
+            values.get(&(key.as_ptr() as usize)) == Some(&(child.as_ptr() as usize))
+        })
     }
 
     /// Whether `dict` holds exactly these items: at once when its version tag is the one read
@@ -730,22 +772,32 @@ impl Snapshot {
                 continue;
             }
             tree.insert(obj.as_ptr() as usize);
-            nodes.push((i, obj, matches!(node.kind, NodeKind::Custom(..))));
+            nodes.push((i, obj, node));
         }
         // Slot descriptors by type version: many objects share a few types (an nnx model's
         // Variables). Each entry holds its type, so no address in the map can be reused
         // meanwhile, and a class changed during the take has a new tag.
         let mut slots_of: HashMap<(usize, u32), TypeSlots> = HashMap::new();
-        for (i, obj, custom) in nodes {
+        for (i, obj, node) in nodes {
+            let custom = matches!(node.kind, NodeKind::Custom(..));
             // An exact list or dict has neither a `__dict__` nor slots: no lookups (each would
             // raise and clear an AttributeError).
             if let Ok(list) = obj.cast_exact::<PyList>() {
-                watched.push(watch_list(obj.clone().unbind(), list, &index));
+                let watch = watch_list(obj.clone().unbind(), list, &index);
+                if let Watched::List(_, items, _) = &watch {
+                    let children = children_of(def, objects, i)?;
+                    checkable &= same_objects(items.iter().map(Py::as_ptr), &children);
+                }
+                watched.push(watch);
                 owners.resize(watched.len(), i);
                 continue;
             }
             if let Ok(dict) = obj.cast_exact::<PyDict>() {
                 let items = DictItems::read(dict, &index);
+                if let NodeKind::Dict(keys) = &node.kind {
+                    let children = children_of(def, objects, i)?;
+                    checkable &= items.are(keys.bind(py), &children);
+                }
                 watched.push(Watched::Dict(obj.clone().unbind(), items));
                 owners.resize(watched.len(), i);
                 continue;

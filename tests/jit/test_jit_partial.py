@@ -834,6 +834,32 @@ def test_the_snapshot_follows_the_write_back_and_nothing_else(cls):
     assert not snapshot.unchanged()
 
 
+def test_a_container_changed_later_in_the_same_flatten_is_used():
+    """A registered flatten in Python lets other code run (another thread; here the flatten
+    itself) after the flatten read a dict or list: the snapshot, taken after, must not record
+    that change as seen. Before, every call used the values read first ([4.0] * 3)."""
+    state, items, meddle = {"z": jnp.ones(2), "a": jnp.ones(2)}, [jnp.ones(2)], [True]
+
+    class Meddler:
+        def __init__(self, b):
+            self.b = b
+
+    def flatten(m):
+        if meddle:  # once, at the flatten of the bound arguments
+            meddle.clear()
+            state["a"], items[0] = jnp.full(2, 5.0), jnp.full(2, 7.0)
+        return (m.b,), None
+
+    jax.tree_util.register_pytree_node(Meddler, flatten, lambda _, c: Meddler(c[0]))
+
+    def fun(s, i, m, x):
+        return (s["a"].sum() + i[0].sum() + m.b.sum()) * x
+
+    p = tc.jit_partial(fun, state, items, Meddler(jnp.zeros(2)))
+    assert [float(p(1.0)) for _ in range(3)] == [24.0] * 3
+    assert float(fun(state, items, Meddler(jnp.zeros(2)), 1.0)) == 24.0
+
+
 def test_a_write_by_another_thread_during_a_call_is_used_by_the_next():
     """Another thread sets an entry of a bound dict, once, while a call that writes other
     entries of the same dict runs: the next call must use it, as treeclone.jit's would. The
