@@ -24,7 +24,9 @@
 //! arguments are flattened again at each call instead. An exact list's or dict's record must
 //! be its flatten's children (the very keys and values): Python code that ran later in the
 //! same flatten (a registered flatten, another thread meanwhile) may have changed it after it
-//! was read, and a record of that change would stand for a cache that never saw it.
+//! was read, and a record of that change would stand for a cache that never saw it. For the
+//! same reason a dict whose version (`version_tag`) says it changed after the flatten began
+//! makes the snapshot uncheckable (`Snapshot::flatten_and_take`).
 //!
 //! After a call, the record follows the call's own write-back without reading the containers
 //! again (`Snapshot::refresh`): each recorded value that is one of the bound leaves is
@@ -386,6 +388,21 @@ impl Watched {
     }
 }
 
+impl Watched {
+    /// Whether a dict this watch recorded had been changed after `since` (`dict_clock`) when
+    /// it was read.
+    fn dict_changed_after(&self, since: u64) -> bool {
+        match self {
+            Watched::Dict(_, items) => items.version > since,
+            Watched::Attributes(_, _, items, plain) => {
+                items.version > since || plain.iter().any(|w| w.dict_changed_after(since))
+            }
+            Watched::Slots(_, _, _, plain) => plain.iter().any(|w| w.dict_changed_after(since)),
+            _ => false,
+        }
+    }
+}
+
 fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
     for w in watched {
         if !w.unchanged(py)? {
@@ -666,6 +683,12 @@ fn version_tag(_dict: &Bound<'_, PyDict>) -> u64 {
     0
 }
 
+/// PEP 509's global dict version now (a new dict's tag): a dict whose tag is above it was
+/// changed after. 0 where dicts have no tags (`version_tag`).
+fn dict_clock(py: Python<'_>) -> u64 {
+    version_tag(&PyDict::new(py))
+}
+
 fn same_list(list: &Bound<'_, PyList>, items: &[Py<PyAny>]) -> bool {
     list.len() == items.len() && list.iter().zip(items).all(|(a, b)| a.is(b))
 }
@@ -918,12 +941,20 @@ impl Snapshot {
         Bound<'py, PyList>,
         Snapshot,
     )> {
+        let py = tree.py();
         // Read before the flatten: a type registered during it makes the next check false.
-        let registry_len = registry_size(tree.py())?;
-        let (leaves, def, objects) =
-            crate::sharing::flatten_shared(tree)?.into_python(tree.py())?;
+        let registry_len = registry_size(py)?;
+        let since = dict_clock(py);
+        let (leaves, def, objects) = crate::sharing::flatten_shared(tree)?.into_python(py)?;
         let mut snapshot = Snapshot::take(&objects, &def, &leaves)?;
         snapshot.registry_len = registry_len;
+        // A dict changed after the flatten began, by Python code the flatten ran (a registered
+        // flatten, a key's `__lt__`) or by another thread meanwhile, may have been read by the
+        // flatten before the change and by the take after it (static data an attribute holds,
+        // two children swapped): its record cannot be trusted.
+        if since != 0 && snapshot.watched.iter().any(|w| w.dict_changed_after(since)) {
+            snapshot.checkable = false;
+        }
         Ok((leaves, def, objects, snapshot))
     }
 

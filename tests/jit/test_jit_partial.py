@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -858,6 +859,42 @@ def test_a_container_changed_later_in_the_same_flatten_is_used():
     p = tc.jit_partial(fun, state, items, Meddler(jnp.zeros(2)))
     assert [float(p(1.0)) for _ in range(3)] == [24.0] * 3
     assert float(fun(state, items, Meddler(jnp.zeros(2)), 1.0)) == 24.0
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 13), reason="3.13 keeps no dict versions: this window stays open"
+)
+def test_static_data_changed_later_in_the_same_flatten_is_used():
+    """As above, for an attribute a registered flatten put in its aux data: the take would
+    record the new value while the cache holds the old. A dict changed after the flatten
+    began (its version says so) leaves the snapshot uncheckable."""
+    meddle = [True]
+
+    class Scaled:
+        def __init__(self, w, scale):
+            self.w, self.scale = w, scale
+
+    class Meddler:
+        def __init__(self, other):
+            self.other = other
+
+    def flatten(m):
+        if meddle:  # once, at the flatten of the bound arguments
+            meddle.clear()
+            m.other.scale = 3.0
+        return (), None
+
+    jax.tree_util.register_pytree_node(
+        Scaled, lambda s: ((s.w,), s.scale), lambda scale, c: Scaled(c[0], scale)
+    )
+    jax.tree_util.register_pytree_node(Meddler, flatten, lambda _, c: Meddler(None))
+
+    def fun(s, m, x):
+        return s.w.sum() * s.scale * x
+
+    scaled = Scaled(jnp.ones(2), 2.0)
+    p = tc.jit_partial(fun, scaled, Meddler(scaled))
+    assert [float(p(1.0)) for _ in range(3)] == [6.0] * 3
 
 
 def test_a_write_by_another_thread_during_a_call_is_used_by_the_next():
