@@ -389,15 +389,19 @@ impl Watched {
 }
 
 impl Watched {
-    /// Whether a dict this watch recorded had been changed after `since` (`dict_clock`) when
-    /// it was read.
-    fn dict_changed_after(&self, since: u64) -> bool {
+    /// Whether an object's `__dict__`, or a dict its attributes or slots hold, had been
+    /// changed after `since` (`dict_clock`) when it was read. Not a dict of the tree: a
+    /// registered flatten may build one (`return ({"w": self.w},), None`), new, so changed
+    /// after `since`, and the take checks each against the flatten's children instead.
+    fn attributes_changed_after(&self, since: u64) -> bool {
+        let plain_changed = |plain: &[Watched]| {
+            (plain.iter()).any(|w| matches!(w, Watched::Dict(_, items) if items.version > since))
+        };
         match self {
-            Watched::Dict(_, items) => items.version > since,
             Watched::Attributes(_, _, items, plain) => {
-                items.version > since || plain.iter().any(|w| w.dict_changed_after(since))
+                items.version > since || plain_changed(plain)
             }
-            Watched::Slots(_, _, _, plain) => plain.iter().any(|w| w.dict_changed_after(since)),
+            Watched::Slots(_, _, _, plain) => plain_changed(plain),
             _ => false,
         }
     }
@@ -948,11 +952,16 @@ impl Snapshot {
         let (leaves, def, objects) = crate::sharing::flatten_shared(tree)?.into_python(py)?;
         let mut snapshot = Snapshot::take(&objects, &def, &leaves)?;
         snapshot.registry_len = registry_len;
-        // A dict changed after the flatten began, by Python code the flatten ran (a registered
-        // flatten, a key's `__lt__`) or by another thread meanwhile, may have been read by the
-        // flatten before the change and by the take after it (static data an attribute holds,
-        // two children swapped): its record cannot be trusted.
-        if since != 0 && snapshot.watched.iter().any(|w| w.dict_changed_after(since)) {
+        // An attribute dict changed after the flatten began, by Python code the flatten ran (a
+        // registered flatten, a key's `__lt__`) or by another thread meanwhile, may have been
+        // read by the flatten before the change and by the take after it (static data an
+        // attribute holds, two attributes swapped): its record cannot be trusted.
+        if since != 0
+            && snapshot
+                .watched
+                .iter()
+                .any(|w| w.attributes_changed_after(since))
+        {
             snapshot.checkable = false;
         }
         Ok((leaves, def, objects, snapshot))

@@ -127,6 +127,47 @@ def test_bound_arguments_are_not_flattened_again_at_each_call():
     assert FLATTENS["Counted"] == before + 1 and values(layer.w) == [6.0, 6.0]
 
 
+class _BuiltDict:
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+
+class _BuiltList(_BuiltDict):
+    pass
+
+
+jax.tree_util.register_pytree_node(
+    _BuiltDict,
+    lambda s: (({"w": s.w, "b": s.b},), None),
+    lambda _, c: _BuiltDict(c[0]["w"], c[0]["b"]),
+)
+jax.tree_util.register_pytree_node(
+    _BuiltList, lambda s: (([s.w, s.b],), None), lambda _, c: _BuiltList(*c[0])
+)
+
+
+@pytest.mark.parametrize("built", [_BuiltDict, _BuiltList])
+def test_a_flatten_building_a_container_of_its_children_stays_cached(built, monkeypatch):
+    """A registered flatten may return its children in a dict or list it builds: new at each
+    flatten (so changed after the flatten began), whose items are found among the node's
+    attributes. The bound arguments stay cached (the dict was flattened at every call
+    once)."""
+    flattens = collections.Counter()
+    original = partial_module._BoundArguments._flatten
+
+    def counted(self):
+        flattens["bound"] += 1
+        original(self)
+
+    monkeypatch.setattr(partial_module._BoundArguments, "_flatten", counted)
+    node = built(jnp.ones(2), jnp.zeros(2))
+    p = tc.jit_partial(lambda n, x: (n.w + n.b).sum() * x, node)
+    p(1.0), p(1.0)  # the first reads the node's __dict__ first: flattened once more
+    before = flattens["bound"]
+    assert [float(p(1.0)) for _ in range(3)] == [2.0] * 3
+    assert flattens["bound"] == before and p._bound.snapshot.checkable
+
+
 def test_static_data_changed_between_calls_is_used():
     layer = Scaled(jnp.ones(2), 2.0)
     apply = tc.jit_partial(lambda m, x: m.w * m.scale * x, layer)
