@@ -386,9 +386,7 @@ impl Watched {
             }
         })
     }
-}
 
-impl Watched {
     /// Whether an object's `__dict__`, or a dict its attributes or slots hold, had been
     /// changed after `since` (`dict_clock`) when it was read. Not a dict of the tree: a
     /// registered flatten may build one (`return ({"w": self.w},), None`), new, so changed
