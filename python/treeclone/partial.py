@@ -28,7 +28,9 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
   container after the flatten read it and before the snapshot recorded it (the snapshot would
   then hold a change the cache never saw); the finalizers run after, and their changes are
   seen at the next call. A registered flatten written in Python runs Python code in between,
-  where another thread can still run.
+  where another thread can run: the take checks what it can of that window (each dict's and
+  list's record against the flatten's children, attribute dicts by their versions), and
+  docs/semantics.md says what stays open.
 """
 
 from __future__ import annotations

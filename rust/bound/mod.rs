@@ -73,13 +73,13 @@ type Followed = Vec<(u32, u32)>;
 /// leaves are held by that list, and by the record, meanwhile). An object at two indices (a
 /// Python scalar: arrays appear once) is at neither: a value the record cannot follow, which,
 /// if a call replaces it, makes the next check false.
-struct LeafIndex(HashMap<usize, u32>);
+struct LeafIndex(AddressMap<usize, u32>);
 
 const AMBIGUOUS: u32 = u32::MAX;
 
 impl LeafIndex {
     fn of(leaves: &Bound<'_, PyList>) -> LeafIndex {
-        let mut index = HashMap::with_capacity(leaves.len());
+        let mut index = AddressMap::with_capacity_and_hasher(leaves.len(), Default::default());
         for (i, leaf) in leaves.iter().enumerate() {
             let i = u32::try_from(i).unwrap_or(AMBIGUOUS);
             index
@@ -769,20 +769,15 @@ fn found_child(
     }
 }
 
-#[pymethods]
 impl Snapshot {
-    /// Record the containers among `objects` (a flatten's objects, one per entry of `def`,
-    /// its structure), whose leaves are `leaves` (the flatten's, which `refresh` follows).
-    /// Tuples, namedtuples and None are immutable and need no record; their items are among
-    /// `objects` themselves.
-    #[staticmethod]
-    fn take(
+    /// `take`, with the size JAX's registry had when the objects were flattened.
+    fn record(
         objects: &Bound<'_, PyList>,
         def: &Bound<'_, SharedTreeDef>,
         leaves: &Bound<'_, PyList>,
+        registry_len: usize,
     ) -> PyResult<Self> {
         let py = objects.py();
-        let registry_len = registry_size(py)?;
         let def = def.get();
         let index = LeafIndex::of(leaves);
         let mut watched = Vec::new();
@@ -928,6 +923,22 @@ impl Snapshot {
             written: None,
         })
     }
+}
+
+#[pymethods]
+impl Snapshot {
+    /// Record the containers among `objects` (a flatten's objects, one per entry of `def`,
+    /// its structure), whose leaves are `leaves` (the flatten's, which `refresh` follows).
+    /// Tuples, namedtuples and None are immutable and need no record; their items are among
+    /// `objects` themselves.
+    #[staticmethod]
+    fn take(
+        objects: &Bound<'_, PyList>,
+        def: &Bound<'_, SharedTreeDef>,
+        leaves: &Bound<'_, PyList>,
+    ) -> PyResult<Self> {
+        Snapshot::record(objects, def, leaves, registry_size(objects.py())?)
+    }
 
     /// `flatten_shared(tree)` and the snapshot of what it flattened (`take`), made in one
     /// native call: no Python code runs between a container's read and its record (none in the
@@ -948,8 +959,7 @@ impl Snapshot {
         let registry_len = registry_size(py)?;
         let since = dict_clock(py);
         let (leaves, def, objects) = crate::sharing::flatten_shared(tree)?.into_python(py)?;
-        let mut snapshot = Snapshot::take(&objects, &def, &leaves)?;
-        snapshot.registry_len = registry_len;
+        let mut snapshot = Snapshot::record(&objects, &def, &leaves, registry_len)?;
         // An attribute dict changed after the flatten began, by Python code the flatten ran (a
         // registered flatten, a key's `__lt__`) or by another thread meanwhile, may have been
         // read by the flatten before the change and by the take after it (static data an

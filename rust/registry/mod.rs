@@ -247,7 +247,7 @@ impl<'py> Classifier<'py> {
         let py = obj.py();
         if self.recheck || self.filled == 0 {
             self.recheck = false;
-            let registry_len = compat(py)?.registry.bind(py).len();
+            let registry_len = registry_size(py)?;
             if registry_len != self.registry_len {
                 self.seen = Default::default();
                 self.filled = 0;
@@ -291,7 +291,7 @@ pub fn kind_for_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
 /// The node kind of a type that is not list, tuple, dict or NoneType.
 fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     let compat = compat(py)?;
-    let registry_len = compat.registry.bind(py).len();
+    let registry_len = registry_size(py)?;
     if let Some(kind) = last_type(py, ty, registry_len) {
         return Ok(kind);
     }
