@@ -5,11 +5,9 @@ registry is the single source of truth), implemented in Rust. ``treeclone.jit`` 
 for ``jax.jit`` whose ``policy`` says what a call does with in-place mutations of its inputs
 and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what plain Python
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
-``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies
-(:mod:`treeclone.transforms`), and so do ``vmap`` (:mod:`treeclone.batching`),
-``shard_map`` (:mod:`treeclone.sharding`), the loops ``scan``, ``fori_loop`` and
-``while_loop`` (:mod:`treeclone.loops`), and ``cond`` and ``switch``
-(:mod:`treeclone.control`). See ``docs/semantics.md``.
+``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies, and so do ``vmap``,
+``shard_map``, the loops ``scan``, ``fori_loop`` and ``while_loop`` (:mod:`treeclone.loops`),
+and ``cond`` and ``switch``; each lives in the module named for it. See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -27,12 +25,13 @@ from treeclone import tree, tree_util
 from treeclone._jax_compat import UnsupportedJaxError
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone._retrace import RetraceWarning
-from treeclone.batching import vmap
 from treeclone.call import call
-from treeclone.control import cond, switch
+from treeclone.checkpoint import checkpoint, remat
+from treeclone.cond import cond, switch
+from treeclone.grad import grad, value_and_grad
 from treeclone.jit import Jitted, jit
+from treeclone.jit_partial import JitPartial, jit_partial
 from treeclone.loops import fori_loop, scan, while_loop
-from treeclone.partial import JitPartial, jit_partial
 from treeclone.policies import (
     ALIAS,
     CLONE,
@@ -45,8 +44,8 @@ from treeclone.policies import (
     register_inplace,
     set_discarded_mutations,
 )
-from treeclone.sharding import shard_map
-from treeclone.transforms import checkpoint, grad, remat, value_and_grad
+from treeclone.shard_map import shard_map
+from treeclone.vmap import vmap
 
 __all__: list[str] = [
     "ALIAS",

@@ -1,6 +1,6 @@
 """What ``treeclone.jit``'s call path asks of ``jit_partial``'s bound arguments.
 
-``jit.py`` calls these two methods; ``partial.py`` implements them (``_BoundArguments``). The
+``jit.py`` calls these two methods; ``jit_partial.py`` implements them (``_BoundArguments``). The
 interface lives here, below both, so that neither module imports the other for it.
 """
 
@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 
 class BoundArguments(Protocol):
-    """The first arguments of a call, flattened already (see ``treeclone.partial``)."""
+    """The first arguments of a call, flattened already (see ``treeclone.jit_partial``)."""
 
     def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
         """``flatten_shared((*args, kwargs))``, flattening only the arguments not bound."""

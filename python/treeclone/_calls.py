@@ -1,6 +1,6 @@
 """The call machinery jit, jit_partial and the lifted transformations share.
 
-Below :mod:`treeclone.jit`, :mod:`treeclone.partial`, ``_lift`` and the transformation modules
+Below :mod:`treeclone.jit`, :mod:`treeclone.jit_partial`, ``_lift`` and the transformation modules
 (and importing none of them), so that the package's import graph has no circle: how a call's
 arguments are named in messages (:class:`Naming`, :func:`jit_keystr`), the cycle check every
 policy makes before a flatten (:func:`check_arguments`, :func:`check_cycles`), the clone

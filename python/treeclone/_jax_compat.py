@@ -235,7 +235,7 @@ except ImportError:
 
 # --- Internals the lifted transformations read -------------------------------------------------
 # vmap under alias/strict must know whether a value is batched by the current vmap: JAX has no
-# public way to ask, so it reads the tracer type and the current trace (batching.py).
+# public way to ask, so it reads the tracer type and the current trace (vmap.py).
 BatchTracer = internal("jax._src.interpreters.batching", "BatchTracer")
 trace_ctx = internal("jax._src.core", "trace_ctx")
 # vmap's in_axes broadcast to the arguments' leaves, with JAX's own errors.

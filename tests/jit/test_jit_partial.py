@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import importlib
 import sys
 
 import jax
@@ -15,7 +16,6 @@ import numpy as np
 import profiles
 import pytest
 import treeclone as tc
-import treeclone.partial as partial_module
 from hypothesis import HealthCheck, given, settings
 from mutation_programs import (
     between_programs,
@@ -27,6 +27,9 @@ from mutation_programs import (
     run_program,
 )
 from node_kinds import Scaled
+
+# The module, not the function of the same name that ``treeclone.jit_partial`` is.
+partial_module = importlib.import_module("treeclone.jit_partial")
 
 
 def values(tree):

@@ -1,8 +1,8 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
-function of treeclone.tree, treeclone.jit, treeclone.partial, treeclone.policies and of the
-lifted transformations (treeclone.transforms, treeclone.batching, treeclone.sharding,
-treeclone.loops, treeclone.control) and of the call machinery they share (treeclone._calls),
-and every public method of their classes, has one."""
+function of treeclone.tree, treeclone.jit, treeclone.jit_partial, treeclone.policies and of
+the lifted transformations (treeclone.grad, treeclone.checkpoint, treeclone.vmap,
+treeclone.shard_map, treeclone.loops, treeclone.cond) and of the call machinery they share
+(treeclone._calls), and every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -22,17 +22,18 @@ MODULES = {
         "treeclone",
         "treeclone._calls",
         "treeclone.call",
-        "treeclone.control",
+        "treeclone.cond",
         "treeclone.jaxlib_tree_util",
         "treeclone.jit",
         "treeclone.loops",
-        "treeclone.partial",
+        "treeclone.jit_partial",
         "treeclone.policies",
         "treeclone.tree",
         "treeclone.tree_util",
-        "treeclone.transforms",
-        "treeclone.batching",
-        "treeclone.sharding",
+        "treeclone.grad",
+        "treeclone.checkpoint",
+        "treeclone.vmap",
+        "treeclone.shard_map",
     )
 }
 
@@ -40,15 +41,16 @@ MODULES = {
 WITH_EXAMPLES = (
     "treeclone._calls",
     "treeclone.call",
-    "treeclone.control",
+    "treeclone.cond",
     "treeclone.jit",
     "treeclone.loops",
-    "treeclone.partial",
+    "treeclone.jit_partial",
     "treeclone.policies",
     "treeclone.tree",
-    "treeclone.transforms",
-    "treeclone.batching",
-    "treeclone.sharding",
+    "treeclone.grad",
+    "treeclone.checkpoint",
+    "treeclone.vmap",
+    "treeclone.shard_map",
 )
 
 
@@ -135,11 +137,11 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.policies", "Policy.name"),
         ("treeclone.tree", "map"),
         ("treeclone.call", "call"),
-        ("treeclone.transforms", "grad"),
-        ("treeclone.transforms", "value_and_grad"),
-        ("treeclone.transforms", "checkpoint"),
-        ("treeclone.batching", "vmap"),
-        ("treeclone.sharding", "shard_map"),
+        ("treeclone.grad", "grad"),
+        ("treeclone.grad", "value_and_grad"),
+        ("treeclone.checkpoint", "checkpoint"),
+        ("treeclone.vmap", "vmap"),
+        ("treeclone.shard_map", "shard_map"),
         ("treeclone.loops", "scan"),
         ("treeclone.loops", "fori_loop"),
         ("treeclone.loops", "while_loop"),
