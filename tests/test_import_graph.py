@@ -28,17 +28,36 @@ PACKAGE = ROOT / "python" / "treeclone"
 ALLOWED_PRIVATE: Mapping[tuple[str, str], str] = {}
 
 
-def module_names(package: Path) -> set[str]:
+# The subpackage that is one node of the graph: the benchmark harness, above the library.
+WHOLE = {"bench"}
+
+
+def module_names(package: Path, prefix: str = "treeclone") -> set[str]:
     """The package's modules, as imported: ``treeclone``, ``treeclone.jit``, the native
-    ``treeclone._native`` (a compiled module, with its ``.pyi``), the ``bench`` subpackage."""
-    names = {"treeclone"}
+    ``treeclone._native`` (a compiled module, with its ``.pyi``), a subpackage's modules
+    (``treeclone._trace``, ``treeclone._trace.steps``), the ``bench`` subpackage as one."""
+    names = {prefix}
     for path in package.iterdir():
         stem = path.name.split(".")[0]
         if path.suffix in (".py", ".pyi", ".so", ".pyd") and stem != "__init__":
-            names.add(f"treeclone.{stem}")
+            names.add(f"{prefix}.{stem}")
         elif path.is_dir() and (path / "__init__.py").exists():
-            names.add(f"treeclone.{path.name}")
+            if path.name in WHOLE:
+                names.add(f"{prefix}.{path.name}")
+            else:
+                names |= module_names(path, f"{prefix}.{path.name}")
     return names
+
+
+def source_files(package: Path, prefix: str = "treeclone") -> dict[str, Path]:
+    """Each Python module of the package (``bench`` aside) and its file."""
+    found = {}
+    for path in sorted(package.iterdir()):
+        if path.suffix == ".py":
+            found[prefix if path.stem == "__init__" else f"{prefix}.{path.stem}"] = path
+        elif path.is_dir() and (path / "__init__.py").exists() and path.name not in WHOLE:
+            found |= source_files(path, f"{prefix}.{path.name}")
+    return found
 
 
 def _private(name: str) -> bool:
@@ -109,14 +128,13 @@ def scan(source: str, name: str, modules: set[str]) -> tuple[set[str], list[str]
 
 
 def read_package(package: Path) -> dict[str, tuple[set[str], list[str]]]:
-    """For each Python module of the package (``__init__`` and the top-level ``*.py``): what it
-    imports from the package and the private names it takes from other modules."""
+    """For each Python module of the package (``bench`` aside): what it imports from the
+    package and the private names it takes from other modules."""
     modules = module_names(package)
-    found = {}
-    for path in sorted(package.glob("*.py")):
-        name = "treeclone" if path.stem == "__init__" else f"treeclone.{path.stem}"
-        found[name] = scan(path.read_text(encoding="utf-8"), name, modules)
-    return found
+    return {
+        name: scan(path.read_text(encoding="utf-8"), name, modules)
+        for name, path in source_files(package).items()
+    }
 
 
 def cycles(graph: Mapping[str, set[str]]) -> Iterator[list[str]]:
@@ -188,6 +206,84 @@ def test_the_package_is_read() -> None:
 def test_the_import_graph_has_no_cycle() -> None:
     found = [" -> ".join(cycle) for cycle in cycles(GRAPH)]
     assert not found, "modules of python/treeclone import each other:\n" + "\n".join(found)
+
+
+# The layers, lowest first: a module imports modules of its own layer and of those below only.
+# The trace (running a function and working out what it did) knows no lift; the lift (the call
+# every transformation makes: arguments, statics, naming, the runner) knows no transformation.
+LAYERS: list[tuple[str, set[str]]] = [
+    (
+        "core",
+        {
+            "treeclone._native",
+            "treeclone._jax_compat",
+            "treeclone._writeback",
+            "treeclone._bound",
+            "treeclone.policies",
+            "treeclone.tree_util",
+            "treeclone.tree",
+            "treeclone.jaxlib_tree_util",
+        },
+    ),
+    ("trace", {"treeclone._trace", "treeclone._trace.*", "treeclone._retrace"}),
+    ("lift", {"treeclone._calls", "treeclone._lift"}),
+    (
+        "transformations",
+        {
+            "treeclone.call",
+            "treeclone.jit",
+            "treeclone.jit_partial",
+            "treeclone.grad",
+            "treeclone.checkpoint",
+            "treeclone.vmap",
+            "treeclone.shard_map",
+            "treeclone.loops",
+            "treeclone.cond",
+        },
+    ),
+    ("package", {"treeclone", "treeclone.bench"}),
+]
+
+# Edges between two transformations -> why. Each transformation stands on the lift alone.
+TRANSFORMATION_EDGES: Mapping[tuple[str, str], str] = {
+    ("treeclone.jit_partial", "treeclone.jit"): "jit_partial binds the first arguments of a jit",
+    ("treeclone.cond", "treeclone.call"): "cond with a concrete predicate outside jit is a call",
+}
+
+
+def layer_of(module: str) -> int:
+    for i, (_, members) in enumerate(LAYERS):
+        if module in members or any(
+            m.endswith(".*") and module.startswith(m[:-1]) for m in members
+        ):
+            return i
+    raise AssertionError(f"{module} is in no layer of LAYERS: give it one")
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in module_names(PACKAGE):
+        layer_of(module)
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    found = [
+        f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+        for a, imported in sorted(GRAPH.items())
+        for b in sorted(imported)
+        if layer_of(b) > layer_of(a)
+    ]
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_no_transformation_imports_another() -> None:
+    transformations = LAYERS[3][1]
+    found = {
+        (a, b)
+        for a, imported in GRAPH.items()
+        for b in imported
+        if a in transformations and b in transformations
+    }
+    assert found == set(TRANSFORMATION_EDGES), found ^ set(TRANSFORMATION_EDGES)
 
 
 def test_no_module_takes_a_private_name_from_another() -> None:

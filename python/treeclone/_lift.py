@@ -6,11 +6,12 @@ A transformation under a policy other than ``clone`` does three things, each don
    passed twice is one input, a shared container one object), static arguments taken out and
    kept, hashed, as part of the call's structure; a cycle is the ``ValueError`` of every
    policy, naming the argument;
-2. **run the function at trace time** (:func:`trace`): rebuild the arguments from the leaves
-   the JAX transformation hands in (tracers), run the user's function on them and record what
-   it did as a native ``CallPlan`` (``_trace.run``). The plan leaves the transformed function
-   as the static data of an :class:`Out` node, so it is found in JAX's output structure even
-   when JAX reuses a cached trace, and the computation's outputs are its leaves;
+2. **run the function at trace time** (:func:`begin`, then ``_trace``'s steps): rebuild the
+   arguments from the leaves the JAX transformation hands in (tracers), run the user's
+   function on them and record what it did as a native ``CallPlan``. The plan leaves the
+   transformed function as the static data of an :class:`Out` node, so it is found in JAX's
+   output structure even when JAX reuses a cached trace, and the computation's outputs are
+   its leaves;
 3. **apply the plan** to the concrete outputs (``out.record.plan.apply(leaves, objects,
    out.leaves)``): it rebuilds the result and, under ``alias``, writes the mutations into the
    caller's objects, all or nothing.
@@ -43,9 +44,9 @@ __all__ = [
     "Static",
     "StaticOut",
     "Wrapper",
+    "begin",
     "check_call",
     "flatten_call",
-    "trace",
     "with_static",
 ]
 
@@ -323,35 +324,54 @@ class Runner:
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
 
-    def trace(
+    def begin(
         self,
         sdef: Any,
         leaves: list,
-        statics: Statics | None,
-        on_args: Callable[[tuple, dict], None] | None = None,
-        transform_out: Callable[[Any], Any] | None = None,
-        result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
+        statics: Statics | None = None,
         static: StaticLeaves | None = None,
-    ) -> tuple[Any, list]:
-        """Run ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`trace`), with the
-        leaves ``traced=`` left static (``static``) put back in their slots; the outputs the
-        rule leaves static come back as :class:`StaticOut`."""
-        plan, outputs = trace(
+    ) -> _trace.Prepared:
+        """Start a trace of ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`begin`),
+        with the leaves ``traced=`` left static (``static``) put back in their slots; the caller
+        takes the next steps (``.call()``, ``.diff()``, ``.plan()``) and hands the plan to
+        :meth:`outputs`."""
+        static_args = None
+        if statics is not None:
+            total, static_pos, static_kw = statics
+            static_args = (
+                total,
+                {i: s.value for i, s in static_pos},
+                {k: s.value for k, s in static_kw},
+            )
+        return begin(
             self.fun,
             self.policy,
             self.naming,
             sdef,
             with_static(leaves, static),
-            statics,
+            static_args,
             caller_objects=getattr(self.local, "objects", None),
-            on_args=on_args,
-            transform_out=transform_out,
-            result_hook=result_hook,
         )
+
+    def outputs(self, plan: _trace.Plan) -> list:
+        """The outputs of a trace's plan, those its ``traced=`` rule leaves static given as
+        :class:`StaticOut`."""
         rule = self.traced
-        if rule is not None:
-            outputs = [x if isinstance(x, Tracer) or rule(x) else StaticOut(x) for x in outputs]
-        return plan, outputs
+        if rule is None:
+            return plan.outputs
+        return [x if isinstance(x, Tracer) or rule(x) else StaticOut(x) for x in plan.outputs]
+
+    def trace(
+        self,
+        sdef: Any,
+        leaves: list,
+        statics: Statics | None = None,
+        static: StaticLeaves | None = None,
+    ) -> tuple[Any, list]:
+        """The whole trace, for a transformation that needs nothing between its steps:
+        ``(plan, outputs)``."""
+        plan = self.begin(sdef, leaves, statics, static).call().diff().plan()
+        return plan.plan, self.outputs(plan)
 
 
 def with_static(leaves: Sequence[Any], static: StaticLeaves | None) -> list:
@@ -379,62 +399,41 @@ class _Calling:
         self.local.objects, self.local.names = self.saved
 
 
-def trace(
+def begin(
     fun: Callable[..., Any],
     policy: Policy | ArgPolicies,
     naming: Naming,
     sdef: Any,
     leaves: list,
-    statics: Statics | None,
+    static_args: _trace.StaticArgs | None,
     *,
     caller_objects: Sequence[Any] | None = None,
-    on_args: Callable[[tuple, dict], None] | None = None,
-    transform_out: Callable[[Any], Any] | None = None,
-    result_hook: Callable[[Any, list, list, list], Sequence[bool] | None] | None = None,
-) -> tuple[Any, list]:
-    """Rebuild a call from ``leaves`` (structure ``sdef``, static arguments ``statics``), run
-    ``fun`` on it under ``policy`` and return ``(plan, outputs)``: the outputs are the result
-    leaves the computation must produce (the rest are the caller's own inputs), and
-    ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the result. A policy per
-    argument is resolved for this call's arguments as ``treeclone.jit`` resolves it
-    (``policies.for_call``): each argument's containers follow their own policy.
-
-    ``on_args(args, kwargs)`` sees the dynamic arguments as rebuilt, before ``fun`` runs;
-    ``transform_out`` is applied to ``fun``'s result (it may check it, or raise);
-    ``result_hook`` is ``_trace.run``'s."""
-    num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
-    if statics is None:
+) -> _trace.Prepared:
+    """Start a trace: rebuild a call from ``leaves`` (structure ``sdef``, static arguments
+    ``static_args``) to run ``fun`` on it under ``policy`` (``_trace``'s first step). A policy per
+    argument is resolved for this call's arguments (``policies.for_call``): each argument's
+    containers follow their own policy. ``caller_objects``: the caller's object at each node,
+    watched while ``fun`` runs. Every transformation's trace starts here; the next steps are
+    ``_trace``'s (``Prepared.call``, ``Called.diff``, ``Traced.plan``), and the plan's
+    ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the call's result."""
+    root = sdef.num_nodes - 1
+    num_args = len(sdef.children_of(root)) - 1
+    if static_args is None:
         positions = list(range(num_args))
     else:
-        fixed = {i for i, _ in statics[1]}
-        positions = [i for i in range(statics[0]) if i not in fixed]
-    names = [naming.name(i) for i in positions]
-    kwargs_node = sdef.children_of(sdef.num_nodes - 1)[-1]
-    chosen, arg_policies = for_call(
-        policy, positions, list(sdef.node_info()[kwargs_node].data or ())
-    )
-
-    def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
-        if on_args is not None:
-            on_args(dyn_args, dyn_kwargs)
-        if statics is None:
-            return dyn_args, dyn_kwargs
-        total, static_pos, static_kw = statics
-        values = {i: s.value for i, s in static_pos}
-        it = iter(dyn_args)
-        full = tuple(values[i] if i in values else next(it) for i in range(total))
-        return full, {**dyn_kwargs, **{k: s.value for k, s in static_kw}}
-
-    plan, outputs, _ = _trace.run(
+        positions = [i for i in range(static_args[0]) if i not in static_args[1]]
+    kwargs_node = sdef.children_of(root)[-1]
+    keywords = list(sdef.node_info()[kwargs_node].data or ())
+    chosen, arg_policies = for_call(policy, positions, keywords)
+    layout = _trace.Layout(num_args, [naming.name(i) for i in positions], positions)
+    request = _trace.Request(
         fun,
         sdef,
         leaves,
-        _trace.Layout(num_args, names),
+        layout,
         chosen,
-        rebuild,
-        transform_out=transform_out,
-        caller_objects=caller_objects,
-        result_hook=result_hook,
         arg_policies=arg_policies,
+        caller_objects=caller_objects,
+        static_args=static_args,
     )
-    return plan, outputs
+    return _trace.prepare(request)

@@ -257,7 +257,7 @@ class CallPlan:
         sources: list[Source],
         origins: list[Origin | None],
         result_child: int | None,
-        write_custom: Callable[[Any, Any], Callable[[], None]],
+        write_custom: Callable[[Any, Any, tuple[str, ...] | None], Callable[[], None]],
         input_def: SharedTreeDef | None = None,
     ) -> None: ...
     def apply(

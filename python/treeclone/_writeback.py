@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +21,7 @@ _UPDATERS: dict[type, Callable[[Any, Any], None]] = {}
 def set_updater(cls: type, update: Callable[[Any, Any], None]) -> None:
     """Use ``update(target, source)`` for instances of ``cls`` (``policies.register_inplace``)."""
     _UPDATERS[cls] = update
-    _field_names.cache_clear()
+    _FIELD_NAMES.clear()
 
 
 def writable(obj: Any) -> bool:
@@ -76,7 +76,7 @@ def changed_attributes(before: Any, after: Any) -> tuple[str, ...]:
 
 
 def _slot_names(cls: type) -> list[str]:
-    names = []
+    names: list[str] = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
         if isinstance(slots, str):
@@ -85,17 +85,29 @@ def _slot_names(cls: type) -> list[str]:
     return names
 
 
-@functools.cache
+# Per class, held weakly: a dataclass's field names (None: not a dataclass), its slots.
+_FIELD_NAMES: weakref.WeakKeyDictionary[type, tuple[str, ...] | None] = weakref.WeakKeyDictionary()
+_SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
 def _field_names(cls: type) -> tuple[str, ...] | None:
     """A dataclass's field names (assigned one by one), or None: copy the instance attributes."""
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        pass
+    names = None
     if dataclasses.is_dataclass(cls):
-        return tuple(f.name for f in dataclasses.fields(cls))
-    return None
+        names = tuple(f.name for f in dataclasses.fields(cls))
+    _FIELD_NAMES[cls] = names
+    return names
 
 
-@functools.cache
 def _slots_of(cls: type) -> tuple[str, ...]:
-    return tuple(_slot_names(cls))
+    found = _SLOTS.get(cls)
+    if found is None:
+        found = _SLOTS[cls] = tuple(_slot_names(cls))
+    return found
 
 
 def write_custom(target: Any, source: Any, attrs: tuple[str, ...] | None) -> Callable[[], None]:

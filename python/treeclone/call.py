@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from treeclone import _native, _trace
-from treeclone._calls import Naming, argument_names, check_cycles, reporting
+from treeclone import _lift, _native, _trace
+from treeclone._calls import Naming, check_cycles, reporting
 from treeclone._jax_compat import keystr
 from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
 
@@ -42,13 +42,14 @@ def call(
     [1.0, 1.0]
     """
     spec = as_policy_spec(policy, fun)
+    naming = Naming(fun)
     try:
         _native.check((args, kwargs))
     except ValueError:
-        check_cycles(Naming(fun), args, kwargs)  # the same text as jit's, naming the argument
+        check_cycles(naming, args, kwargs)  # the same text as jit's, naming the argument
         raise
     names = sorted(kwargs)
-    # A policy per argument: the call runs under their combination (_trace.run), each
+    # A policy per argument: the call runs under their combination (the lift's), each
     # argument's containers and arrays under its own.
     chosen, arg_policies = for_call(spec, range(len(args)), names)
     if chosen.identity == "duplicate":
@@ -61,35 +62,19 @@ def call(
     leaves, sdef, objects = _native.flatten_shared(root)
     work = [_copy_if_mutable(x) for x in leaves]
     changed = _Changed(leaves, work)
-    layout = _trace.Layout(len(args), argument_names(fun, range(len(args))))
-    seen: list[Any] = []  # the function's result
-
-    def keep(out: Any) -> Any:
-        seen.append(out)
-        return out
-
-    plan, outputs, _ = _trace.run(
-        fun,
-        sdef,
-        work,
-        layout,
-        chosen,
-        lambda a, k: (a, k),
-        # strict hands a changed array back as the function's copy; alias writes it into the
-        # caller's array below, so the caller's own array is handed back.
-        keep_inputs=changed if chosen.mutations == "error" else None,
-        transform_out=keep,
-        caller_objects=objects,
-        arg_policies=arg_policies,
-    )
+    prepared = _lift.begin(fun, spec, naming, sdef, work, None, caller_objects=objects)
+    called = prepared.call()
+    # strict hands a changed array back as the function's copy; alias writes it into the
+    # caller's array below, so the caller's own array is handed back.
+    traced = called.diff().plan(keep_inputs=changed if chosen.mutations == "error" else None)
     slot_mutations = _slot_mutations(sdef, len(args), arg_policies, chosen.mutations)
     strict = [s for s in changed.slots() if slot_mutations(s) == "error"]
     if strict:  # checked before anything is written back
-        returned = {id(x) for x in _native.leaves(seen[0])}
+        returned = {id(x) for x in _native.leaves(called.out)}
         lost = [s for s in strict if id(work[s]) not in returned]
         if lost:
-            _raise_array_mutation(fun, root, leaves, lost, layout)
-    result = plan.apply(leaves, objects, outputs)
+            _raise_array_mutation(fun, root, leaves, lost, prepared.req.layout)
+    result = traced.plan.apply(leaves, objects, traced.outputs)
     if chosen.mutations == "propagate":
         for s in changed.slots():
             if slot_mutations(s) == "propagate":

@@ -11,7 +11,7 @@ every call made inside it.
 How it works under ``alias`` and ``strict``: the operands are flattened with identity (the
 same array twice is one operand) and ``jax.lax.cond``/``switch`` gets, for each branch, a
 function of the distinct leaves that rebuilds the operands, runs the branch on them and
-records what it did (``_trace.run``: the plan of one ``treeclone.jit`` call). Since only one
+records what it did (the lift's trace: what one ``treeclone.jit`` call records). Since only one
 branch runs but every one is traced, every branch must leave the same thing behind: each
 returns the same flat list, the new value at every leaf position of ``(operands, result)``
 (a leaf no branch writes is one JAX forwards, so it costs nothing and the caller keeps its own
@@ -272,10 +272,10 @@ class _Record:
         "slots",
     )
 
-    def __init__(self, parts: dict[str, Any], inputs: list, avals: list, out: Any, refs: tuple):
-        self.def_: Any = parts["def_"]
-        self.origins: list[Any] = parts["origins"]
-        self.result_child: int | None = parts["result_child"]
+    def __init__(self, traced: _trace.Traced, inputs: list, avals: list, refs: tuple):
+        self.def_: Any = traced.result_def
+        self.origins: list[Any] = traced.origins
+        self.result_child: int | None = traced.result_child
         self.info: list[Any] = self.def_.node_info()
         self.slots: list[int] = [e.slot for e in self.info if isinstance(e, EntryInfo.Leaf)]
         self.inputs: list[int | None] = inputs
@@ -283,7 +283,7 @@ class _Record:
         # The positions that hold a JAX Ref: the operand's own, handed back as it came in, and
         # not output by the branch (JAX never returns a Ref).
         self.refs: tuple[int, ...] = refs
-        out_leaves, out_def = jax.tree_util.tree_flatten(out)
+        out_leaves, out_def = jax.tree_util.tree_flatten(traced.out)
         self.out_def: Any = out_def
         self.out_avals: list[Any] = [_aval(x) for x in out_leaves]
 
@@ -346,33 +346,23 @@ class _Branch:
 
     def __call__(self, *leaves: Any) -> list:
         lifted, call = self.lifted, self.lifted.call
-        layout = _trace.Layout(len(call.args), [self.naming.name(i) for i in range(len(call.args))])
-        parts: dict[str, Any] = {}
-        seen: dict[str, Any] = {}
-
-        def keep_out(out: Any) -> Any:
-            seen["out"] = out
-            return out
-
-        _trace.run(
+        prepared = _lift.begin(
             self.__wrapped__,
+            lifted.spec,
+            self.naming,
             call.sdef,
             list(leaves),
-            layout,
-            lifted.policy,
-            lambda args, kwargs: (args, kwargs),
-            transform_out=keep_out,
+            None,
             caller_objects=call.objects,
-            parts=parts,
-            arg_policies=lifted.arg_policies,
         )
-        result_leaves = parts["leaves"]
-        info = parts["def_"].node_info()
+        traced = prepared.call().diff()
+        result_leaves = traced.result_leaves
+        info = traced.result_def.node_info()
         columns = [result_leaves[e.slot] for e in info if isinstance(e, EntryInfo.Leaf)]
         slot_of = {id(x): s for s, x in enumerate(leaves)}
         inputs = [slot_of.get(id(x)) for x in columns]
         refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
-        record = _Record(parts, inputs, [_aval(x) for x in columns], seen["out"], refs)
+        record = _Record(traced, inputs, [_aval(x) for x in columns], refs)
         for p in refs:
             if inputs[p] is None:
                 raise self._foreign_ref_error(record, p)
@@ -411,7 +401,7 @@ class _Lifted:
         num_operands: int,
         policy: Policy | ArgPolicies,
     ):
-        self.api, self.branches, self.names = api, branches, names
+        self.api, self.branches, self.names, self.spec = api, branches, names, policy
         # The operands' policies (a policy per operand: each its own, the call under their
         # combination, as for jit).
         self.policy, self.arg_policies = for_call(policy, range(num_operands), [])

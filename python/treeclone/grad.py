@@ -309,36 +309,28 @@ class _GradRunner(_lift.Runner):
         # -1: a leaf of a differentiated argument that ``wrt=`` leaves out (a None gradient).
         index = dict.fromkeys(map(id, leaves), -1) if filtered else {}
         index.update({id(x): j for j, x in enumerate(diff)})
-        seen: dict[str, Any] = {}
-
-        def on_args(args: tuple, kwargs: dict) -> None:
-            structure = []
-            for i in argnums:
-                flat, treedef = jax.tree_util.tree_flatten(args[i])
-                try:
-                    structure.append((treedef, [index[id(x)] for x in flat]))
-                except KeyError:
-                    raise TypeError(
-                        f"{self.naming.name(i)}: the pytree's unflatten does not keep the "
-                        "leaves it is given (it converts or copies them), so its gradient "
-                        "cannot be matched to its leaves under this policy; use policy='clone'"
-                    ) from None
-            seen["structure"] = tuple(structure)
-
-        def check_out(out: Any) -> Any:
-            if self.has_aux:
-                if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                    raise TypeError(
-                        "expected function with aux output to return a two-element tuple, but "
-                        f"got type {type(out)} with value {out!r}"
-                    )
-                seen["value"] = out[0]
-            else:
-                seen["value"] = out
-            return out
-
-        plan, outputs = self.trace(sdef, leaves, None, on_args, check_out)
-        return seen["value"], _lift.Out(_lift.Record(plan, seen["structure"]), outputs)
+        prepared = self.begin(sdef, leaves)
+        structure = []
+        for i in argnums:
+            flat, treedef = jax.tree_util.tree_flatten(prepared.args[i])
+            try:
+                structure.append((treedef, [index[id(x)] for x in flat]))
+            except KeyError:
+                raise TypeError(
+                    f"{self.naming.name(i)}: the pytree's unflatten does not keep the "
+                    "leaves it is given (it converts or copies them), so its gradient "
+                    "cannot be matched to its leaves under this policy; use policy='clone'"
+                ) from None
+        called = prepared.call()
+        out = called.out
+        if self.has_aux and not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                "expected function with aux output to return a two-element tuple, but "
+                f"got type {type(out)} with value {out!r}"
+            )
+        plan = called.diff().plan()
+        value = out[0] if self.has_aux else out
+        return value, _lift.Out(_lift.Record(plan.plan, tuple(structure)), self.outputs(plan))
 
 
 class _Grad(_lift.Wrapper):

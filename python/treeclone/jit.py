@@ -30,7 +30,7 @@ from typing import Any, overload
 import jax
 from jax.core import Tracer
 
-from treeclone import _jax_compat, _native, _retrace, _trace, tree_util
+from treeclone import _jax_compat, _lift, _native, _retrace, _trace, tree_util
 from treeclone._bound import BoundArguments
 from treeclone._calls import (
     Naming,
@@ -61,7 +61,6 @@ from treeclone.policies import (
     PolicySpec,
     as_policy_spec,
     check_discarded_mode,
-    for_call,
     policy_override,
 )
 
@@ -943,94 +942,51 @@ class _Inner:
         sdef, statics, donation, static = key
         keep = None if donation is None else donation.keep
         leaves = _from_jit_order(kept, donated, keep, static)
-        num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
-        if statics is None:
-            positions = list(range(num_args))
-        else:
-            fixed = {i for i, *_ in statics[1]}
-            positions = [i for i in range(statics[0]) if i not in fixed]
-        names = [self._naming.name(i) for i in positions]
-        # A policy per argument: the call runs under their combination, each argument's
-        # containers under its own (_trace.run).
-        kwargs_node = sdef.children_of(sdef.num_nodes - 1)[-1]
-        keywords = list(sdef.node_info()[kwargs_node].data or ())
-        policy, arg_policies = for_call(self._policy, positions, keywords)
         if self._in_shardings is not None:
+            num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
             leaves = _constrain_inputs(sdef, leaves, num_args, self._in_shardings)
-
-        # An input leaf is handed back to the caller as it came in, unless it was donated
-        # (jax deletes it) or resharded by in_shardings, and the function returns it: then
-        # the computation outputs it. A donated leaf the function does not return is not an
-        # output, so that XLA can reuse its buffer (and warns, as under jax.jit, when none
-        # of the outputs can use it); the caller's containers keep the donated array, which
-        # jax deletes, as under jax.jit.
-        keep_inputs: list[bool] | None = None
-        consumed: list[int] = []
-        if self._in_shardings is not None:
-            consumed = list(range(len(leaves)))
-        elif keep is not None:  # donated (a static leaf is not an input of the computation)
-            consumed = [s for s, k in enumerate(keep) if not k and not _is_static(static, s)]
-        if consumed:
-            keep_inputs = [True] * len(leaves)
-        seen: dict[str, Any] = {}
-
-        def rebuild(dyn_args: tuple, dyn_kwargs: dict) -> tuple[tuple, dict]:
-            seen["args"] = dyn_args, dyn_kwargs
-            if statics is None:
-                return dyn_args, dyn_kwargs
+        static_args = None
+        if statics is not None:
             total, static_pos, static_kw = statics
-            fixed_values = {i: v for i, _, v in static_pos}
-            it = iter(dyn_args)
-            full = tuple(fixed_values[i] if i in fixed_values else next(it) for i in range(total))
-            return full, {**dyn_kwargs, **{k: v for k, _, v in static_kw}}
-
-        def transform_out(out: Any) -> Any:
-            if self._constrain_out is not None:
-                out = self._constrain_out(out)
-            seen["out"] = out
-            if keep_inputs is not None:  # read by _trace.run after this returns
-                try:
-                    returned = {id(x) for x in jax.tree_util.tree_leaves(out)}
-                except Exception:  # noqa: BLE001 - _trace.run's own flatten reports it
-                    returned = set()
-                for s in consumed:
-                    keep_inputs[s] = id(leaves[s]) not in returned
-            return out
-
+            static_args = (total, {i: v for i, _, v in static_pos}, {k: v for k, _, v in static_kw})
         call = self.call()  # None when traced ahead of time
-        layout = _trace.Layout(num_args, names)
-        plan, outputs, next_inputs = _trace.run(
+        prepared = _lift.begin(
             self._fun(),
+            self._policy,
+            self._naming,
             sdef,
             leaves,
-            layout,
-            policy,
-            rebuild,
-            keep_inputs=keep_inputs,
-            transform_out=transform_out,
+            static_args,
             caller_objects=None if call is None else call.objects,
-            track_inputs=True,
-            arg_policies=arg_policies,
         )
+        policy, positions = prepared.req.policy, prepared.req.layout.positions
+        called = prepared.call()
+        if self._constrain_out is not None:
+            called.out = self._constrain_out(called.out)
+        keep_inputs = self._keep_inputs(leaves, keep, static, called.out)
+        traced = called.diff()
+        traced_plan = traced.plan(keep_inputs=keep_inputs)
+        plan, outputs = traced_plan.plan, traced_plan.outputs
         # Why this trace happened, in the user's words (trace time only: _retrace).
-        self.retraces.traced(key, leaves, layout, seen.get("args"))
-        info = self._describe(plan, outputs, leaves, positions, seen)
-        info.next_inputs = next_inputs
+        self.retraces.traced(key, leaves, prepared.req.layout, (prepared.args, prepared.kwargs))
+        info = self._describe(plan, outputs, traced)
+        info.next_inputs = traced.next_inputs(traced_plan)
         info.hold_inputs = (
             call is not None
             and _platform(call.leaves) in HOLD_INPUT_PLATFORMS
             and _traced_bytes(leaves) <= HOLD_INPUT_BYTES
         )
-        if policy.mutations == "propagate" and outputs and "args" in seen:
-            args_after, kwargs_after = seen["args"]
+        if policy.mutations == "propagate" and outputs:
             names_now = [self._naming.name(i) for i in positions]
-            info.writes = _written(outputs, args_after, kwargs_after, names_now, arg_policies)
-        if policy.mutations != "propagate" and "out" in seen:
+            info.writes = _written(
+                outputs, prepared.args, prepared.kwargs, names_now, prepared.req.arg_policies
+            )
+        if policy.mutations != "propagate":
             # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
             # (rule 12a); alias gives plain Python's, the caller's own object.
             # treeclone's own flatten: JAX's recurses natively and fails on a deep result
-            # (_trace.run has flattened this one already).
-            returned = {id(x) for x in _native.leaves(seen["out"])}
+            # (the trace has flattened this one already).
+            returned = {id(x) for x in _native.leaves(called.out)}
             info.returned_inputs = tuple(
                 s
                 for s, x in enumerate(leaves)
@@ -1053,18 +1009,45 @@ class _Inner:
                     outputs[i] = None
         return _ResultBox(info, outputs)
 
-    def _describe(
-        self, plan: Any, outputs: list, leaves: list, positions: list, seen: dict
-    ) -> _TraceInfo:
+    def _keep_inputs(
+        self, leaves: list, keep: Sequence[bool] | None, static: Any, out: Any
+    ) -> list[bool] | None:
+        """Per input leaf, whether it may be handed back to the caller as it came in (None:
+        every one may). Not when it was donated (jax deletes it) or resharded by
+        in_shardings and the function returns it: then the computation outputs it. A donated
+        leaf the function does not return is not an output, so that XLA can reuse its buffer
+        (and warns, as under jax.jit, when none of the outputs can use it); the caller's
+        containers keep the donated array, which jax deletes, as under jax.jit."""
+        if self._in_shardings is not None:
+            consumed = list(range(len(leaves)))
+        elif keep is not None:  # donated (a static leaf is not an input of the computation)
+            consumed = [s for s, k in enumerate(keep) if not k and not _is_static(static, s)]
+        else:
+            return None
+        if not consumed:
+            return None
+        try:
+            returned = {id(x) for x in jax.tree_util.tree_leaves(out)}
+        except Exception:  # noqa: BLE001 - the trace's own flatten reports it
+            returned = set()
+        keep_inputs = [True] * len(leaves)
+        for s in consumed:
+            keep_inputs[s] = id(leaves[s]) not in returned
+        return keep_inputs
+
+    def _describe(self, plan: Any, outputs: list, traced: _trace.Traced) -> _TraceInfo:
         """The trace's ``_TraceInfo``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None
+        prepared = traced.prepared
+        leaves = prepared.req.leaves
         try:
             where: dict[int, str] = {}
-            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(seen["out"])
+            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(traced.out)
             for path, leaf in out_leaves:
                 where.setdefault(id(leaf), jit_keystr(path))
-            args, kwargs = seen["args"]
+            args, kwargs = prepared.args, prepared.kwargs
+            positions = prepared.req.layout.positions
             arg_names = [self._naming.name(i) for i in positions] + [str(k) for k in kwargs]
             for name, value in zip(arg_names, [*args, *kwargs.values()], strict=True):
                 for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:

@@ -163,17 +163,12 @@ class _Body:
 
     def __call__(self, leaves: list) -> tuple[Any, list]:
         self.started = True
-        seen: dict[str, Any] = {}
-
-        def on_args(args: tuple, kwargs: dict) -> None:
-            seen["containers"] = _containers(args)
-
-        def keep_out(out: Any) -> Any:
-            seen["out"] = out
-            return out
-
-        plan, outputs = self.runner.trace(self.sdef, list(leaves), None, on_args, keep_out)
-        out = seen["out"]
+        prepared = self.runner.begin(self.sdef, list(leaves))
+        containers = _containers(prepared.args)
+        called = prepared.call()
+        out = called.out
+        traced_plan = called.diff().plan()
+        plan, outputs = traced_plan.plan, self.runner.outputs(traced_plan)
         out_index: dict[int, int] = {}
         for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
             out_index.setdefault(id(leaf), i)
@@ -191,7 +186,7 @@ class _Body:
         except ValueError:
             pass  # not a prefix of the result: jax.shard_map's own error follows
         writes = self.runner.policy.mutations == "propagate"
-        places = _leaf_places(seen["containers"]) if writes else {}
+        places = _leaf_places(containers) if writes else {}
         sources: list[tuple[str, int]] = []
         written: list[Any] = []
         specs: list[PartitionSpec] = []

@@ -36,7 +36,7 @@ from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._native import EntryInfo
-from treeclone._trace import Layout, Paths, child_keys
+from treeclone._trace import Layout, Paths, Traced, child_keys
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -223,7 +223,7 @@ def _batched(x: Any, traces: set[int]) -> bool:
 
 class _Places:
     """The batch axis of each leaf of a call's result, worked out from where it ends up
-    (the ``result_hook`` of ``_trace.run``): in a caller's container, the axis ``in_axes``
+    (given to ``Traced.plan`` as ``forced``): in a caller's container, the axis ``in_axes``
     gave that place (a container moved elsewhere keeps its own); in the function's result,
     ``out_axes``. It also says which input leaves must be produced by the computation (their
     place has another axis than they came in with), and raises, naming the place, for a batched
@@ -242,10 +242,14 @@ class _Places:
         self.in_leaves, self.traces = in_leaves, traces
         self.out_list: list[Any] = []
 
-    # -- the hook --------------------------------------------------------------------------
+    # -- the result ------------------------------------------------------------------------
 
-    def __call__(self, rdef: Any, objs: list, origins: list, rleaves: list) -> list[bool]:
-        self.info, self.objs, self.origins, self.rleaves = rdef.node_info(), objs, origins, rleaves
+    def forced(self, traced: Traced) -> list[bool]:
+        """Per leaf of ``traced``'s result, whether the computation must output it (an input
+        leaf whose place has another axis than it came in with)."""
+        origins, rleaves = traced.origins, traced.result_leaves
+        self.info, self.objs = traced.result_def.node_info(), traced.result_objs
+        self.origins, self.rleaves = origins, rleaves
         self.place: list[Any] = [_UNSET] * len(rleaves)
         self.where: list[str] = [""] * len(rleaves)
         self.into_input: list[bool] = [False] * len(rleaves)
@@ -578,30 +582,22 @@ class _VmapRunner(_lift.Runner):
 
         places = _Places(self.fun, axes, out_axes, leaves, traces, static)
 
-        inputs: set[int] = set()
-
-        def on_args(args: tuple, kwargs: dict) -> None:  # the containers the function gets
-            _, sdef, objects = _native.flatten_shared((args, kwargs))
-            nodes = zip(objects, sdef.node_info(), strict=True)
-            inputs.update(id(o) for o, e in nodes if isinstance(e, Node))
-
-        def copy_moved(out: Any) -> Any:
-            return _copy_returned_inputs(out, out_axes, leaves, axes, inputs, static)
-
-        plan, outputs = self.trace(
-            call.sdef,
-            list(leaves),
-            None,
-            on_args=on_args,
-            transform_out=copy_moved,
-            result_hook=places,
-        )
-        if len(places.out_list) != len(outputs):  # _Places mirrors _trace.run's choice
+        prepared = self.begin(call.sdef, list(leaves))
+        # The containers the function gets: a returned one moved to another axis is copied.
+        _, sdef, objects = _native.flatten_shared((prepared.args, prepared.kwargs))
+        nodes = zip(objects, sdef.node_info(), strict=True)
+        inputs = {id(o) for o, e in nodes if isinstance(e, Node)}
+        called = prepared.call()
+        called.out = _copy_returned_inputs(called.out, out_axes, leaves, axes, inputs, static)
+        traced = called.diff()
+        plan = traced.plan(forced=places.forced(traced))
+        outputs = self.outputs(plan)
+        if len(places.out_list) != len(outputs):  # _Places mirrors the plan's choice
             raise RuntimeError(
                 f"treeclone.vmap: {len(outputs)} outputs but {len(places.out_list)} axes for "
                 "them (an internal error: please report it)"
             )
-        record = _lift.Record(plan)
+        record = _lift.Record(plan.plan)
         late.record, late.leaves = record, places.out_list  # the out_axes, now known
         return _lift.Out(record, outputs)
 

@@ -1,0 +1,77 @@
+"""Running a function on rebuilt inputs and working out what it did to them.
+
+Used at trace time by every transformation through the lift (``treeclone._lift``; the leaves
+are tracers) and eagerly by ``treeclone.call`` (the leaves are the caller's values). The
+result is a native ``CallPlan`` that rebuilds the outputs (and, under ``alias``, writes the
+inputs' new contents back into the caller's objects) at every call, plus the leaves the
+computation must output. One module per concern:
+
+- ``steps``: the steps of a trace (``Request`` -> ``prepare`` -> ``call`` -> ``diff`` ->
+  ``plan``) and the records between them;
+- ``tree``: the flattened structure, its key paths (``Paths``) and its comparisons;
+- ``diff``: what changed in a container, in words;
+- ``writes``: what alias writes back (``container_write``: the ``Origin`` of each container),
+  each container's policy, and where the leaves are after a call (``jit_partial``);
+- ``watch``: what is watched while the function runs (the caller's containers, strict's
+  static objects, the containers rebuilt for a running call);
+- ``messages``: strict's ``MutationError``, clone's report and the other errors;
+- ``discards``: clone's report for a function run by JAX's own transformation.
+
+This module is the package's API for the rest of treeclone.
+"""
+
+from treeclone._trace.discards import ReportingDiscards, reporting_discards
+from treeclone._trace.messages import (
+    mutation_error,
+    policy_name,
+    qualname,
+    raise_outside_attribute,
+    report_discarded,
+)
+from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
+from treeclone._trace.tree import (
+    Layout,
+    Paths,
+    child_keys,
+    equal_empty_nodes,
+    holds_tracer,
+    same_data,
+    unstable_static_data,
+)
+from treeclone._trace.watch import (
+    Same,
+    check_callers,
+    made_for_a_call,
+    shallow_state,
+    watch_callers,
+)
+
+__all__ = [
+    "Called",
+    "Layout",
+    "Paths",
+    "Plan",
+    "Prepared",
+    "ReportingDiscards",
+    "Request",
+    "Same",
+    "StaticArgs",
+    "Traced",
+    "check_callers",
+    "child_keys",
+    "equal_empty_nodes",
+    "holds_tracer",
+    "made_for_a_call",
+    "mutation_error",
+    "policy_name",
+    "prepare",
+    "qualname",
+    "raise_outside_attribute",
+    "report_discarded",
+    "reporting_discards",
+    "run",
+    "same_data",
+    "shallow_state",
+    "unstable_static_data",
+    "watch_callers",
+]

@@ -1,0 +1,372 @@
+"""A trace, step by step: the user's function run on inputs rebuilt from leaves, and what it did.
+
+Every transformation runs its function through these steps (the lift, ``treeclone._lift``,
+starts them), reading what it needs from the record each step returns:
+
+1. :func:`prepare` (a :class:`Request` -> :class:`Prepared`): the inputs rebuilt from the
+   leaves, with what the later steps compare against (each container's policy, strict's
+   watch of static objects, the caller's containers the function must not reach);
+2. :meth:`Prepared.call` (-> :class:`Called`): the function runs on them; a transformation
+   may check or change ``Called.out`` (``out_shardings``, ``has_aux``) before the next step;
+3. :meth:`Called.diff` (-> :class:`Traced`): what changed in each input container, strict's
+   ``MutationError`` and clone's report, the result's structure with the ``Origin`` of each
+   container written back (``_trace.writes``);
+4. :meth:`Traced.plan` (-> :class:`Plan`): the native ``CallPlan`` that rebuilds the result
+   and writes back at every call, and the leaves the computation must output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import NoneType
+from typing import Any
+
+from treeclone import _native
+from treeclone._native import Origin, Source
+from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
+from treeclone._trace.messages import (
+    mutation_lines,
+    raise_mutation_error,
+    raise_outside_attribute,
+    raise_static_mutation,
+    raise_traced_static_data,
+    report_discarded,
+    report_off,
+)
+from treeclone._trace.tree import (
+    Layout,
+    NodeInfo,
+    equal_empty_nodes,
+    holds_tracer,
+    unstable_static_data,
+)
+from treeclone._trace.watch import (
+    check_callers,
+    restore_static_state,
+    running_on,
+    static_changes,
+    static_snapshot,
+    watch_callers,
+)
+from treeclone._trace.writes import (
+    container_write,
+    next_inputs,
+    node_policies,
+    written_by_attributes,
+)
+from treeclone._writeback import write_custom
+from treeclone.policies import Policy
+
+# (number of positional arguments, {position: value}, {keyword: value}): the static arguments
+# a call took out before flattening, put back around the rebuilt dynamic ones.
+StaticArgs = tuple[int, dict[int, Any], dict[str, Any]]
+
+
+class Request:
+    """One run of ``fun`` on the tree of ``sdef`` rebuilt from ``leaves``, the call's
+    ``(*args, kwargs)`` laid out as ``layout`` says, under ``policy``.
+
+    ``arg_policies``: the policy of each argument (the positional ones, then the keyword ones
+    in the kwargs dict's order) of a call that mixes them; ``policy`` is then the call's as a
+    whole (``policies.for_call``): each container follows its argument's.
+    ``caller_objects``: the caller's object at each node of ``sdef``, watched while the
+    function runs: one it changes through another name (a global that is also an argument)
+    is put back and reported, since write-back would silently replace that change.
+    ``static_args``: the static arguments to put back around the dynamic ones."""
+
+    __slots__ = (
+        "arg_policies",
+        "caller_objects",
+        "fun",
+        "layout",
+        "leaves",
+        "policy",
+        "sdef",
+        "static_args",
+    )
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        sdef: Any,
+        leaves: list,
+        layout: Layout,
+        policy: Policy,
+        *,
+        arg_policies: Sequence[Policy] | None = None,
+        caller_objects: Sequence[Any] | None = None,
+        static_args: StaticArgs | None = None,
+    ):
+        self.fun, self.sdef, self.leaves, self.layout = fun, sdef, leaves, layout
+        self.policy, self.arg_policies = policy, arg_policies
+        self.caller_objects, self.static_args = caller_objects, static_args
+
+
+def prepare(req: Request) -> Prepared:
+    """Step 1: the inputs rebuilt from ``req.leaves``, ready for :meth:`Prepared.call`."""
+    root, objs = req.sdef.unflatten_nodes(req.leaves)
+    return Prepared(req, root, objs)
+
+
+class Prepared:
+    """The inputs of one run, rebuilt: ``root`` (the ``(*args, kwargs)`` tree) and ``objs``
+    (its object at each node); ``args`` and ``kwargs``, the dynamic arguments the function
+    gets. What the next steps compare against is taken here, before the function runs."""
+
+    def __init__(self, req: Request, root: Any, objs: list):
+        self.req, self.root, self.objs = req, root, objs
+        self.info: list = req.sdef.node_info()
+        self.args, self.kwargs = req.layout.split(root)
+        # node -> its argument's policy, for a call mixing them (None: ``req.policy`` for all).
+        self.node_policy: dict[int, Policy] | None = None
+        if req.arg_policies is not None:
+            self.node_policy = node_policies(
+                req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies
+            )
+        self.unstable = unstable_static_data(root, self.info)
+        self.own_attributes = {
+            k: set(vars(o))
+            for k, (o, e) in enumerate(zip(objs, self.info, strict=True))
+            if isinstance(e, NodeInfo)
+            and e.node_type not in (list, dict)
+            and hasattr(o, "__dict__")
+        }
+        # Static objects (``register_static``: the node's aux data is the object itself) are
+        # the caller's own objects inside the function too; under strict what it does to them,
+        # and to the plain data they hold, is checked directly (``static_snapshot``).
+        self.statics: dict[int, list] = {}
+        if req.policy.mutations == "error" or self.node_policy is not None:
+            self.statics = {
+                k: static_snapshot(o)
+                for k, (o, e) in enumerate(zip(objs, self.info, strict=True))
+                if isinstance(e, NodeInfo)
+                and e.arity == 0
+                and e.data is o
+                and self.policy_of(k).mutations == "error"
+            }
+        self.watched: dict = {}
+        if req.caller_objects is not None:
+            self.watched = watch_callers(req.caller_objects, objs, self.info)
+
+    def policy_of(self, k: int) -> Policy:
+        """The policy of input node ``k``: its argument's."""
+        if self.node_policy is None:
+            return self.req.policy
+        return self.node_policy.get(k, self.req.policy)
+
+    def call(self) -> Called:
+        """Step 2: run the function on the rebuilt arguments, static ones put back."""
+        args, kwargs = self.args, self.kwargs
+        if self.req.static_args is not None:
+            total, positional, keywords = self.req.static_args
+            it = iter(args)
+            args = tuple(positional[i] if i in positional else next(it) for i in range(total))
+            kwargs = {**kwargs, **keywords}
+        with running_on(self.objs):
+            out = self.req.fun(*args, **kwargs)
+        return Called(self, out)
+
+
+class Called:
+    """The function has run: ``out`` is its result (a transformation may replace it, checked or
+    constrained, before :meth:`diff`)."""
+
+    def __init__(self, prepared: Prepared, out: Any):
+        self.prepared, self.out = prepared, out
+
+    def diff(self) -> Traced:
+        """Step 3: what the function did to each input container, checked by its policy."""
+        p, req = self.prepared, self.prepared.req
+        if p.watched and req.caller_objects is not None:
+            check_callers(req.fun, req.caller_objects, p.watched, req.sdef, p.objs, req.layout)
+        self._check_static_objects()
+        container_index = {
+            id(o): k
+            for k, (o, e) in enumerate(zip(p.objs, p.info, strict=True))
+            if isinstance(e, NodeInfo) and e.node_type is not NoneType
+        }
+        post = flatten_after(p.root, self.out, p.objs, container_index)
+        post_info = post[1].node_info()
+        returned = returned_nodes(post_info, post[2], container_index)
+        origin_of, origin_node, mutated = self._containers(post, post_info, container_index)
+        self._check_unreturned(mutated, returned)
+        if p.node_policy is not None:  # only alias's containers keep an origin
+            for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
+                del origin_of[n]  # fresh containers, as under their own policy
+        return Traced(self, post, origin_of, mutated)
+
+    def _check_static_objects(self) -> None:
+        """Strict's check of the static objects it watches: a change is put back, then raised."""
+        p = self.prepared
+        changed = {k: found for k, snap in p.statics.items() if (found := static_changes(snap))}
+        if changed:
+            for found in changed.values():
+                for _, obj, state in found:
+                    restore_static_state(obj, state)
+            raise_static_mutation(p.req.fun, changed, p.req.sdef, p.objs, p.req.layout)
+
+    def _containers(
+        self, post: tuple, post_info: list, container_index: dict[int, int]
+    ) -> tuple[dict[int, Any], dict[int, int], list[tuple[int, list]]]:
+        """For each input container found after the call: its ``Origin`` (by result node),
+        the input node of each origin, and what changed, per input node."""
+        p, req = self.prepared, self.prepared.req
+        _, _, post_objs = post
+        origin_of: dict[int, Any] = {}
+        origin_node: dict[int, int] = {}  # result node -> input node
+        mutated: list[tuple[int, list]] = []
+        for n, entry in enumerate(post_info):
+            if not isinstance(entry, NodeInfo) or entry.node_type is NoneType:
+                continue
+            k = container_index.get(id(post_objs[n]))
+            if k is None:
+                continue
+            pre = p.info[k]
+            if written_by_attributes(entry.node_type, post_objs[n]) and holds_tracer(entry.data):
+                raise_traced_static_data(req.fun, k, req.sdef, p.objs, req.layout)
+            own = p.own_attributes.get(k, set())
+            write = container_write(k, pre, entry, post_objs[n], p.objs, post_objs, own)
+            origin_of[n], origin_node[n] = write.origin, k
+            old = pre.children
+            for j, c in enumerate(entry.children):
+                # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
+                # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
+                if (
+                    j < len(old)
+                    and c not in origin_of
+                    and id(post_objs[c]) not in container_index
+                    and equal_empty_nodes(p.info[old[j]], post_info[c])
+                ):
+                    origin_of[c] = Origin(
+                        node=old[j], old_children=[], same_data=True, writable=False
+                    )
+                    origin_node[c] = k
+            changes = describe_changes(
+                pre,
+                entry,
+                p.objs,
+                post_objs,
+                (p.info, post_info),
+                write.keys,
+                k not in p.unstable,
+            )
+            for name in write.outside:
+                if p.policy_of(k).mutations == "propagate":
+                    raise_outside_attribute(req.fun, k, name, req.sdef, p.objs, req.layout)
+                changes.append((None, f"attribute {name!r} set outside the pytree", None))
+            if changes:
+                mutated.append((k, changes))
+        return origin_of, origin_node, mutated
+
+    def _check_unreturned(self, mutated: list[tuple[int, list]], returned: set[int]) -> None:
+        """Each argument's own rule for a container changed in place and not returned:
+        strict's ``MutationError``, clone's report (alias writes it back)."""
+        p, req = self.prepared, self.prepared.req
+        unreturned = [(k, c) for k, c in mutated if k not in returned]
+        bad = [(k, c) for k, c in unreturned if p.policy_of(k).mutations == "error"]
+        if bad:
+            raise_mutation_error(req.fun, bad, req.sdef, p.objs, req.layout)
+        lost = [(k, c) for k, c in unreturned if p.policy_of(k).mutations == "discard"]
+        if lost and not report_off(None):
+            lines = mutation_lines(lost, req.sdef, p.objs, req.layout)
+            if p.node_policy is None:
+                report_discarded(req.fun, lines, None, repr(req.policy))
+            else:
+                report_discarded(req.fun, lines, None, "'clone' (chosen for these arguments)")
+
+
+class Traced:
+    """What a run did, ready to become a plan: the result's structure (``result_def``), its
+    leaves and objects, the ``Origin`` of each result node written back (``origins``; None:
+    a fresh container) and ``result_child`` (under alias the result is the pair ``(inputs,
+    outputs)`` and its child 1 is the function's; None: the result is the function's own).
+    ``mutated``: per input container changed in place, its changes (``describe_changes``)."""
+
+    def __init__(self, called: Called, post: tuple, origin_of: dict[int, Any], mutated: list):
+        self.called, self.mutated = called, mutated
+        req = called.prepared.req
+        if req.policy.mutations == "propagate":
+            self.result_leaves, self.result_def, self.result_objs = post
+            self.origins: list[Any] = [origin_of.get(n) for n in range(self.result_def.num_nodes)]
+            self.result_child: int | None = 1
+        else:
+            self.result_leaves, self.result_def, self.result_objs = _native.flatten_shared(
+                called.out
+            )
+            self.origins = [None] * self.result_def.num_nodes
+            self.result_child = None
+
+    @property
+    def out(self) -> Any:
+        """The function's result."""
+        return self.called.out
+
+    @property
+    def prepared(self) -> Prepared:
+        return self.called.prepared
+
+    def plan(
+        self, keep_inputs: Sequence[bool] | None = None, forced: Sequence[bool] | None = None
+    ) -> Plan:
+        """Step 4: the ``CallPlan``. A result leaf that is an input leaf is handed back as the
+        caller's, unless ``keep_inputs[slot]`` is False (the input was donated or resharded)
+        or ``forced[r]`` is True for result leaf ``r`` (vmap's batched outputs): the
+        computation outputs it then."""
+        in_leaves = self.prepared.req.leaves
+        slot_of = {id(leaf): s for s, leaf in enumerate(in_leaves)}
+        sources: list[Any] = []
+        outputs: list[Any] = []
+        # For each result leaf, its index in ``in_leaves + outputs`` (for next_inputs).
+        pool_index: dict[int, int] = {}
+        for r, leaf in enumerate(self.result_leaves):
+            s = slot_of.get(id(leaf))
+            if (
+                s is not None
+                and in_leaves[s] is leaf
+                and (keep_inputs is None or keep_inputs[s])
+                and (forced is None or not forced[r])
+            ):
+                sources.append(Source.Input(slot=s))
+                pool_index.setdefault(id(leaf), s)
+            else:
+                sources.append(Source.Output(index=len(outputs)))
+                pool_index.setdefault(id(leaf), len(in_leaves) + len(outputs))
+                outputs.append(leaf)
+        plan = _native.CallPlan(
+            self.result_def,
+            sources,
+            self.origins,
+            self.result_child,
+            write_custom,
+            self.prepared.req.sdef,
+        )
+        return Plan(plan, outputs, pool_index)
+
+    def next_inputs(self, plan: Plan) -> tuple[tuple[int, ...], tuple[int, ...]] | bool | None:
+        """Where the arguments' leaves are after a call (``writes.next_inputs``), for
+        ``jit_partial``'s cache; False when an argument left alone (a policy per argument)
+        was changed: the caller's objects do not hold what the function saw."""
+        p = self.prepared
+        if p.node_policy is not None and any(
+            p.policy_of(k).mutations != "propagate" for k, _ in self.mutated
+        ):
+            return False
+        written = sorted(k for k, _ in self.mutated)
+        before = (p.req.sdef, p.info, p.objs)
+        return next_inputs(p.req.policy, p.root, before, p.req.leaves, plan.pool_index, written)
+
+
+class Plan:
+    """The native ``CallPlan`` (``plan.apply(caller_leaves, caller_objects, outputs)`` gives the
+    call's result and performs the write-back under alias) and ``outputs``, the result leaves
+    the computation must produce (the rest are the caller's own inputs)."""
+
+    __slots__ = ("outputs", "plan", "pool_index")
+
+    def __init__(self, plan: Any, outputs: list, pool_index: dict[int, int]):
+        self.plan, self.outputs, self.pool_index = plan, outputs, pool_index
+
+
+def run(req: Request) -> Plan:
+    """All four steps, for a transformation that needs nothing between them."""
+    return prepare(req).call().diff().plan()
