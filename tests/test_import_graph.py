@@ -226,7 +226,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         },
     ),
     ("trace", {"treeclone._trace", "treeclone._trace.*", "treeclone._retrace"}),
-    ("lift", {"treeclone._calls", "treeclone._lift"}),
+    ("lift", {"treeclone._lift", "treeclone._lift.*"}),
     (
         "transformations",
         {

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from treeclone import _lift, _native, _trace
-from treeclone._calls import Naming, check_cycles, reporting
 from treeclone._jax_compat import keystr
+from treeclone._lift import Naming, check_cycles, reporting
 from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
 
 

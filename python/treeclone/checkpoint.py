@@ -19,7 +19,7 @@ from typing import Any, overload
 import jax
 
 from treeclone import _lift
-from treeclone._calls import ArgsBox, Naming, leaf_rule, reporting
+from treeclone._lift import ArgsBox, Naming, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,

@@ -34,7 +34,6 @@ import jax
 import numpy as np
 
 from treeclone import _lift, _native, _trace
-from treeclone._calls import Naming, as_jit_outputs, reporting
 from treeclone._jax_compat import (
     INITIAL_RESULT_PATHS,
     DebugInfo,
@@ -43,6 +42,7 @@ from treeclone._jax_compat import (
     is_ref,
     keystr,
 )
+from treeclone._lift import Naming, as_jit_outputs, reporting
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._writeback import write_custom as _write_custom
 from treeclone.call import call as _call

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from treeclone import _lift, _native
-from treeclone._calls import ArgsBox, Naming, is_array, reporting
 from treeclone._jax_compat import DebugInfo
+from treeclone._lift import ArgsBox, Naming, is_array, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from treeclone import _native
-from treeclone._calls import Naming, check_cycles
+from treeclone._lift import Naming, check_cycles
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot, Taker
 from treeclone.jit import Jitted, jit
 from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override

@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _native, _trace
-from treeclone._calls import Naming, reporting
 from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, unflatten_node
+from treeclone._lift import Naming, reporting
 from treeclone._native import EntryInfo
 from treeclone._writeback import changed_attributes, write_custom
 from treeclone.policies import (

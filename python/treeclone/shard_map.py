@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from treeclone import _lift
-from treeclone._calls import Naming, jit_keystr, reporting
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
+from treeclone._lift import Naming, jit_keystr, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,

@@ -30,11 +30,11 @@ import numpy as np
 from jax.core import Tracer
 
 from treeclone import _jax_compat, _lift, _native
-from treeclone._calls import Naming, jit_keystr, leaf_rule, reporting
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
+from treeclone._lift import Naming, jit_keystr, leaf_rule, reporting
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, Paths, Traced, child_keys
 from treeclone.policies import (

@@ -2,7 +2,7 @@
 function of treeclone.tree, treeclone.jit, treeclone.jit_partial, treeclone.policies and of
 the lifted transformations (treeclone.grad, treeclone.checkpoint, treeclone.vmap,
 treeclone.shard_map, treeclone.loops, treeclone.cond) and of the call machinery they share
-(treeclone._calls), and every public method of their classes, has one."""
+(the modules of treeclone._lift), and every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ MODULES = {
     name: importlib.import_module(name)
     for name in (
         "treeclone",
-        "treeclone._calls",
+        "treeclone._lift.arguments",
+        "treeclone._lift.boxes",
+        "treeclone._lift.naming",
+        "treeclone._lift.runner",
         "treeclone.call",
         "treeclone.cond",
         "treeclone.jaxlib_tree_util",
@@ -39,7 +42,10 @@ MODULES = {
 
 # Modules whose every public function and method must have an example.
 WITH_EXAMPLES = (
-    "treeclone._calls",
+    "treeclone._lift.arguments",
+    "treeclone._lift.boxes",
+    "treeclone._lift.naming",
+    "treeclone._lift.runner",
     "treeclone.call",
     "treeclone.cond",
     "treeclone.jit",
@@ -129,8 +135,8 @@ def test_the_listed_functions_are_found() -> None:
     names = {(module, name) for module, name in (p.values for p in FUNCTIONS)}
     for expected in [
         ("treeclone.jit", "jit"),
-        ("treeclone._calls", "argument_names"),  # also treeclone.jit's (re-exported)
-        ("treeclone._calls", "Naming.name"),
+        ("treeclone._lift.naming", "argument_names"),  # also treeclone.jit's (re-exported)
+        ("treeclone._lift.naming", "Naming.name"),
         ("treeclone.jit", "Jitted._cache_size"),
         ("treeclone.jit", "Jitted.lower"),
         ("treeclone.policies", "policy"),

@@ -1,0 +1,289 @@
+"""One ``treeclone.jit`` call under a policy, as its inner ``jax.jit`` is called: the cache
+key (:class:`Key`: structure, static arguments, donation, static leaves), which leaves are
+donated (:class:`Donation`), the order the inner function takes the leaves in
+(:func:`jit_order`) and the description of the call the trace reads (:class:`JitCall`), on the
+Python path and rebuilt from what the lean native path records (:func:`lean_call_record`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from treeclone import _native
+from treeclone._lift.arguments import StaticLeaves, check_cycles, normalize
+from treeclone._lift.boxes import take
+from treeclone._lift.naming import Naming, name_slots
+
+# Donation masks kept per jitted function (one per argument structure seen; cleared when full).
+MASK_CACHE_SIZE = 64
+
+
+def is_static_slot(static: StaticLeaves | None, slot: int) -> bool:
+    return static is not None and slot in static.slots
+
+
+def jit_order(
+    leaves: list, donation: Donation | None, static: StaticLeaves | None
+) -> tuple[list, list | None]:
+    """A call's distinct leaves (or anything per leaf, their names) as the inner jit takes
+    them: the kept ones and the donated ones (None: no donation), without the static ones."""
+    if static is None:
+        if donation is None:
+            return leaves, None
+        return donation.kept(leaves), donation.donated(leaves)
+    keep = None if donation is None else donation.keep
+    kept = [x for s, x in enumerate(leaves) if s not in static.slots and (keep is None or keep[s])]
+    if keep is None:
+        return kept, None
+    return kept, [x for s, x in enumerate(leaves) if s not in static.slots and not keep[s]]
+
+
+def from_jit_order(
+    kept: Sequence, donated: Sequence | None, keep: Sequence[bool] | None, static: Any
+) -> list:
+    """The inverse of :func:`jit_order`: every distinct leaf in its slot, the static ones
+    (``static``: a ``StaticLeaves`` or None) put back as they are."""
+    if keep is None and static is None:
+        return list(kept)
+    values = {} if static is None else {s: x for s, _, x in static.entries}
+    n = len(kept) + len(donated or ()) + len(values)
+    it_kept, it_donated = iter(kept), iter(donated or ())
+    return [
+        values[s] if s in values else next(it_kept if keep is None or keep[s] else it_donated)
+        for s in range(n)
+    ]
+
+
+class Key(tuple):
+    """The inner jit's static argument: ``(structure, static arguments, donation, static
+    leaves)``. A tuple, hashed and compared in C, but of a subclass, so that it is a pytree
+    leaf: JAX before 0.7 flattens static arguments, and a key flattened as a tuple would walk
+    the static values (a cyclic one without end, exhausting the recursion counter)."""
+
+    __slots__ = ()
+
+
+class Donation:
+    """Which distinct leaves of a call are donated (``keep[s]`` False), and how to split the
+    leaves into the kept ones and the donated ones (computed once per structure). Part of the
+    inner jit's cache key: equal when the masks are, hashed once."""
+
+    __slots__ = ("donated", "hash", "keep", "kept")
+
+    def __init__(self, keep: tuple[bool, ...]):
+        self.keep = keep
+        self.hash = hash(keep)
+        self.kept = take([s for s, k in enumerate(keep) if k])
+        self.donated = take([s for s, k in enumerate(keep) if not k])
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or (isinstance(other, Donation) and other.keep == self.keep)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __repr__(self) -> str:  # read in JAX's explanation of a cache miss
+        return f"donated leaves {[s for s, k in enumerate(self.keep) if not k]}"
+
+
+class JitCall:
+    """One call under a policy: what goes to the inner jit (``jitted(key, donated, *kept)``,
+    see :class:`Inner`), and what naming it needs."""
+
+    __slots__ = (
+        "args",
+        "donated",
+        "inner",
+        "jitted",
+        "kept",
+        "key",
+        "kwargs",
+        "leaves",
+        "objects",
+        "positions",
+    )
+
+    def __init__(
+        self,
+        inner: Any,
+        jitted: Any,
+        key: tuple,
+        kept: list,
+        donated: list | None,
+        leaves: list,
+        objects: list,
+        args: tuple,
+        kwargs: dict,
+        positions: Sequence[int],
+    ):
+        self.inner, self.jitted, self.key = inner, jitted, key
+        self.kept, self.donated = kept, donated
+        self.leaves, self.objects = leaves, objects
+        self.args, self.kwargs, self.positions = args, kwargs, positions
+
+    @property
+    def donation(self) -> Donation | None:
+        return self.key[2]
+
+    def named_arguments(self, naming: Naming) -> list[tuple[str, Any]]:
+        """The call's dynamic arguments with the names jax.jit gives them, in its order."""
+        statics = self.key[1]
+        n = len(self.positions) if statics is None else statics[0]
+        values = [*self.args, *self.kwargs.values()]
+        static = () if statics is None else [k for k, *_ in statics[2]]
+        names = naming.arguments(n, self.positions, self.kwargs, static)
+        return list(zip(names, values, strict=True))
+
+    def slot_names(self, naming: Naming) -> list[str]:
+        """For each distinct leaf, its key path as jax.jit names it (the first place it is in)."""
+        return name_slots(self.named_arguments(naming), self.leaves)
+
+    def slots_of_jax_leaves(self) -> list[int] | None:
+        """The distinct leaf of each leaf of the arguments as jax flattens them, or None when
+        they do not correspond (a node whose flatten makes new leaves each time)."""
+        where: dict[int, list[int]] = {}
+        for s, leaf in enumerate(self.leaves):
+            where.setdefault(id(leaf), []).append(s)
+        seen: dict[int, int] = {}
+        slots = []
+        for leaf in jax.tree_util.tree_leaves((self.args, self.kwargs)):
+            candidates = where.get(id(leaf))
+            if candidates is None:
+                return None
+            k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
+            slots.append(candidates[min(k, len(candidates) - 1)])
+        return slots if len(set(slots)) == len(self.leaves) else None
+
+
+def lean_call_record(call: tuple) -> JitCall:
+    """The ``JitCall`` of a call on the lean path from what ``_native.LeanCall`` records of it:
+    ``(inner, jitted, key, leaves, objects, args, kwargs, positions)``, the dynamic arguments
+    and their positions among all the positional ones (None: all). Every leaf is kept (none
+    donated, none static)."""
+    inner, jitted, key, leaves, objects, args, kwargs, positions = call
+    if positions is None:
+        positions = range(len(args))
+    return JitCall(inner, jitted, key, leaves, None, leaves, objects, args, kwargs, positions)
+
+
+def hash_static(value: Any) -> None:
+    """jax.jit's error for a static argument that cannot be hashed."""
+    try:
+        hash(value)
+    except TypeError as exc:
+        raise ValueError(
+            "Non-hashable static arguments are not supported. An error occurred while trying "
+            f"to hash an object of type {type(value)}, {value!r}. The error was:\n"
+            f"{type(exc).__name__}: {exc}\n"
+        ) from None
+
+
+class CallShape:
+    """How a jitted function's calls are taken apart for its inner jit: which arguments are
+    static (``static_nums``, ``static_names``: hashed into the key) and donated
+    (``donate_nums``, ``donate_names``: a :class:`Donation` per argument structure, kept in
+    ``masks``), whether ``in_shardings`` is given, and the ``traced=`` rule (``traced``)."""
+
+    def __init__(
+        self,
+        naming: Naming,
+        static: tuple[frozenset[int], frozenset[str]],
+        donate: tuple[frozenset[int], frozenset[str]],
+        in_shardings_given: bool,
+        traced: Callable[[Any], bool] | None,
+    ):
+        self.naming = naming
+        self.static_nums, self.static_names = static
+        self.donate_nums, self.donate_names = donate
+        self.in_shardings_given, self.traced = in_shardings_given, traced
+        self.masks: dict[tuple, Donation] = {}
+
+    def prepare(
+        self, entry: tuple[Any, Any], args: tuple, kwargs: dict, bound: Any = None
+    ) -> JitCall:
+        """Everything about one call up to running the inner jit (``entry``: the inner function
+        and its ``jax.jit``). With ``bound`` (a ``_bound.BoundArguments``), the first arguments
+        are ``jit_partial``'s, flattened already: only the others are flattened."""
+        if kwargs and self.in_shardings_given:
+            raise ValueError("pjit does not support kwargs when in_shardings is specified.")
+        given = args, kwargs
+        statics = None
+        positions: Sequence[int] = range(len(args))
+        if self.static_nums or self.static_names:
+            args, kwargs, statics, positions = self.split_statics(args, kwargs)
+        if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
+            kwargs = dict(sorted(kwargs.items()))
+        try:
+            if bound is None:
+                leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
+            else:
+                leaves, sdef, objects = bound.join(args, kwargs)
+        except ValueError:
+            check_cycles(
+                self.naming, *given, self.static_nums, self.static_names
+            )  # the text of every policy, naming the argument
+            raise
+        if statics is not None:  # hashed after the flatten, as jax.jit orders its errors
+            for *_, v in statics[1] + statics[2]:
+                hash_static(v)
+        donation = None
+        if self.donate_nums or self.donate_names:
+            n = len(positions) if statics is None else statics[0]
+            donation = self.mask(sdef, n, positions, kwargs)
+        static = None
+        if self.traced is not None:
+            static = StaticLeaves.of(leaves, self.traced, args, kwargs, self.naming)
+        key = Key((sdef, statics, donation, static))
+        kept, donated = jit_order(leaves, donation, static)
+        inner, jitted = entry
+        return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
+
+    def split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
+        """Take the static arguments out. Each static value is keyed with its type, as jax.jit
+        keys them (``2`` and ``2.0`` are equal but trace differently); ``prepare`` hashes them
+        after the flatten of the others."""
+        n = len(args)
+        static_nums = normalize(self.static_nums, n)
+        static_pos = tuple((i, type(args[i]), args[i]) for i in sorted(static_nums) if i < n)
+        static_kw = tuple(
+            sorted((k, type(v), v) for k, v in kwargs.items() if k in self.static_names)
+        )
+        positions = [i for i in range(n) if i not in static_nums]
+        dyn_args = tuple(args[i] for i in positions)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
+        return dyn_args, dyn_kwargs, (n, static_pos, static_kw), positions
+
+    def mask(self, sdef: Any, n: int, positions: Sequence[int], kwargs: dict) -> Donation:
+        """The donation of a call: worked out once per structure and number of arguments
+        (which fix the dynamic positions and the keyword names), then looked up."""
+        key = (sdef, n)
+        donation = self.masks.get(key)
+        if donation is None:
+            if len(self.masks) >= MASK_CACHE_SIZE:
+                self.masks.clear()
+            keep = self.keep_mask(sdef, positions, n, tuple(kwargs))
+            donation = self.masks[key] = Donation(keep)
+        return donation
+
+    def keep_mask(
+        self, sdef: Any, positions: Sequence[int], n: int, names: Sequence[str]
+    ) -> tuple[bool, ...]:
+        """Per distinct leaf: False when every occurrence is in a donated argument.
+
+        ``positions[j]`` is the position, among the call's ``n``, of the j-th dynamic argument;
+        ``names`` are the keyword arguments, in the order of the flattened kwargs dict.
+        """
+        donate_nums = normalize(self.donate_nums, n)
+        root = sdef.num_nodes - 1
+        kept: set[int] = set()
+        donated: set[int] = set()
+        per_child = sdef.child_slots(root)
+        for j, position in enumerate(positions):
+            (donated if position in donate_nums else kept).update(per_child[j])
+        kwargs_node = sdef.children_of(root)[len(positions)]
+        for name, slots in zip(names, sdef.child_slots(kwargs_node), strict=True):
+            (donated if name in self.donate_names else kept).update(slots)
+        return tuple(s in kept or s not in donated for s in range(sdef.num_leaves))

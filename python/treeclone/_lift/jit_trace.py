@@ -1,0 +1,527 @@
+"""The function ``treeclone.jit``'s inner ``jax.jit`` traces under a policy (:class:`Inner`):
+it rebuilds a call's arguments from its distinct leaves, runs the user's function through the
+lift (:func:`~treeclone._lift.begin` and ``_trace``'s steps) and returns the outputs boxed with
+what the trace recorded (:class:`TraceInfo`, the static data of a :class:`ResultBox`); and the
+end of every such call (:func:`end_of_call`), on the Python path and the lean native one.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.core import Tracer
+
+from treeclone import _native, _retrace, _trace, tree_util
+from treeclone._jax_compat import DebugInfo, fun_sourceinfo
+from treeclone._lift.boxes import as_jit_outputs
+from treeclone._lift.jit_call import (
+    JitCall,
+    Key,
+    from_jit_order,
+    is_static_slot,
+    jit_order,
+    lean_call_record,
+)
+from treeclone._lift.naming import Naming, debug_info, jit_keystr
+from treeclone._lift.runner import begin
+from treeclone.policies import ArgPolicies, Policy
+
+# Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
+ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+
+
+SHARDINGS = ("in_shardings", "out_shardings")
+
+
+# Keys of argument structures kept per inner function for the lean path (cleared when full).
+KEY_CACHE_SIZE = 256
+
+
+# When the lean path holds a call's leaves until the next call: their arrays on one of these
+# platforms, at most this many bytes. A training loop lets go of its old state right after the
+# call that reads it, while the computation may still run; on a TPU (jax 0.10, v5e) an array
+# let go then costs the host time, so that a loop of small steps ran 15-19% slower than with
+# each call's arguments kept a little longer (benches/release_probe.py). On this project's
+# 2-core CPU the effect was mixed (jax.jit with its arguments held 8-13% slower on the nnx
+# step, treeclone's strict 1-6% faster, alias either way), so the CPU is not among the
+# platforms; the GPU, not measured, neither. Held, the leaves go at the next call (or at
+# Jitted.clear_cache), when that computation is most likely done; the steps that gain are the
+# short ones, over small states, and a wrapper called once keeps at most this much alive.
+HOLD_INPUT_PLATFORMS = frozenset({"tpu"})
+
+
+HOLD_INPUT_BYTES = 16 << 20
+
+
+class TraceInfo:
+    """What one trace under a policy recorded; the static data of its ``ResultBox``.
+
+    ``plan``: the ``CallPlan``. ``paths``: for each output of the computation, where the user
+    sees it (``['a']`` in the result, or an argument's key path for a value written back), the
+    key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
+    own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
+    ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
+    ``next_inputs``: where the arguments' leaves are after a call (``_trace._next_inputs``),
+    for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
+    (strict), the input slots the result hands back as they came in, each to be returned as
+    the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
+    under alias, whose result is plain Python's. ``writes``: under alias, for each output
+    written back into an argument, ``(output index, argument, key path)``, the argument as a
+    position among the dynamic ones or a keyword's name (see :func:`check_enclosing_writes`).
+    ``hold_inputs``: whether the lean path holds a call's leaves until the next call (their
+    arrays are on a platform of ``HOLD_INPUT_PLATFORMS`` and total at most
+    ``HOLD_INPUT_BYTES``). Compared by identity, as the plan is.
+    """
+
+    __slots__ = (
+        "hold_inputs",
+        "next_inputs",
+        "out_sources",
+        "out_tree",
+        "paths",
+        "plan",
+        "returned_inputs",
+        "static_outputs",
+        "writes",
+    )
+
+    def __init__(
+        self,
+        plan: Any,
+        paths: Sequence[str],
+        out_tree: Any,
+        out_sources: Any,
+        next_inputs: tuple[tuple[int, ...], tuple[int, ...]] | bool | None = None,
+    ):
+        self.plan = plan
+        self.paths = paths
+        self.out_tree = out_tree
+        self.out_sources = out_sources
+        self.next_inputs = next_inputs
+        self.returned_inputs: tuple[int, ...] = ()
+        self.writes: tuple[tuple[int, int | str, str], ...] = ()
+        self.static_outputs: tuple[tuple[int, Any], ...] = ()
+        self.hold_inputs = False
+
+
+# The inner jit's result: the outputs, with the trace's TraceInfo as static data.
+ResultBox = _native.ResultBox
+
+
+def _result_keys(box: ResultBox) -> tuple[list, TraceInfo]:
+    # The key of each output is its path as the user sees it (a string: keystr prints it as is).
+    return list(zip(box.info.paths, box.leaves, strict=True)), box.info
+
+
+# jax rebuilds a ResultBox at every call: attrgetter and the native type do it without a
+# Python frame (rebuilding the result as anything but a ResultBox would take jax.jit off its
+# C++ fast path).
+jax.tree_util.register_pytree_with_keys(
+    ResultBox, _result_keys, ResultBox, operator.attrgetter("leaves", "info")
+)
+
+
+_native.invalidate_registry_cache()
+
+
+def end_of_call(
+    fun: Callable,
+    the_call: Callable[[], JitCall],
+    info: TraceInfo,
+    leaves: list,
+    objects: list,
+    outputs: list,
+) -> Any:
+    """The result of a call and its write-back: rule 25a's check first for a write-back inside
+    a JAX transformation (a Tracer output), then the plan, with the inputs strict hands back
+    as ``jax.jit``'s arrays."""
+    if info.writes and isinstance(outputs[0], Tracer):
+        check_enclosing_writes(fun, the_call(), info.writes, outputs)
+    return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
+
+
+def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
+    """The end of a call on the lean path whose result needs Python (``_native.LeanCall``)."""
+    inner, _, _, leaves, objects, *_ = call
+    record = functools.partial(lean_call_record, call)
+    return end_of_call(inner._fun(), record, info, leaves, objects, outputs)
+
+
+class Inner:
+    """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
+    the call's distinct leaves, runs ``fun`` on them (``_trace.run``) and returns the outputs
+    boxed with what the trace recorded.
+
+    It is called as ``jitted(key, donated, *kept)``: ``key``, static, is the call's
+    ``(structure, static arguments, donation, static leaves)``; ``donated`` the donated leaves
+    (a list, donated as a whole, or None); ``kept`` the others, each its own argument, the
+    shape JAX's C++ dispatch handles fastest (a box of them, a pytree node of its own, cost a
+    microsecond or two more a call).
+
+    To jax it looks like ``fun``: its name, its ``repr``, and (``__fun_debug_info__``) the
+    source of ``fun`` and the names of the call's arguments, so that jax's messages (a
+    non-array argument, a traced value used as a Python bool, an output that is not a JAX
+    type) name the user's function, argument and key path as they do under ``jax.jit``.
+    """
+
+    def __init__(
+        self,
+        fun: Callable,
+        policy: Policy | ArgPolicies,
+        kwargs: dict,
+        naming: Naming,
+        weak: bool,
+        traced: Callable[[Any], bool] | None = None,
+    ) -> None:
+        # Held weakly when shared between wrappers (the registry must not keep fun alive);
+        # every caller holds fun itself.
+        self._fun: Callable[[], Any] = weakref.ref(fun) if weak else (lambda: fun)
+        self._policy = policy
+        self._traced = traced
+        self._naming = naming
+        self.__name__ = fun_name(fun)
+        self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
+        self._sourceinfo: Any = fun_sourceinfo(fun) if DebugInfo is not None else None
+        in_shardings = kwargs.get("in_shardings")
+        self._in_shardings = in_shardings if specified(in_shardings) else None
+        out_shardings = kwargs.get("out_shardings")
+        self._constrain_out = constrain_outputs(out_shardings) if specified(out_shardings) else None
+        self.retraces = _retrace.History(fun, policy, naming.name)
+        # The lean path's key of each argument structure, one object per structure: JAX
+        # compares a cached key with the call's by identity first.
+        self.keys: dict[Any, tuple] = {}
+
+    def key_of(self, sdef: Any, statics: tuple | None = None) -> tuple:
+        """The key of a call of structure ``sdef`` and static arguments ``statics`` (as
+        ``Jitted._split_statics`` gives them) on the lean path (``_native.LeanCall``), kept
+        under ``sdef`` or ``(sdef, statics)``."""
+        if len(self.keys) >= KEY_CACHE_SIZE:
+            self.keys.clear()
+        key = Key((sdef, statics, None, None))
+        self.keys[sdef if statics is None else (sdef, statics)] = key
+        return key
+
+    def call(self) -> JitCall | None:
+        """The call of this function running now in this thread (None when traced ahead of
+        time, or when the call running is another function's)."""
+        call = _native.running_call()
+        if type(call) is tuple:  # the lean path's, made into a JitCall when a trace needs it
+            if call[0] is not self:
+                return None
+            call = lean_call_record(call)
+            _native.swap_running_call(call)
+        return call if call is not None and call.inner is self else None
+
+    def __repr__(self) -> str:
+        return repr(self._fun())
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        """jax's description of the function for the call now running (None: jax's own)."""
+        call = self.call()
+        if call is None or DebugInfo is None:
+            return None
+        try:
+            kept, donated = jit_order(call.slot_names(self._naming), *call.key[2:])
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
+        # The inner jit's order: (key, donated, *kept).
+        return debug_info("jit", self._sourceinfo, (donated or []) + kept)
+
+    def __call__(self, key: tuple, donated: list | None, *kept: Any) -> ResultBox:
+        sdef, statics, donation, static = key
+        keep = None if donation is None else donation.keep
+        leaves = from_jit_order(kept, donated, keep, static)
+        if self._in_shardings is not None:
+            num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
+            leaves = constrain_inputs(sdef, leaves, num_args, self._in_shardings)
+        static_args = None
+        if statics is not None:
+            total, static_pos, static_kw = statics
+            static_args = (total, {i: v for i, _, v in static_pos}, {k: v for k, _, v in static_kw})
+        call = self.call()  # None when traced ahead of time
+        prepared = begin(
+            self._fun(),
+            self._policy,
+            self._naming,
+            sdef,
+            leaves,
+            static_args,
+            caller_objects=None if call is None else call.objects,
+        )
+        policy, positions = prepared.req.policy, prepared.req.layout.positions
+        called = prepared.call()
+        if self._constrain_out is not None:
+            called.out = self._constrain_out(called.out)
+        keep_inputs = self._keep_inputs(leaves, keep, static, called.out)
+        traced = called.diff()
+        traced_plan = traced.plan(keep_inputs=keep_inputs)
+        plan, outputs = traced_plan.plan, traced_plan.outputs
+        # Why this trace happened, in the user's words (trace time only: _retrace).
+        self.retraces.traced(key, leaves, prepared.req.layout, (prepared.args, prepared.kwargs))
+        info = self._describe(plan, outputs, traced)
+        info.next_inputs = traced.next_inputs(traced_plan)
+        info.hold_inputs = (
+            call is not None
+            and platform(call.leaves) in HOLD_INPUT_PLATFORMS
+            and traced_bytes(leaves) <= HOLD_INPUT_BYTES
+        )
+        if policy.mutations == "propagate" and outputs:
+            names_now = [self._naming.name(i) for i in positions]
+            info.writes = written(
+                outputs, prepared.args, prepared.kwargs, names_now, prepared.req.arg_policies
+            )
+        if policy.mutations != "propagate":
+            # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
+            # (rule 12a); alias gives plain Python's, the caller's own object.
+            # treeclone's own flatten: JAX's recurses natively and fails on a deep result
+            # (the trace has flattened this one already).
+            returned = {id(x) for x in _native.leaves(called.out)}
+            info.returned_inputs = tuple(
+                s
+                for s, x in enumerate(leaves)
+                if id(x) in returned
+                and (keep_inputs is None or keep_inputs[s])
+                and not is_static_slot(static, s)  # handed back as it is, as equinox does
+            )
+        if self._traced is not None:
+            # What the function made that the rule leaves static (a new string, a function,
+            # a Python number) is not an output of the computation: it comes back as it is,
+            # as from equinox's filter_jit; a traced value always is one.
+            info.static_outputs = tuple(
+                (i, x)
+                for i, x in enumerate(outputs)
+                if not isinstance(x, Tracer) and not self._traced(x)
+            )
+            if info.static_outputs:
+                outputs = list(outputs)
+                for i, _ in info.static_outputs:
+                    outputs[i] = None
+        return ResultBox(info, outputs)
+
+    def _keep_inputs(
+        self, leaves: list, keep: Sequence[bool] | None, static: Any, out: Any
+    ) -> list[bool] | None:
+        """Per input leaf, whether it may be handed back to the caller as it came in (None:
+        every one may). Not when it was donated (jax deletes it) or resharded by
+        in_shardings and the function returns it: then the computation outputs it. A donated
+        leaf the function does not return is not an output, so that XLA can reuse its buffer
+        (and warns, as under jax.jit, when none of the outputs can use it); the caller's
+        containers keep the donated array, which jax deletes, as under jax.jit."""
+        if self._in_shardings is not None:
+            consumed = list(range(len(leaves)))
+        elif keep is not None:  # donated (a static leaf is not an input of the computation)
+            consumed = [s for s, k in enumerate(keep) if not k and not is_static_slot(static, s)]
+        else:
+            return None
+        if not consumed:
+            return None
+        try:
+            returned = {id(x) for x in jax.tree_util.tree_leaves(out)}
+        except Exception:  # noqa: BLE001 - the trace's own flatten reports it
+            returned = set()
+        keep_inputs = [True] * len(leaves)
+        for s in consumed:
+            keep_inputs[s] = id(leaves[s]) not in returned
+        return keep_inputs
+
+    def _describe(self, plan: Any, outputs: list, traced: _trace.Traced) -> TraceInfo:
+        """The trace's ``TraceInfo``: where each output is, and how ``fun``'s result is made."""
+        paths = [""] * len(outputs)
+        out_tree, out_sources = None, None
+        prepared = traced.prepared
+        leaves = prepared.req.leaves
+        try:
+            where: dict[int, str] = {}
+            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(traced.out)
+            for path, leaf in out_leaves:
+                where.setdefault(id(leaf), jit_keystr(path))
+            args, kwargs = prepared.args, prepared.kwargs
+            positions = prepared.req.layout.positions
+            arg_names = [self._naming.name(i) for i in positions] + [str(k) for k in kwargs]
+            for name, value in zip(arg_names, [*args, *kwargs.values()], strict=True):
+                for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                    where.setdefault(id(leaf), name + jit_keystr(path))
+            paths = [where.get(id(x), "") for x in outputs]
+            index = {id(x): ("in", s) for s, x in enumerate(leaves)}
+            index.update({id(x): ("out", i) for i, x in reversed(list(enumerate(outputs)))})
+            out_sources = tuple(index[id(leaf)] for _, leaf in out_leaves)
+        except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
+            out_sources = None
+        return TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def platform(values: Sequence[Any]) -> str:
+    """The platform of the first ``jax.Array`` among ``values`` (``"cpu"``, ``"tpu"``, ...);
+    without one, JAX's default backend, where the others go."""
+    for x in values:
+        if isinstance(x, jax.Array) and not isinstance(x, Tracer):
+            try:
+                device: Any = next(iter(x.sharding.device_set))
+                return str(device.platform)
+            except Exception:  # noqa: BLE001 - a deleted array, an odd sharding: the default
+                break
+    return jax.default_backend()
+
+
+def traced_bytes(leaves: list) -> int:
+    """The bytes of the arrays a trace's input ``leaves`` stand for (its tracers' shapes and
+    dtypes; a dtype without an item size, such as a PRNG key's, counts as 8 bytes an item)."""
+    total = 0
+    for x in leaves:
+        if isinstance(x, Tracer):
+            aval = x.aval
+            itemsize = getattr(getattr(aval, "dtype", None), "itemsize", 8)
+            total += getattr(aval, "size", 1) * itemsize
+    return total
+
+
+def written(
+    outputs: list,
+    args: tuple,
+    kwargs: dict,
+    names: Sequence[str],
+    per_argument: Sequence[Policy] | None = None,
+) -> tuple[tuple[int, int | str, str], ...]:
+    """``(output index, argument, key path)`` for each output of a trace that the function left
+    in its (rebuilt) arguments ``args``/``kwargs``: what the write-back puts into the caller's
+    objects. ``argument`` is a position in ``args`` or a name in ``kwargs``. With a policy
+    per argument (``per_argument``, in the same order), only the arguments written back."""
+    index: dict[int, int] = {}
+    for o, x in enumerate(outputs):
+        index.setdefault(id(x), o)
+    found = []
+    arguments = [
+        *((j, names[j], a) for j, a in enumerate(args)),
+        *((k, k, v) for k, v in kwargs.items()),
+    ]
+    if per_argument is not None:
+        arguments = [
+            a for a, p in zip(arguments, per_argument, strict=True) if p.mutations == "propagate"
+        ]
+    for where, name, value in arguments:
+        # treeclone's flatten: JAX's recurses natively and fails on a deep argument.
+        for path, leaf in tree_util.tree_flatten_with_path(value)[0]:
+            output = index.get(id(leaf))
+            if output is not None:
+                found.append((output, where, name + jit_keystr(path)))
+    return tuple(found)
+
+
+def check_enclosing_writes(
+    fun: Callable, call: JitCall, writes: Sequence[tuple[int, int | str, str]], outputs: list
+) -> None:
+    """Inside an enclosing JAX transformation (its values are tracers), rule 25a's ValueError,
+    before anything is written, when a traced output would be written into an argument whose
+    leaves are all concrete: an object from outside the transformation (closed over, or passed
+    through as ``jax.grad`` passes the arguments it does not differentiate), which would keep
+    the tracer once the transformation returns, or a copy the transformation made and drops
+    (``jax.vmap``'s unbatched arguments): either way the caller would not get the value. An
+    argument without leaves (``metrics = {}`` made inside) cannot be told apart and is
+    written."""
+    outside: dict[int | str, bool] = {}
+    for o, where, path in writes:
+        if not isinstance(outputs[o], Tracer):
+            continue
+        if where not in outside:
+            value = call.args[where] if isinstance(where, int) else call.kwargs[where]
+            held = _native.leaves(value)
+            outside[where] = (
+                bool(held)
+                and not _trace.made_for_a_call(value)  # a treeclone transformation's own
+                and not any(isinstance(x, Tracer) for x in held)
+            )
+        if outside[where]:
+            raise ValueError(
+                f"{fun_name(fun)} (policy alias) was called inside a JAX transformation "
+                "(jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...) and would write a traced "
+                f"value of it into {path}, whose argument holds none of that transformation's "
+                "values: an object from outside it would keep a tracer once it returns, and a "
+                "copy it made of its argument is dropped, so the caller would not get the "
+                "value either way. Nothing was written. Use treeclone's transformation there "
+                "(treeclone.grad, treeclone.vmap, treeclone.jit, treeclone.scan, "
+                "treeclone.checkpoint, with policy='alias') and pass that object to it as an "
+                "argument (a loop's carry): it writes concrete values back into the caller's "
+                "objects. Or return the value."
+            )
+
+
+def make_inner(
+    fun: Callable,
+    policy: Policy | ArgPolicies,
+    kwargs: dict[str, Any],
+    naming: Naming,
+    weak: bool,
+    traced: Callable[[Any], bool] | None = None,
+) -> tuple[Inner, Any]:
+    """The ``jax.jit`` that runs ``fun`` under ``policy`` on a call's distinct leaves, as
+    ``jitted(key, donated, *kept)`` (see :class:`Inner`); ``traced``: the rule that leaves
+    the other leaves static (``jit(traced=...)``)."""
+    inner = Inner(fun, policy, kwargs, naming, weak, traced)
+    options = {k: v for k, v in kwargs.items() if k not in ARG_OPTIONS + SHARDINGS}
+    options["static_argnums"] = (0,)
+    if kwargs.get("donate_argnums") is not None or kwargs.get("donate_argnames") is not None:
+        options["donate_argnums"] = (1,)
+    with warnings.catch_warnings():
+        # jax.jit already warned about deprecated options when the user's function was wrapped.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return inner, jax.jit(inner, **options)
+
+
+def _shardings_by_leaf(prefix: Any, tree: Any) -> dict[int, Any]:
+    """``id(leaf) -> sharding`` for the leaves of ``tree`` under the sharding prefix."""
+    found: dict[int, Any] = {}
+
+    def visit(sharding: Any, subtree: Any) -> None:
+        for leaf in jax.tree_util.tree_leaves(subtree):
+            found[id(leaf)] = sharding
+
+    jax.tree_util.tree_map(visit, prefix, tree, is_leaf=lambda x: x is None)
+    return found
+
+
+def constrain_inputs(sdef: Any, leaves: list, num_args: int, in_shardings: Any) -> list:
+    """Apply ``in_shardings`` (a prefix of the positional arguments) to the input leaves."""
+    args = sdef.unflatten(leaves)[:num_args]
+    if not isinstance(in_shardings, (tuple, list)):
+        in_shardings = (in_shardings,) * num_args
+    by_leaf = _shardings_by_leaf(tuple(in_shardings), tuple(args))
+    return [
+        x if by_leaf.get(id(x)) is None else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
+        for x in leaves
+    ]
+
+
+def constrain_outputs(out_shardings: Any) -> Callable[[Any], Any]:
+    """A function applying ``out_shardings`` (a prefix of the result) to a result."""
+
+    def constrain(out: Any) -> Any:
+        by_leaf = _shardings_by_leaf(out_shardings, out)
+        return jax.tree_util.tree_map(
+            lambda x: (
+                x
+                if by_leaf.get(id(x)) is None
+                else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
+            ),
+            out,
+        )
+
+    return constrain
+
+
+def specified(sharding: Any) -> bool:
+    """jax.jit's reading of ``in_shardings``/``out_shardings``: None means not given."""
+    return sharding is not None and type(sharding).__name__ != "UnspecifiedValue"
+
+
+def fun_name(fun: Callable) -> str:
+    """The name jax.jit gives ``fun`` (its compiled module is ``jit_<name>``)."""
+    while isinstance(fun, functools.partial) and getattr(fun, "__name__", None) is None:
+        fun = fun.func
+    return getattr(fun, "__name__", "<unnamed function>")

@@ -1,0 +1,284 @@
+"""The user's function run at trace time under a policy: :func:`begin` starts every
+transformation's trace (``_trace``'s steps follow), :class:`Runner` is what a JAX
+transformation is handed, and :func:`reporting` is the function ``clone`` hands it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax.core import Tracer
+
+from treeclone import _trace
+from treeclone._jax_compat import DebugInfo, fun_sourceinfo
+from treeclone._lift.arguments import StaticLeaves, Statics
+from treeclone._lift.boxes import StaticOut
+from treeclone._lift.naming import Naming, debug_info
+from treeclone.policies import ArgPolicies, Policy, for_call, policy_override
+
+
+def current_policy(default: Policy | ArgPolicies) -> Policy | ArgPolicies:
+    """The policy a call runs under: the innermost ``with treeclone.policy(...)`` block's, else
+    the function's own (``default``; a block's policy wins over a dict, as for jit).
+
+    >>> import treeclone
+    >>> from treeclone._lift import current_policy
+    >>> with treeclone.policy("strict"):
+    ...     current_policy(treeclone.ALIAS)
+    Policy.strict
+    """
+    return policy_override.get() or default
+
+
+def reporting(
+    fun: Any,
+    static_nums: frozenset[int] = frozenset(),
+    static_names: frozenset[str] = frozenset(),
+    mode: str | None = None,
+) -> Any:
+    """``fun`` as the clone policy hands it to a JAX transformation: reporting, each time it is
+    traced, the changes it makes in place and does not return (``_trace.ReportingDiscards``;
+    the same object for the same function and options, so JAX's caches find it again). Also
+    ``treeclone.jit.reporting``.
+
+    >>> import jax, jax.numpy as jnp, warnings
+    >>> from treeclone._lift import reporting
+    >>> def bump(d):
+    ...     d["n"] = d["n"] + 1
+    >>> reporting(bump) is reporting(bump), reporting(bump).__wrapped__ is bump
+    (True, True)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     jax.jit(reporting(bump))({"n": jnp.zeros(())})
+    >>> caught[0].category.__name__
+    'MutationWarning'
+    """
+    return _trace.reporting_discards(
+        fun, lambda f: Naming(f).name, frozenset(static_nums), frozenset(static_names), mode
+    )
+
+
+class Runner:
+    """``fun`` under a policy, run on a call's rebuilt arguments at trace time.
+
+    Per thread, for the call being traced (set with :meth:`calling`): ``objects``, the
+    caller's object at each node, watched while the function runs (``_trace.run``'s
+    ``caller_objects``), and ``names``, where each input of the traced function is in the
+    call, which jax's messages (a traced value used as a bool, ...) print through
+    ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.
+    ``traced_for``: what jax's messages say the function is traced for. ``policy`` may give
+    a policy per argument (:class:`~treeclone.policies.ArgPolicies`): each trace resolves it
+    for the arguments it is given (:func:`trace`). ``traced``: the ``traced=`` rule (resolved;
+    None: every leaf is traced), which also leaves static what the function returns that it
+    rejects (:class:`StaticOut`)."""
+
+    traced_for = "transformation"
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        policy: Policy | ArgPolicies,
+        naming: Naming,
+        traced: Callable[[Any], bool] | None = None,
+    ):
+        self.fun, self.policy, self.naming, self.traced = fun, policy, naming, traced
+        self.local = threading.local()
+        self.__name__ = getattr(fun, "__name__", type(self).__name__)
+        self.sourceinfo: Any = None
+        if DebugInfo is not None:
+            try:
+                self.sourceinfo = fun_sourceinfo(fun)
+            except Exception:  # noqa: BLE001 - naming is best effort
+                pass
+
+    def calling(self, objects: list | None, names: Sequence[str] | None = None) -> _Calling:
+        """A context in which this thread's traces watch ``objects`` and name the traced
+        function's inputs ``names``.
+
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner
+        >>> runner = Runner(print, ALIAS, Naming(print))
+        >>> with runner.calling([], ["x"]):
+        ...     runner.local.names
+        ['x']
+        """
+        return _Calling(self.local, objects, names)
+
+    @property
+    def __fun_debug_info__(self) -> Any:
+        names = getattr(self.local, "names", None)
+        return debug_info(self.traced_for, self.sourceinfo, names)
+
+    def begin(
+        self,
+        sdef: Any,
+        leaves: list,
+        statics: Statics | None = None,
+        static: StaticLeaves | None = None,
+    ) -> _trace.Prepared:
+        """Start a trace of ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`begin`),
+        with the leaves ``traced=`` left static (``static``) put back in their slots; the caller
+        takes the next steps (``.call()``, ``.diff()``, ``.plan()``) and hands the plan to
+        :meth:`outputs`.
+
+        >>> import jax.numpy as jnp
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner, flatten_call
+        >>> def bump(state):
+        ...     state["n"] = state["n"] + 1
+        ...     return "done"
+        >>> state = {"n": jnp.zeros(())}
+        >>> call = flatten_call(Naming(bump), (state,), {})
+        >>> runner = Runner(bump, ALIAS, Naming(bump))
+        >>> runner.begin(call.sdef, call.leaves).args
+        ({'n': Array(0., dtype=float32)},)
+        """
+        static_args = None
+        if statics is not None:
+            total, static_pos, static_kw = statics
+            static_args = (
+                total,
+                {i: s.value for i, s in static_pos},
+                {k: s.value for k, s in static_kw},
+            )
+        return begin(
+            self.fun,
+            self.policy,
+            self.naming,
+            sdef,
+            with_static(leaves, static),
+            static_args,
+            caller_objects=getattr(self.local, "objects", None),
+        )
+
+    def outputs(self, plan: _trace.Plan) -> list:
+        """The outputs of a trace's plan, those its ``traced=`` rule leaves static given as
+        :class:`StaticOut`.
+
+        >>> import jax.numpy as jnp
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner, flatten_call
+        >>> def bump(state):
+        ...     state["n"] = state["n"] + 1
+        ...     return "done"
+        >>> state = {"n": jnp.zeros(())}
+        >>> call = flatten_call(Naming(bump), (state,), {})
+        >>> runner = Runner(bump, ALIAS, Naming(bump))
+        >>> runner.outputs(runner.begin(call.sdef, call.leaves).call().diff().plan())
+        [Array(1., dtype=float32), 'done']
+        """
+        rule = self.traced
+        if rule is None:
+            return plan.outputs
+        return [x if isinstance(x, Tracer) or rule(x) else StaticOut(x) for x in plan.outputs]
+
+    def trace(
+        self,
+        sdef: Any,
+        leaves: list,
+        statics: Statics | None = None,
+        static: StaticLeaves | None = None,
+    ) -> tuple[Any, list]:
+        """The whole trace, for a transformation that needs nothing between its steps:
+        ``(plan, outputs)``. Here eagerly, on the caller's values (a JAX transformation hands
+        in tracers).
+
+        >>> import jax.numpy as jnp
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner, flatten_call
+        >>> def bump(state):
+        ...     state["n"] = state["n"] + 1
+        ...     return "done"
+        >>> state = {"n": jnp.zeros(())}
+        >>> call = flatten_call(Naming(bump), (state,), {})
+        >>> runner = Runner(bump, ALIAS, Naming(bump))
+        >>> plan, outputs = runner.trace(call.sdef, call.leaves)
+        >>> plan.apply(call.leaves, call.objects, outputs), state
+        ('done', {'n': Array(1., dtype=float32)})
+        """
+        plan = self.begin(sdef, leaves, statics, static).call().diff().plan()
+        return plan.plan, self.outputs(plan)
+
+
+def with_static(leaves: Sequence[Any], static: StaticLeaves | None) -> list:
+    """The leaves a JAX transformation handed in (:meth:`Call.traced_leaves`), with the
+    static ones (``static``) back in their slots.
+
+    >>> import numpy as np
+    >>> from treeclone._lift import Naming, flatten_call, is_array, with_static
+    >>> call = flatten_call(Naming(print), (np.ones(2), "relu"), {}, traced=is_array)
+    >>> with_static(call.traced_leaves(), call.static)
+    [array([1., 1.]), 'relu']
+    """
+    leaves = list(leaves)
+    if static is not None:
+        for s, _, value in static.entries:
+            leaves[s] = value
+    return leaves
+
+
+class _Calling:
+    __slots__ = ("local", "names", "objects", "saved")
+
+    def __init__(self, local: threading.local, objects: list | None, names: Any):
+        self.local, self.objects, self.names = local, objects, names
+        self.saved: tuple = (None, None)
+
+    def __enter__(self) -> None:
+        self.saved = (getattr(self.local, "objects", None), getattr(self.local, "names", None))
+        self.local.objects, self.local.names = self.objects, self.names
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.objects, self.local.names = self.saved
+
+
+def begin(
+    fun: Callable[..., Any],
+    policy: Policy | ArgPolicies,
+    naming: Naming,
+    sdef: Any,
+    leaves: list,
+    static_args: _trace.StaticArgs | None,
+    *,
+    caller_objects: Sequence[Any] | None = None,
+) -> _trace.Prepared:
+    """Start a trace: rebuild a call from ``leaves`` (structure ``sdef``, static arguments
+    ``static_args``) to run ``fun`` on it under ``policy`` (``_trace``'s first step). A policy per
+    argument is resolved for this call's arguments (``policies.for_call``): each argument's
+    containers follow their own policy. ``caller_objects``: the caller's object at each node,
+    watched while ``fun`` runs. Every transformation's trace starts here; the next steps are
+    ``_trace``'s (``Prepared.call``, ``Called.diff``, ``Traced.plan``), and the plan's
+    ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the call's result.
+
+    >>> from treeclone import STRICT
+    >>> from treeclone._lift import Naming, begin, flatten_call
+    >>> def scale(x, factor):
+    ...     return x * factor
+    >>> call = flatten_call(Naming(scale), (2.0,), {}, static_nums=())
+    >>> prepared = begin(scale, STRICT, Naming(scale), call.sdef, call.leaves, (2, {1: 3.0}, {}))
+    >>> prepared.req.layout.names, prepared.call().out
+    (('x',), 6.0)
+    """
+    root = sdef.num_nodes - 1
+    num_args = len(sdef.children_of(root)) - 1
+    if static_args is None:
+        positions = list(range(num_args))
+    else:
+        positions = [i for i in range(static_args[0]) if i not in static_args[1]]
+    kwargs_node = sdef.children_of(root)[-1]
+    keywords = list(sdef.node_info()[kwargs_node].data or ())
+    chosen, arg_policies = for_call(policy, positions, keywords)
+    layout = _trace.Layout(num_args, [naming.name(i) for i in positions], positions)
+    request = _trace.Request(
+        fun,
+        sdef,
+        leaves,
+        layout,
+        chosen,
+        arg_policies=arg_policies,
+        caller_objects=caller_objects,
+        static_args=static_args,
+    )
+    return _trace.prepare(request)
