@@ -12,7 +12,6 @@ value_and_grad and checkpoint") states the rules and names their tests.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
@@ -27,14 +26,9 @@ from treeclone.policies import (
     PolicySpec,
     as_policy,
     as_policy_spec,
-    policy_override,
 )
 
 __all__ = ["checkpoint", "remat"]
-
-
-def _policy_of(default: Policy | ArgPolicies) -> Policy | ArgPolicies:
-    return policy_override.get() or default  # a block's policy wins over a dict, as for jit
 
 
 class _CheckpointRunner(_lift.Runner):
@@ -79,22 +73,19 @@ class _Checkpoint(_lift.Wrapper):
             reporting(fun, frozenset(static_argnums), frozenset(static_argnames)), **clone_options
         )
         self._naming = Naming(fun)
-        self._lifted: dict[Policy | ArgPolicies, tuple[_CheckpointRunner, Callable[..., Any]]] = {}
-        self._lock = threading.Lock()
+        self._keep_runners()
 
-    def _runner(self, policy: Policy | ArgPolicies) -> tuple[_CheckpointRunner, Callable[..., Any]]:
-        entry = self._lifted.get(policy)
-        if entry is None:
-            with self._lock:
-                runner = _CheckpointRunner(self._fun, policy, self._naming, self._traced)
-                options = dict(self._options)
-                if not isinstance(options.get("prevent_cse", True), bool):
-                    options.pop("prevent_cse")  # per argument: given at each call (below)
-                entry = self._lifted.setdefault(policy, (runner, jax.checkpoint(runner, **options)))
-        return entry
+    def _make_runner(
+        self, policy: Policy | ArgPolicies
+    ) -> tuple[_CheckpointRunner, Callable[..., Any]]:
+        runner = _CheckpointRunner(self._fun, policy, self._naming, self._traced)
+        options = dict(self._options)
+        if not isinstance(options.get("prevent_cse", True), bool):
+            options.pop("prevent_cse")  # per argument: given at each call (below)
+        return runner, jax.checkpoint(runner, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        policy = _policy_of(self._policy)
+        policy = self._policy_now()
         if policy is CLONE and self._traced is None:  # jax.checkpoint cannot leave leaves static
             _lift.check_call(self._naming, args, kwargs, *self._statics)
             return self._jax(*args, **kwargs)

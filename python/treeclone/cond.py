@@ -33,18 +33,23 @@ from typing import Any
 import jax
 import numpy as np
 
-from treeclone import _lift, _native, _trace
+from treeclone import _lift, _trace
 from treeclone._jax_compat import (
     INITIAL_RESULT_PATHS,
     DebugInfo,
-    DictKey,
     fun_sourceinfo,
     is_ref,
-    keystr,
 )
 from treeclone._lift import Naming, as_jit_outputs, reporting
-from treeclone._native import EntryInfo, Origin, Source
-from treeclone._writeback import write_custom as _write_custom
+from treeclone._native import EntryInfo
+from treeclone._trace.join import (
+    BranchRecord,
+    PathNamer,
+    aval_of,
+    first_difference,
+    joined_plan,
+    taken_plan,
+)
 from treeclone.call import call as _call
 from treeclone.policies import (
     CLONE,
@@ -58,8 +63,6 @@ from treeclone.policies import (
 
 __all__ = ["cond", "switch"]
 
-# CallPlan's stub types the write-back hook with two arguments; it is called with three.
-_WRITE_CUSTOM: Any = _write_custom
 
 _NO_OPERAND: Any = object()
 
@@ -253,66 +256,6 @@ def switch(
 # --- the lift ------------------------------------------------------------------------------------
 
 
-class _Record:
-    """What tracing one branch left behind: its plan's parts and, per leaf position of the
-    plan's structure (its ``Leaf`` entries in order), the slot, the operand slot it hands back
-    as it came in (None: a new value), and its abstract value; the branch result's JAX
-    structure and the abstract values of its leaves (to report a mismatch as JAX does)."""
-
-    __slots__ = (
-        "avals",
-        "def_",
-        "info",
-        "inputs",
-        "origins",
-        "out_avals",
-        "out_def",
-        "refs",
-        "result_child",
-        "slots",
-    )
-
-    def __init__(self, traced: _trace.Traced, inputs: list, avals: list, refs: tuple):
-        self.def_: Any = traced.result_def
-        self.origins: list[Any] = traced.origins
-        self.result_child: int | None = traced.result_child
-        self.info: list[Any] = self.def_.node_info()
-        self.slots: list[int] = [e.slot for e in self.info if isinstance(e, EntryInfo.Leaf)]
-        self.inputs: list[int | None] = inputs
-        self.avals: list[Any] = avals
-        # The positions that hold a JAX Ref: the operand's own, handed back as it came in, and
-        # not output by the branch (JAX never returns a Ref).
-        self.refs: tuple[int, ...] = refs
-        out_leaves, out_def = jax.tree_util.tree_flatten(traced.out)
-        self.out_def: Any = out_def
-        self.out_avals: list[Any] = [_aval(x) for x in out_leaves]
-
-
-class _RefAval(tuple):
-    """A JAX Ref's abstract value ``(shape, dtype)``: unequal to an array's of the same type."""
-
-    __slots__ = ()
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _RefAval and tuple.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    __hash__ = tuple.__hash__
-
-
-def _aval(x: Any) -> Any:
-    try:
-        aval = jax.api_util.shaped_abstractify(x)
-    except TypeError:
-        return None
-    if not hasattr(aval, "shape"):
-        return aval
-    pair = (tuple(aval.shape), np.dtype(aval.dtype))
-    return _RefAval(pair) if is_ref(x) else pair
-
-
 class _Branch:
     """The function ``jax.lax.cond``/``switch`` traces for one branch: one per branch of a
     :class:`_Lifted`, so JAX reuses its trace for calls of the same structure; each trace
@@ -362,7 +305,7 @@ class _Branch:
         slot_of = {id(x): s for s, x in enumerate(leaves)}
         inputs = [slot_of.get(id(x)) for x in columns]
         refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
-        record = _Record(traced, inputs, [_aval(x) for x in columns], refs)
+        record = BranchRecord(traced, inputs, [aval_of(x) for x in columns], refs)
         for p in refs:
             if inputs[p] is None:
                 raise self._foreign_ref_error(record, p)
@@ -374,9 +317,9 @@ class _Branch:
             return [x for p, x in enumerate(columns) if p not in dropped]
         return columns
 
-    def _foreign_ref_error(self, record: _Record, p: int) -> ValueError:
+    def _foreign_ref_error(self, record: BranchRecord, p: int) -> ValueError:
         n = [n for n, e in enumerate(record.info) if isinstance(e, EntryInfo.Leaf)][p]
-        where = _PathNamer(self.lifted, record).path(n)
+        where = PathNamer(self.lifted.call, self.lifted.layout, record).path(n)
         return ValueError(
             f"treeclone.{self.lifted.api}: {self.lifted.names[self.index]} leaves a JAX Ref at "
             f"{where} that is not an operand's own Ref (one it made, or took from elsewhere). "
@@ -407,7 +350,7 @@ class _Lifted:
         self.policy, self.arg_policies = for_call(policy, range(num_operands), [])
         naming = Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
         self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
-        self.records: list[_Record | None] = [None] * len(branches)
+        self.records: list[BranchRecord | None] = [None] * len(branches)
         self.plans: dict[int | None, Any] = {}
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -418,7 +361,7 @@ class _Lifted:
         """The call this thread is making (its caller objects, for the trace's messages)."""
         return self.local.call
 
-    def record(self, index: int, record: _Record) -> None:
+    def record(self, index: int, record: BranchRecord) -> None:
         """Keep what tracing branch ``index`` recorded and, once every branch has a record,
         check that their plans agree, before JAX compares their outputs. A branch whose trace
         failed (the check raised in it) is traced again at the next call while JAX reuses
@@ -448,7 +391,7 @@ class _Lifted:
             self.local.call = saved
         if any(r is None for r in self.records):  # JAX traces every branch; a guard
             raise RuntimeError(f"treeclone.{self.api}: a branch was not traced")
-        first: _Record = self.records[0]  # type: ignore[assignment]
+        first: BranchRecord = self.records[0]  # type: ignore[assignment]
         if first.refs:
             # The Refs' positions were not output (every branch has them at the same places,
             # each the same operand's: check()); the plans read them from the operands.
@@ -457,7 +400,10 @@ class _Lifted:
         taken = taken_branch()  # after JAX has checked the predicate (index)
         plan = self.plans.get(taken)
         if plan is None:
-            plan = self.plan() if taken is None else self.taken_plan(taken)
+            if taken is None:
+                plan = joined_plan(self.records)  # type: ignore[arg-type]
+            else:
+                plan = taken_plan(self.records[taken])  # type: ignore[arg-type]
             self.plans[taken] = plan
         leaves = call.leaves
         if self.policy.mutations != "propagate":
@@ -469,7 +415,7 @@ class _Lifted:
     # --- checks, once every branch is traced ---
 
     def check(self) -> None:
-        records: list[_Record] = self.records  # type: ignore[assignment]
+        records: list[BranchRecord] = self.records  # type: ignore[assignment]
         order = [1, 0] if self.api == "cond" else list(range(len(records)))  # as JAX names them
         first = records[order[0]]
         for i in order[1:]:
@@ -478,7 +424,7 @@ class _Lifted:
                 raise self._jax_output_error()
         for i in order[1:]:
             r = records[i]
-            problem = self._compare(first, r)
+            problem = first_difference(self.call, self.layout, first, r, self._say_ref)
             if problem is not None:
                 where, said0, said1 = problem
                 raise ValueError(
@@ -501,7 +447,7 @@ class _Lifted:
         for fun, r in zip(self.branches, self.records, strict=True):
             assert r is not None
 
-            def dummy(r: _Record = r) -> Any:
+            def dummy(r: BranchRecord = r) -> Any:
                 return r.out_def.unflatten(
                     [np.zeros(*a) if isinstance(a, tuple) else 0 for a in r.out_avals]
                 )
@@ -517,57 +463,7 @@ class _Lifted:
             return e
         return TypeError(f"treeclone.{self.api}: the branches' results differ")
 
-    def _compare(self, a: _Record, b: _Record) -> tuple[str, str, str] | None:
-        """The first place, top down, where two branches' plans differ (other than in which
-        leaves they write): ``(key path, what a leaves there, what b leaves there)``."""
-        ia, ib = a.info, b.info
-        pos_a = _positions(ia)
-        pos_b = _positions(ib)
-        paths = _PathNamer(self, a)
-        mapped: dict[int, int] = {}
-        agenda = [(len(ia) - 1, len(ib) - 1)]
-        while agenda:
-            na, nb = agenda.pop()
-            ea, eb = ia[na], ib[nb]
-            problem = None
-            if type(ea) is not type(eb):
-                problem = (_say(self, a, na), _say(self, b, nb))
-            elif isinstance(ea, EntryInfo.Ref):
-                if mapped.get(ea.target) != eb.target:
-                    problem = (_say(self, a, na), _say(self, b, nb))
-            elif isinstance(ea, EntryInfo.Leaf):
-                av_a, av_b = a.avals[pos_a[na]], b.avals[pos_b[nb]]
-                if av_a != av_b:
-                    problem = (_say_aval(av_a), _say_aval(av_b))
-                elif isinstance(av_a, _RefAval) and a.inputs[pos_a[na]] != b.inputs[pos_b[nb]]:
-                    # A Ref is never output: each place keeps the same operand's Ref.
-                    problem = (self._say_ref(a, pos_a[na]), self._say_ref(b, pos_b[nb]))
-            else:
-                oa, ob = a.origins[na], b.origins[nb]
-                if (
-                    ea.node_type is not eb.node_type
-                    or ea.arity != eb.arity
-                    or not _trace.same_data(ea.data, eb.data)
-                    or (oa is None) != (ob is None)
-                    or (oa is not None and (oa.node != ob.node or oa.writable != ob.writable))
-                ):
-                    keyed = _key_difference(ea, eb)
-                    if keyed is not None:
-                        key, in_a = keyed
-                        where = paths.path(na) + keystr((DictKey(key),))
-                        there, missing = "a value under this key", "no such key"
-                        return (where, *((there, missing) if in_a else (missing, there)))
-                    problem = (_say(self, a, na), _say(self, b, nb))
-                elif oa is not None and _keys_moved(oa) != _keys_moved(ob):
-                    problem = (_say_order(oa), _say_order(ob))
-            if problem is not None:
-                return (paths.path(na), *problem)
-            mapped[na] = nb
-            if isinstance(ea, EntryInfo.Node):
-                agenda.extend(reversed(list(zip(ea.children, eb.children, strict=True))))
-        return None
-
-    def _say_ref(self, r: _Record, p: int) -> str:
+    def _say_ref(self, r: BranchRecord, p: int) -> str:
         slot = r.inputs[p]
         if slot is None:  # not an operand's Ref: the branch's trace has raised already
             return "a Ref that is not an operand's"
@@ -575,46 +471,6 @@ class _Lifted:
         return f"the Ref from {self.call.slot_path(naming, slot)}"
 
     # --- the plans ---
-
-    def taken_plan(self, taken: int) -> Any:
-        """Branch ``taken``'s own plan, its values read from the joined outputs (one per leaf
-        position of the structure every branch shares)."""
-        r = self.records[taken]
-        assert r is not None
-        sources: list[Any] = [None] * r.def_.num_leaves
-        for p, s in enumerate(r.slots):
-            if sources[s] is None:
-                given = r.inputs[p]
-                sources[s] = Source.Output(index=p) if given is None else Source.Input(slot=given)
-        return _native.CallPlan(r.def_, sources, r.origins, r.result_child, _WRITE_CUSTOM)
-
-    def plan(self) -> Any:
-        records: list[_Record] = self.records  # type: ignore[assignment]
-        n_pos = len(records[0].slots)
-        # Positions that hold one value in every branch are one class (one output).
-        classes: dict[tuple, int] = {}
-        rep = []
-        for p in range(n_pos):
-            key = tuple(r.slots[p] for r in records)
-            rep.append(classes.setdefault(key, p))
-        chosen = next((r for r in records if len(set(r.slots)) == len(classes)), None)
-        if chosen is not None:
-            def_, slots = chosen.def_, chosen.slots
-        else:
-            def_ = _refined(records[0])
-            slots = [e.slot for e in def_.node_info() if isinstance(e, EntryInfo.Leaf)]
-        sources: list[Any] = [None] * def_.num_leaves
-        for p in range(n_pos):
-            if sources[slots[p]] is not None:
-                continue
-            given = {r.inputs[p] for r in records}
-            slot = given.pop() if len(given) == 1 else None
-            if slot is not None:
-                sources[slots[p]] = Source.Input(slot=slot)
-            else:
-                sources[slots[p]] = Source.Output(index=rep[p])
-        origins = [_join_origins([r.origins[n] for r in records]) for n in range(def_.num_nodes)]
-        return _native.CallPlan(def_, sources, origins, records[0].result_child, _WRITE_CUSTOM)
 
 
 _LIFTED: collections.OrderedDict[Any, _Lifted] = collections.OrderedDict()
@@ -658,209 +514,3 @@ def _lifted(
 
 def _same_avals(a: list, b: list) -> bool:
     return len(a) == len(b) and all(x == y for x, y in zip(a, b, strict=True))
-
-
-def _positions(info: list) -> dict[int, int]:
-    """Entry index -> leaf position (the index of its ``Leaf`` among the entries)."""
-    leaves = [n for n, e in enumerate(info) if isinstance(e, EntryInfo.Leaf)]
-    return {n: p for p, n in enumerate(leaves)}
-
-
-def _key_difference(ea: Any, eb: Any) -> tuple[Any, bool] | None:
-    """For two dicts of one type whose keys differ: the first key only one has, and whether
-    it is the first's."""
-    if ea.node_type is not eb.node_type or ea.node_type not in (dict, collections.OrderedDict):
-        return None
-    ka, kb = ea.data, eb.data
-    if not (isinstance(ka, (list, tuple)) and isinstance(kb, (list, tuple))):
-        return None
-    for k in ka:
-        if k not in kb:
-            return k, True
-    for k in kb:
-        if k not in ka:
-            return k, False
-    return None
-
-
-def _keys_moved(o: Any) -> tuple | None:
-    """The key order a dict's write-back imposes (None: kept keys keep their place)."""
-    return tuple(o.key_order) if o.reordered and o.key_order is not None else None
-
-
-def _say_order(o: Any) -> str:
-    order = _keys_moved(o)
-    return "its keys in their order" if order is None else f"its keys reordered to {list(order)}"
-
-
-def _say_aval(aval: Any) -> str:
-    if isinstance(aval, _RefAval):
-        shape, dtype = aval
-        return f"a Ref of type {dtype.name}{list(shape)}"
-    if isinstance(aval, tuple):
-        shape, dtype = aval
-        return f"a value of type {dtype.name}{list(shape)}"
-    return f"a value of type {aval}"
-
-
-def _say(lifted: _Lifted, r: _Record, n: int) -> str:
-    """What one branch leaves at entry ``n`` of its plan's structure, in words."""
-    e = r.info[n]
-    if isinstance(e, EntryInfo.Leaf):
-        return _say_aval(r.avals[_positions(r.info)[n]])
-    if isinstance(e, EntryInfo.Ref):
-        return f"the same object as at {_PathNamer(lifted, r).path(e.target)}"
-    ty = e.node_type
-    if ty is type(None):
-        what = "None"
-    elif ty is dict or (isinstance(e.data, (list, tuple)) and issubclass(ty, dict)):
-        what = f"a {ty.__name__} with keys {list(e.data or ())}"
-    elif ty in (list, tuple):
-        what = f"a {ty.__name__} of {e.arity}"
-    else:
-        what = f"a {ty.__name__} with {e.arity} children"
-    o = r.origins[n]
-    if o is None:
-        return what + (" (a new object)" if ty is not type(None) else "")
-    own = _PathNamer(lifted, r).caller_path(o.node)
-    return f"{what} (the caller's object from {own})"
-
-
-class _PathNamer:
-    """Key paths of the entries of one branch's plan structure, for messages: the operands by
-    the branch's parameter names, the result as ``result``."""
-
-    def __init__(self, lifted: _Lifted, r: _Record):
-        self.lifted, self.r = lifted, r
-        self.parent: dict[int, tuple[int, int]] = {}
-        for n, e in enumerate(r.info):
-            if isinstance(e, EntryInfo.Node):
-                for j, c in enumerate(e.children):
-                    self.parent[c] = (n, j)
-
-    def caller_path(self, k: int) -> str:
-        """The key path of the caller's container at node ``k`` of the call's structure."""
-        call = self.lifted.call
-        paths = _trace.Paths(call.sdef, call.objects, self.lifted.layout).paths
-        return paths.get(k, "?") or "(the operands)"
-
-    def path(self, n: int) -> str:
-        steps: list[tuple[int, int]] = []
-        while n in self.parent:
-            steps.append(self.parent[n])
-            n = self.parent[n][0]
-        steps.reverse()  # from the top down
-        if self.r.result_child is None:  # strict: the structure is the result's
-            return "result" + "".join(self._key(m, j) for m, j in steps)
-        if not steps:
-            return "(the call)"
-        (_, part), rest = steps[0], steps[1:]
-        if part == self.r.result_child:
-            return "result" + "".join(self._key(m, j) for m, j in rest)
-        if part != 0:
-            return "(a container the branch detached)" + "".join(self._key(m, j) for m, j in rest)
-        if not rest:
-            return "(the operands)"
-        (_, i), rest = rest[0], rest[1:]
-        return self.lifted.layout.arg_name(i) + "".join(self._key(m, j) for m, j in rest)
-
-    def _key(self, m: int, j: int) -> str:
-        e = self.r.info[m]
-        obj = None
-        o = self.r.origins[m]
-        if o is not None:
-            obj = self.lifted.call.objects[o.node]
-        try:
-            keys = _trace.child_keys(obj, e)
-            return keystr((keys[j],))
-        except Exception:  # noqa: BLE001 - a name for a message
-            return f"[{j}]"
-
-
-def _join_origins(origins: list) -> Any:
-    """One origin for a node from every branch's (checked to be the same caller object): the
-    attributes written are those any branch writes."""
-    first = origins[0]
-    if first is None:
-        return None
-    attrs: Any = ()
-    for o in origins:
-        if o.attrs is None:
-            attrs = None
-            break
-        attrs = tuple(dict.fromkeys((*attrs, *o.attrs)))
-    direct: Any = []
-    for o in origins:
-        if o.direct is None:
-            direct = None
-            break
-        direct = list(dict.fromkeys((*direct, *[tuple(d) for d in o.direct])))
-    if direct is not None and len({name for name, _ in direct}) != len(direct):
-        direct = None
-    return Origin(
-        node=first.node,
-        old_children=list(first.old_children),
-        same_data=all(o.same_data for o in origins),
-        writable=first.writable,
-        key_order=first.key_order,
-        reordered=any(o.reordered for o in origins),
-        attrs=attrs,
-        direct=direct,
-        by_entry=all(o.by_entry for o in origins),
-        old_keys=first.old_keys,
-    )
-
-
-def _refined(r: _Record) -> Any:
-    """Branch ``r``'s plan structure with every leaf position its own slot: the branches
-    share leaves in ways no one branch's structure has (each position gets its own output
-    then, and positions that hold one value in every branch the same one). Built by
-    rebuilding the structure's containers around distinct placeholder leaves."""
-    info = r.info
-    built: list[Any] = []
-    pos = _positions(info)
-    for n, e in enumerate(info):
-        if isinstance(e, EntryInfo.Leaf):
-            aval = r.avals[pos[n]]
-            if isinstance(aval, tuple):
-                built.append(np.broadcast_to(np.zeros((), aval[1]), aval[0]))
-            else:
-                built.append(np.zeros(()))
-        elif isinstance(e, EntryInfo.Ref):
-            built.append(built[e.target])
-        else:
-            children = [built[c] for c in e.children]
-            built.append(_build(e.node_type, e.data, children))
-    _, def_, _ = _native.flatten_shared(built[-1])
-    rebuilt: list[Any] = def_.node_info()
-    same = len(rebuilt) == len(info) and all(
-        type(x) is type(y)
-        and (
-            not isinstance(x, EntryInfo.Node)
-            or (x.node_type is y.node_type and x.arity == y.arity and x.children == y.children)
-        )
-        for x, y in zip(rebuilt, info, strict=True)
-    )
-    if not same or def_.num_leaves != len(pos):
-        raise ValueError(
-            "treeclone: the branches share arrays between places of the operands in different "
-            "ways, and the structure could not be rebuilt to hold them apart (a pytree node "
-            "whose unflatten does not keep its children); use policy='clone'"
-        )
-    return def_
-
-
-def _build(ty: type, data: Any, children: list) -> Any:
-    if ty is list:
-        return list(children)
-    if ty is tuple:
-        return tuple(children)
-    if ty is dict:
-        return dict(zip(data, children, strict=True))
-    if ty is type(None):
-        return None
-    if issubclass(ty, tuple) and hasattr(ty, "_fields"):
-        return ty(*children)
-    from treeclone._jax_compat import unflatten_node
-
-    return unflatten_node(ty, data, children)

@@ -18,31 +18,25 @@ rules and names their tests.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast, overload
+from typing import Any, overload
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from treeclone import _lift, _native
+from treeclone import _lift
 from treeclone._jax_compat import DebugInfo
-from treeclone._lift import ArgsBox, Naming, is_array, reporting
+from treeclone._lift import ArgsBox, Naming, reporting
+from treeclone._lift.wrt import filtered_grads, untied, wrt_rule, wrt_selection
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
     Policy,
     PolicySpec,
     as_policy_spec,
-    policy_override,
 )
 
 __all__ = ["grad", "value_and_grad"]
-
-
-def _policy_of(default: Policy | ArgPolicies) -> Policy | ArgPolicies:
-    return policy_override.get() or default  # a block's policy wins over a dict, as for jit
 
 
 # --- grad and value_and_grad ---------------------------------------------------------------------
@@ -85,202 +79,6 @@ def _dtype_problem(x: Any, holomorphic: bool, allow_int: bool) -> str | None:
     return None
 
 
-# --- what is differentiated (grad's ``wrt=``) ----------------------------------------------------
-
-
-def _is_inexact_array(x: Any) -> bool:
-    """Equinox's ``eqx.is_inexact_array``: a JAX or NumPy array of a floating or complex dtype."""
-    return is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
-
-
-class _Wrt:
-    """A ``wrt=`` resolved once: ``kind`` is ``"arrays"`` (equinox's rule), ``"nnx"`` (an nnx
-    filter, ``predicate(path, variable)`` over the Variables; ``given`` is the filter as
-    given, for ``nnx.state``) or ``"leaf"`` (the user's ``predicate(key_path, leaf)``)."""
-
-    __slots__ = ("given", "kind", "predicate")
-
-    def __init__(self, kind: str, predicate: Callable[[Any, Any], bool] | None, given: Any):
-        self.kind, self.predicate, self.given = kind, predicate, given
-
-
-def _wrt_rule(wrt: Any) -> _Wrt | None:
-    """Resolve ``grad(wrt=...)``; None: every leaf of the differentiated arguments."""
-    if wrt is None:
-        return None
-    if isinstance(wrt, str) and wrt in ("arrays", "equinox"):
-        return _Wrt("arrays", None, wrt)
-    nnx_filter = isinstance(wrt, type) or not callable(wrt)
-    nnx_filter = nnx_filter or type(wrt).__module__.startswith("flax.nnx.filterlib")
-    if not nnx_filter:
-        return _Wrt("leaf", wrt, wrt)
-    try:
-        from flax.nnx import filterlib
-    except ImportError:
-        raise TypeError(
-            f"wrt={wrt!r}: a type or filter names nnx Variables and needs flax; without it give "
-            "wrt='arrays' or a predicate (key_path, leaf) -> bool"
-        ) from None
-    return _Wrt("nnx", filterlib.to_predicate(wrt), wrt)
-
-
-class _Fixed:
-    """The leaves of a call that ``wrt=`` keeps out of the computation's inputs (not arrays:
-    a function, a string, a Python number), by slot; in the ``ArgsBox`` key, so JAX never
-    sees them as leaves. Compared by identity: ``jax.value_and_grad`` does not key on it."""
-
-    __slots__ = ("values",)
-
-    def __init__(self, values: dict[int, Any]):
-        self.values = values
-
-    def merge(self, mask: Sequence[bool], it_diff: Any, it_other: Any) -> list:
-        """Every leaf in its slot: the differentiated, the boxed and the fixed ones."""
-        values = self.values
-        return [
-            values[s] if s in values else next(it_diff) if d else next(it_other)
-            for s, d in enumerate(mask)
-        ]
-
-
-def _untied(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The call with each array met again at another place replaced by a copy, so that every
-    place is its own input: under ``clone`` (rule 29) a gradient with ``wrt=`` is
-    ``jax.grad``'s and ``eqx.filter_grad``'s, one per place, not the total of the places (the
-    lift flattens with identity). The call itself when no array is at two places."""
-    try:
-        leaves, treedef = _native.flatten((args, kwargs))
-    except ValueError:  # a cycle: the lift's flatten raises it, naming the argument
-        return args, kwargs
-    seen: set[int] = set()
-    untied, copied = [], False
-    for x in leaves:
-        if id(x) in seen and isinstance(x, (jax.Array, np.ndarray)):
-            x, copied = (x.copy() if isinstance(x, np.ndarray) else jnp.array(x, copy=True)), True
-        seen.add(id(x))
-        untied.append(x)
-    if not copied:
-        return args, kwargs
-    return treedef.unflatten(untied)
-
-
-def _variable_slots(call: _lift.Call, variables: Sequence[Any]) -> dict[int, list[int]]:
-    """For each of ``variables`` (nnx Variables, by id), the slots of its leaves in the call,
-    found through the caller's object at each node of the flattened call."""
-    wanted = {id(v) for v in variables}
-    found: dict[int, list[int]] = {}
-    for node, obj in enumerate(call.objects):
-        if id(obj) in wanted and id(obj) not in found:
-            found[id(obj)] = [s for slots in call.sdef.child_slots(node) for s in slots]
-    return found
-
-
-def _nnx_selection(
-    rule: _Wrt, call: _lift.Call, argnums: tuple[int, ...]
-) -> tuple[set[int], list[Any], dict[int, list[int]]]:
-    """Under an nnx filter: the slots differentiated (the values of the Variables
-    ``nnx.state(arg, wrt)`` holds), per argument the gradient's template (that State, for an
-    nnx graph node; None: the argument's structure) and the Variables' slots."""
-    from flax import nnx
-
-    chosen: set[int] = set()
-    forms: list[Any] = []
-    variables: list[Any] = []
-    for i in argnums:
-        arg = call.args[i]
-        if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(arg)):
-            forms.append(None)  # an array: no Variable to find (nnx.state fails on one)
-            continue
-        # nnx.state holds the caller's own Variables (the same objects), shared ones once.
-        state = nnx.state(arg, rule.given)
-        forms.append(state if nnx.graph.is_graph_node(arg) else None)
-        variables += jax.tree_util.tree_leaves(state, is_leaf=_is_variable)
-    var_slots = _variable_slots(call, variables)
-    for slots in var_slots.values():
-        chosen.update(slots)
-    return chosen, forms, var_slots
-
-
-def _is_variable(x: Any) -> bool:
-    from flax import nnx
-
-    return isinstance(x, nnx.Variable)
-
-
-def _leaf_selection(
-    rule: _Wrt, call: _lift.Call, argnums: tuple[int, ...], per_arg: list[list[int]]
-) -> set[int]:
-    """The slots a leaf rule differentiates: equinox's (inexact arrays) or the user's
-    predicate on each leaf's key path in its argument and the leaf."""
-    slots = {s for i in argnums for s in per_arg[i]}
-    if rule.kind == "arrays":
-        return {s for s in slots if _is_inexact_array(call.leaves[s])}
-    predicate = cast(Callable[[Any, Any], bool], rule.predicate)
-    chosen: set[int] = set()
-    for i in argnums:
-        picked = {
-            id(leaf)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(call.args[i])[0]
-            if predicate(path, leaf)
-        }
-        chosen.update(s for s in per_arg[i] if id(call.leaves[s]) in picked)
-    return chosen
-
-
-def _wrt_selection(
-    rule: _Wrt, call: _lift.Call, argnums: tuple[int, ...], per_arg: list[list[int]]
-) -> tuple[list[int], _Fixed | None, list[Any], dict[int, list[int]]]:
-    """What ``wrt=`` differentiates in a call: the slots (sorted), the leaves of the
-    differentiated arguments kept out of the computation (not arrays), per argument the
-    gradient's template (see :func:`_nnx_selection`) and, under nnx, the Variables' slots."""
-    forms: list[Any] = [None] * len(argnums)
-    var_slots: dict[int, list[int]] = {}
-    if rule.kind == "nnx":
-        chosen, forms, var_slots = _nnx_selection(rule, call, argnums)
-    else:
-        chosen = _leaf_selection(rule, call, argnums, per_arg)
-    # A leaf left out that is not an array is static: JAX never sees it (no TypeError).
-    fixed = {
-        s: call.leaves[s]
-        for i in argnums
-        for s in per_arg[i]
-        if s not in chosen and not is_array(call.leaves[s])
-    }
-    return sorted(chosen), _Fixed(fixed) if fixed else None, forms, var_slots
-
-
-def _nnx_grads(state: Any, var_slots: dict[int, list[int]], grad_of: dict[int, Any]) -> Any:
-    """``nnx.grad``'s form: ``state`` (the caller's Variables that ``wrt`` names, shared ones
-    once) with each Variable rebuilt around the gradient of its leaves (``grad_of``: by
-    slot)."""
-
-    def one(var: Any) -> Any:
-        treedef = jax.tree_util.tree_structure(var)
-        return jax.tree_util.tree_unflatten(treedef, [grad_of[s] for s in var_slots[id(var)]])
-
-    return jax.tree_util.tree_map(one, state, is_leaf=_is_variable)
-
-
-def _filtered_grads(
-    structure: Sequence[tuple[Any, list[int]]],
-    grads_flat: Sequence[Any],
-    forms: Sequence[Any],
-    diff_slots: Sequence[int],
-    var_slots: dict[int, list[int]] | None,
-) -> tuple:
-    """The gradient of each differentiated argument under ``wrt=``: ``nnx.grad``'s State where
-    ``forms`` has one, else the argument's structure with None at the leaves left out (what
-    ``eqx.filter_grad`` returns)."""
-    grads = []
-    for (treedef, where), form in zip(structure, forms, strict=True):
-        if form is None:
-            grads.append(treedef.unflatten([None if j < 0 else grads_flat[j] for j in where]))
-        else:
-            grad_of = dict(zip(diff_slots, grads_flat, strict=True))
-            grads.append(_nnx_grads(form, var_slots or {}, grad_of))
-    return tuple(grads)
-
-
 class _GradRunner(_lift.Runner):
     """The function ``jax.value_and_grad(..., argnums=0, has_aux=True)`` differentiates: of the
     distinct leaves of the differentiated arguments, with the other leaves and the call's key
@@ -289,7 +87,7 @@ class _GradRunner(_lift.Runner):
     ``extra`` says where the gradients go: per differentiated argument, JAX's structure of it
     and, per leaf of that structure, the differentiated input it is (-1: a leaf ``wrt=`` leaves
     out). Under ``wrt=`` the key also holds the leaves kept out of the computation
-    (:class:`_Fixed`)."""
+    (:class:`Fixed`)."""
 
     traced_for = "vjp"
 
@@ -357,37 +155,32 @@ class _Grad(_lift.Wrapper):
         # First: a bad option is jax's own error.
         self._jax = transform(reporting(fun), **options)
         self._policy = as_policy_spec(policy, fun)
-        self._wrt = _wrt_rule(wrt)
+        self._wrt = wrt_rule(wrt)
         self._argnums = _check_argnums(argnums)
         self._single = not isinstance(argnums, Sequence)
         self._has_aux, self._with_value = has_aux, with_value
         self._holomorphic, self._allow_int = holomorphic, allow_int
         self._fun = fun
         self._naming = Naming(fun)
-        self._lifted: dict[Policy | ArgPolicies, tuple[_GradRunner, Callable[..., Any]]] = {}
-        self._lock = threading.Lock()
+        self._keep_runners()
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return "value_and_grad" if self._with_value else "grad"
 
-    def _runner(self, policy: Policy | ArgPolicies) -> tuple[_GradRunner, Callable[..., Any]]:
-        entry = self._lifted.get(policy)
-        if entry is None:
-            with self._lock:
-                runner = _GradRunner(self._fun, policy, self._naming, self._has_aux)
-                vg = jax.value_and_grad(
-                    runner,
-                    argnums=0,
-                    has_aux=True,
-                    holomorphic=self._holomorphic,
-                    allow_int=self._allow_int,
-                )
-                entry = self._lifted.setdefault(policy, (runner, vg))
-        return entry
+    def _make_runner(self, policy: Policy | ArgPolicies) -> tuple[_GradRunner, Callable[..., Any]]:
+        runner = _GradRunner(self._fun, policy, self._naming, self._has_aux)
+        vg = jax.value_and_grad(
+            runner,
+            argnums=0,
+            has_aux=True,
+            holomorphic=self._holomorphic,
+            allow_int=self._allow_int,
+        )
+        return runner, vg
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        policy = _policy_of(self._policy)
+        policy = self._policy_now()
         if policy is CLONE and self._wrt is None:  # jax.grad cannot filter: wrt= lifts
             _lift.check_call(self._naming, args, kwargs)  # a cycle: rule 14's ValueError
             return self._jax(*args, **kwargs)
@@ -405,14 +198,14 @@ class _Grad(_lift.Wrapper):
             and isinstance(policy, Policy)
             and policy.identity == "duplicate"
         ):
-            args, kwargs = _untied(args, kwargs)
+            args, kwargs = untied(args, kwargs)
         call = _lift.flatten_call(self._naming, args, kwargs)
         per_arg = call.arg_slots()
         fixed, forms, var_slots = None, None, None
         if self._wrt is None:
             diff_slots = sorted({s for i in argnums for s in per_arg[i]})
         else:
-            diff_slots, fixed, forms, var_slots = _wrt_selection(self._wrt, call, argnums, per_arg)
+            diff_slots, fixed, forms, var_slots = wrt_selection(self._wrt, call, argnums, per_arg)
         for s in diff_slots:
             problem = _dtype_problem(call.leaves[s], self._holomorphic, self._allow_int)
             if problem is not None:
@@ -435,7 +228,7 @@ class _Grad(_lift.Wrapper):
                 for treedef, where in out.record.extra
             )
         else:
-            grads = _filtered_grads(out.record.extra, grads_flat, forms, diff_slots, var_slots)
+            grads = filtered_grads(out.record.extra, grads_flat, forms, diff_slots, var_slots)
         grad_value = grads[0] if self._single else grads
         if self._with_value:
             return result, grad_value

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Set
 from typing import Any, overload
@@ -42,7 +41,6 @@ from treeclone.policies import (
     PolicySpec,
     as_policy,
     as_policy_spec,
-    policy_override,
 )
 
 __all__ = ["shard_map"]
@@ -293,20 +291,15 @@ class _ShardMap(_lift.Wrapper):
         self._policy = as_policy_spec(policy, fun)
         self._jax = jax.shard_map(reporting(fun), **options)
         self._naming = Naming(fun)
-        self._runners: dict[Policy | ArgPolicies, _lift.Runner] = {}
-        self._lock = threading.Lock()
+        self._keep_runners()
 
-    def _runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
-        runner = self._runners.get(policy)
-        if runner is None:
-            with self._lock:
-                made = _lift.Runner(self._fun, policy, self._naming)
-                made.traced_for = "shard_map"
-                runner = self._runners.setdefault(policy, made)
+    def _make_runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
+        runner = _lift.Runner(self._fun, policy, self._naming)
+        runner.traced_for = "shard_map"
         return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        policy = policy_override.get() or self._policy
+        policy = self._policy_now()
         if policy is CLONE or kwargs:  # jax.shard_map takes no keyword arguments: its error
             _lift.check_call(self._naming, args, kwargs)
             return self._jax(*args, **kwargs)

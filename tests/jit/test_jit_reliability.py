@@ -24,6 +24,9 @@ from helpers import capture, check_same_error
 
 POLICIES = ("clone", "alias", "strict")
 JIT_MODULE = sys.modules["treeclone.jit"]
+# Where the inner jits of every treeclone.jit are kept, and where a call is taken apart.
+OPTIONS_MODULE = sys.modules["treeclone._lift.jit_options"]
+CALL_MODULE = sys.modules["treeclone._lift.jit_call"]
 
 
 def jit_of(kind: str) -> Callable[..., Any]:
@@ -152,7 +155,7 @@ def test_jit_keeps_no_reference_to_the_function_once_the_wrapper_is_gone(policy:
     del f, jitted
     gc.collect()
     assert ref() is None
-    assert all(entry[0]() is not None for entry in JIT_MODULE._SHARED.values())
+    assert all(entry[0]() is not None for entry in OPTIONS_MODULE._SHARED.values())
 
 
 # --- 3. lower/trace/eval_shape, then a call: one trace --------------------------------------------
@@ -235,13 +238,13 @@ def test_lower_under_strict_reports_a_non_returned_mutation() -> None:
 @pytest.mark.parametrize("policy", ["alias", "strict"])
 def test_donation_mask_is_computed_once_per_structure(monkeypatch, policy: str) -> None:
     computed = []
-    real = tc.Jitted._keep_mask
+    real = CALL_MODULE.CallShape.keep_mask
 
     def counting(self, *args):
         computed.append(args)
         return real(self, *args)
 
-    monkeypatch.setattr(tc.Jitted, "_keep_mask", counting)
+    monkeypatch.setattr(CALL_MODULE.CallShape, "keep_mask", counting)
 
     def f(params, x, *, lr):
         return jax.tree_util.tree_map(lambda p: p - lr * x.sum(), params)

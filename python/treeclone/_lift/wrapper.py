@@ -3,20 +3,48 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
+from treeclone._lift.runner import current_policy
 from treeclone.policies import ArgPolicies, Policy
 
 
 class Wrapper:
     """What every lifted transformation's wrapper shares: it binds as a method, as the function
-    it wraps does, and its repr names the transformation (``name``), the function and the
-    policy."""
+    it wraps does, its repr names the transformation (``name``), the function and the policy,
+    and it keeps one runner per policy (:meth:`_runner`, made by the subclass's
+    ``_make_runner``), so that the JAX transformation it hands the runner to finds its cached
+    trace again at the next call."""
 
     name = "transformation"
     _fun: Callable[..., Any]
     _policy: Policy | ArgPolicies
+    _runners: dict[Policy | ArgPolicies, Any]
+    _lock: threading.Lock
+
+    def _keep_runners(self) -> None:
+        """Start the per-policy runners (in the subclass's ``__init__``)."""
+        self._runners, self._lock = {}, threading.Lock()
+
+    def _make_runner(self, policy: Policy | ArgPolicies) -> Any:
+        raise NotImplementedError
+
+    def _runner(self, policy: Policy | ArgPolicies) -> Any:
+        """The runner of ``policy`` (with what the transformation wraps it in), made once."""
+        entry = self._runners.get(policy)
+        if entry is None:
+            with self._lock:
+                entry = self._runners.get(policy)
+                if entry is None:
+                    entry = self._runners[policy] = self._make_runner(policy)
+        return entry
+
+    def _policy_now(self) -> Policy | ArgPolicies:
+        """The policy of the call being made: a ``with treeclone.policy(...)`` block's, else
+        this wrapper's."""
+        return current_policy(self._policy)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
