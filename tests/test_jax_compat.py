@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 import treeclone
+from helpers import child_env
 from packaging.requirements import Requirement
 from treeclone import _jax_compat
 
@@ -82,7 +83,12 @@ def test_import_fails_naming_the_registry_when_jax_moved_it():
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=child_env(),
     ).stdout
     assert out.startswith("UnsupportedJaxError |"), out
     assert "jax._src.tree_util._registry" in out
