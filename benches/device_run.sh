@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the training-loop benchmarks (python -m treeclone.bench) on an accelerator machine (an
-# NVIDIA GPU or a TPU) that has no network and already has JAX for its accelerator.
+# Run the training-loop benchmarks (python -m treeclone.bench), the test suite, or both, on an
+# accelerator machine (an NVIDIA GPU or a TPU) that has no network and already has JAX for its
+# accelerator, against an installed treeclone wheel.
 #
 #   bash benches/device_run.sh [WHEEL] [OUT_DIR]
 #
@@ -23,10 +24,18 @@
 # HEAD` where it was built; default: the git state of this copy of the tree); HARNESS=0 (skip
 # the harness); PROBE (a bench script and its arguments, run after the harness with the same
 # packages, e.g. "benches/release_probe.py --out OUT_DIR/release.md"; OUT_DIR is replaced by
-# the output folder).
+# the output folder); TESTS (pytest arguments: the suite, run after the harness against the
+# installed wheel, from this folder, where python/ is not importable, in ONE pytest process,
+# since one process at a time can hold a TPU; the tests that start Python children keep them
+# on the CPU; its log goes to OUT_DIR/tests.log; TESTS_TIMEOUT seconds, default 540). The
+# tests need pytest and hypothesis (and flax, optax, equinox for their files): name them in
+# PACKAGES or WHEELS where the machine's Python lacks them.
 #
 #   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
 #   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine
+#   HARNESS=0 TESTS="tests/jit tests/policies tests/transforms" WHEELS=.whl-tpu \
+#       INDEX=file:///opt/pypi/simple PACKAGES="flax optax pytest hypothesis jaxtyping \
+#       wadler-lindig" bash benches/device_run.sh       # the suite on a TPU (README, "Install")
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,7 +55,7 @@ newest() {
 }
 
 section "python"
-"$PY" --version
+"$PY" -c 'import platform, sys; print(sys.version.split()[0], "glibc", platform.libc_ver()[1])'
 TAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 if [ -z "$WHEEL" ]; then
     WHEEL="$(newest "dist/treeclone-*-$TAG-*.whl")"
@@ -71,7 +80,8 @@ if [ -n "${INDEX:-}" ]; then
     # shellcheck disable=SC2086
     pip_install --only-binary=:all: --index-url "$INDEX" ${PACKAGES:-flax optax}
 fi
-"$PY" -c 'import treeclone; print("treeclone", treeclone.__version__, "from", treeclone.__file__)'
+# The wheel's treeclone, not a source tree's: what the suite below tests.
+"$PY" -c 'import sys, treeclone; print("treeclone", treeclone.__version__, "from", treeclone.__file__); sys.exit(not treeclone.__file__.startswith(sys.argv[1]))' "$SITE"
 "$PY" -c 'import jax, flax, optax, equinox; print(*(f"{m.__name__} {m.__version__}" for m in (jax, flax, optax, equinox)))' || true
 
 section "accelerator"
@@ -94,6 +104,18 @@ if [ -n "${PROBE:-}" ]; then
     section "python ${PROBE//OUT_DIR/$OUT_DIR}"
     # shellcheck disable=SC2086
     "$PY" ${PROBE//OUT_DIR/$OUT_DIR} || rc=$?
+fi
+if [ -n "${TESTS:-}" ]; then
+    section "python -m pytest $TESTS (on JAX's default backend)"
+    test_rc=0
+    # shellcheck disable=SC2086
+    timeout "${TESTS_TIMEOUT:-540}" "$PY" -m pytest -q -rfEs -p no:cacheprovider \
+        --durations=10 --junitxml "$OUT_DIR/tests.xml" $TESTS 2>&1 |
+        tee "$OUT_DIR/tests.log" || test_rc=$?
+    if [ "$test_rc" -eq 124 ]; then
+        echo "error: the tests ran past ${TESTS_TIMEOUT:-540} s; what ran: $OUT_DIR/tests.log" >&2
+    fi
+    [ "$test_rc" -eq 0 ] || rc=$test_rc
 fi
 
 section "report ($((SECONDS - START)) s in all)"
