@@ -7,12 +7,13 @@
 #
 # Installs the treeclone wheel, the wheels in $WHEELS and the packages in $PACKAGES (from the
 # local index $INDEX) into one folder put at the END of PYTHONPATH, so the machine's own JAX
-# stays the one imported; prints the accelerator and jax.devices(), then runs the harness.
+# stays the one imported; prints the accelerator and jax.devices() (also into
+# OUT_DIR/machine.txt), then runs the harness and the tests asked for.
 #
 #   WHEEL    a treeclone wheel for the machine's Python (default: the newest
 #            dist/treeclone-*-cpXY-*.whl for that Python, else the newest dist/treeclone-*.whl)
-#   OUT_DIR  where results.json, report.md and bench.png go (default: $OUT if set, else
-#            bench-out)
+#   OUT_DIR  where results.json, report.md, bench.png, machine.txt and the tests' tests.log
+#            and tests.xml go (default: $OUT if set, else bench-out)
 #
 # Environment: PYTHON (default python3); WHEELS (a folder of more wheels, installed with no
 # dependencies and no index, e.g. equinox); INDEX (a local package index such as
@@ -33,9 +34,12 @@
 #
 #   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
 #   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine
-#   HARNESS=0 TESTS="tests/jit tests/policies tests/transforms" WHEELS=.whl-tpu \
-#       INDEX=file:///opt/pypi/simple PACKAGES="flax optax pytest hypothesis jaxtyping \
-#       wadler-lindig" bash benches/device_run.sh       # the suite on a TPU (README, "Install")
+#   HARNESS=0 TESTS="tests/jit tests/policies tests/transforms" TESTS_TIMEOUT=530 \
+#       WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple \
+#       PACKAGES="flax optax jaxtyping wadler-lindig pytest hypothesis" \
+#       bash benches/device_run.sh dist/treeclone-*-cp311-*.whl   # the suite on the TPU v5e
+# (README, "Tested versions"; .whl-tpu holds equinox's wheel: pip download --no-deps
+# equinox==0.13.8, which the machine's index lacks).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -88,9 +92,10 @@ section "accelerator"
 if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi
 fi
-"$PY" -c 'import jax; print(jax.__version__, jax.default_backend(), jax.devices())'
-
 mkdir -p "$OUT_DIR"
+# Also in OUT_DIR/machine.txt: the record of what a run ran on, beside its results.
+"$PY" -c 'import jax; print(jax.__version__, jax.default_backend(), jax.devices())' |
+    tee "$OUT_DIR/machine.txt"
 rc=0
 if [ "${HARNESS:-1}" != 0 ]; then
     section "python -m treeclone.bench --out $OUT_DIR ${BENCH_ARGS:-}"
