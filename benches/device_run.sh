@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Run the training-loop benchmarks (python -m treeclone.bench) on an accelerator machine (an
-# NVIDIA GPU or a TPU) that has no network and already has JAX for its accelerator.
+# Run the training-loop benchmarks (python -m treeclone.bench), the test suite, or both, on an
+# accelerator machine (an NVIDIA GPU or a TPU) that has no network and already has JAX for its
+# accelerator, against an installed treeclone wheel.
 #
 #   bash benches/device_run.sh [WHEEL] [OUT_DIR]
 #
 # Installs the treeclone wheel, the wheels in $WHEELS and the packages in $PACKAGES (from the
 # local index $INDEX) into one folder put at the END of PYTHONPATH, so the machine's own JAX
-# stays the one imported; prints the accelerator and jax.devices(), then runs the harness.
+# stays the one imported; prints the accelerator and jax.devices() (also into
+# OUT_DIR/machine.txt), then runs the harness and the tests asked for.
 #
 #   WHEEL    a treeclone wheel for the machine's Python (default: the newest
 #            dist/treeclone-*-cpXY-*.whl for that Python, else the newest dist/treeclone-*.whl)
-#   OUT_DIR  where results.json, report.md and bench.png go (default: $OUT if set, else
-#            bench-out)
+#   OUT_DIR  where results.json, report.md, bench.png, machine.txt and the tests' tests.log
+#            and tests.xml go (default: $OUT if set, else bench-out)
 #
 # Environment: PYTHON (default python3); WHEELS (a folder of more wheels, installed with no
 # dependencies and no index, e.g. equinox); INDEX (a local package index such as
@@ -23,10 +25,21 @@
 # HEAD` where it was built; default: the git state of this copy of the tree); HARNESS=0 (skip
 # the harness); PROBE (a bench script and its arguments, run after the harness with the same
 # packages, e.g. "benches/release_probe.py --out OUT_DIR/release.md"; OUT_DIR is replaced by
-# the output folder).
+# the output folder); TESTS (pytest arguments: the suite, run after the harness against the
+# installed wheel, from this folder, where python/ is not importable, in ONE pytest process,
+# since one process at a time can hold a TPU; the tests that start Python children keep them
+# on the CPU; its log goes to OUT_DIR/tests.log; TESTS_TIMEOUT seconds, default 540). The
+# tests need pytest and hypothesis (and flax, optax, equinox for their files): name them in
+# PACKAGES or WHEELS where the machine's Python lacks them.
 #
 #   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
 #   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine
+#   HARNESS=0 TESTS="tests/jit tests/policies tests/transforms" TESTS_TIMEOUT=530 \
+#       WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple \
+#       PACKAGES="flax optax jaxtyping wadler-lindig pytest hypothesis" \
+#       bash benches/device_run.sh dist/treeclone-*-cp311-*.whl   # the suite on the TPU v5e
+# (README, "Tested versions"; .whl-tpu holds equinox's wheel: pip download --no-deps
+# equinox==0.13.8, which the machine's index lacks).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,7 +59,7 @@ newest() {
 }
 
 section "python"
-"$PY" --version
+"$PY" -c 'import platform, sys; print(sys.version.split()[0], "glibc", platform.libc_ver()[1])'
 TAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 if [ -z "$WHEEL" ]; then
     WHEEL="$(newest "dist/treeclone-*-$TAG-*.whl")"
@@ -71,16 +84,18 @@ if [ -n "${INDEX:-}" ]; then
     # shellcheck disable=SC2086
     pip_install --only-binary=:all: --index-url "$INDEX" ${PACKAGES:-flax optax}
 fi
-"$PY" -c 'import treeclone; print("treeclone", treeclone.__version__, "from", treeclone.__file__)'
+# The wheel's treeclone, not a source tree's: what the suite below tests.
+"$PY" -c 'import sys, treeclone; print("treeclone", treeclone.__version__, "from", treeclone.__file__); sys.exit(not treeclone.__file__.startswith(sys.argv[1]))' "$SITE"
 "$PY" -c 'import jax, flax, optax, equinox; print(*(f"{m.__name__} {m.__version__}" for m in (jax, flax, optax, equinox)))' || true
 
 section "accelerator"
 if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi
 fi
-"$PY" -c 'import jax; print(jax.__version__, jax.default_backend(), jax.devices())'
-
 mkdir -p "$OUT_DIR"
+# Also in OUT_DIR/machine.txt: the record of what a run ran on, beside its results.
+"$PY" -c 'import jax; print(jax.__version__, jax.default_backend(), jax.devices())' |
+    tee "$OUT_DIR/machine.txt"
 rc=0
 if [ "${HARNESS:-1}" != 0 ]; then
     section "python -m treeclone.bench --out $OUT_DIR ${BENCH_ARGS:-}"
@@ -94,6 +109,18 @@ if [ -n "${PROBE:-}" ]; then
     section "python ${PROBE//OUT_DIR/$OUT_DIR}"
     # shellcheck disable=SC2086
     "$PY" ${PROBE//OUT_DIR/$OUT_DIR} || rc=$?
+fi
+if [ -n "${TESTS:-}" ]; then
+    section "python -m pytest $TESTS (on JAX's default backend)"
+    test_rc=0
+    # shellcheck disable=SC2086
+    timeout "${TESTS_TIMEOUT:-540}" "$PY" -m pytest -q -rfEs -p no:cacheprovider \
+        --durations=10 --junitxml "$OUT_DIR/tests.xml" $TESTS 2>&1 |
+        tee "$OUT_DIR/tests.log" || test_rc=$?
+    if [ "$test_rc" -eq 124 ]; then
+        echo "error: the tests ran past ${TESTS_TIMEOUT:-540} s; what ran: $OUT_DIR/tests.log" >&2
+    fi
+    [ "$test_rc" -eq 0 ] || rc=$test_rc
 fi
 
 section "report ($((SECONDS - START)) s in all)"

@@ -4,6 +4,7 @@ internal it reads is probed in ``_jax_compat``, and a probe that finds nothing f
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 import treeclone
+from helpers import child_env
 from packaging.requirements import Requirement
 from treeclone import _jax_compat
 
@@ -82,7 +84,12 @@ def test_import_fails_naming_the_registry_when_jax_moved_it():
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=child_env(),
     ).stdout
     assert out.startswith("UnsupportedJaxError |"), out
     assert "jax._src.tree_util._registry" in out
@@ -90,10 +97,11 @@ def test_import_fails_naming_the_registry_when_jax_moved_it():
 
 
 def test_vmap_under_alias_fails_loudly_without_the_batch_tracer(monkeypatch):
-    from treeclone import batching
+    # The module, not the function treeclone.vmap that shadows it as a package attribute.
+    vmap_module = importlib.import_module("treeclone.vmap")
 
     missing = _jax_compat.internal("jax._src.interpreters.batching", "NoBatchTracer")
-    monkeypatch.setattr(batching, "_BatchTracer", missing)
+    monkeypatch.setattr(vmap_module, "_BatchTracer", missing)
 
     def f(state, x):
         state["n"] = state["n"] + x.sum()

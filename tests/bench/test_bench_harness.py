@@ -8,11 +8,11 @@ there is no chart), and a status for every contender of every workload run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import child_env
 from treeclone.bench.contenders import BASELINE, CONTENDERS
 
 STATUSES = {"ok", "skipped", "not applicable", "failed", "error"}
@@ -24,9 +24,8 @@ def _run(out: Path, *args: str, prelude: str = "") -> subprocess.CompletedProces
         f"{prelude}\nimport sys\nfrom treeclone.bench.__main__ import main\n"
         f"sys.exit(main({['--quick', '--out', str(out), *args]!r}))"
     )
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=child_env()
     )
 
 

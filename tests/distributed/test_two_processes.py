@@ -39,7 +39,7 @@ from pathlib import Path
 import distributed_worker as worker
 import numpy as np
 import pytest
-from helpers import SUPPORT_DIR
+from helpers import SUPPORT_DIR, child_env
 
 NUM_PROCESSES = 2
 DEVICES_PER_PROCESS = 2
@@ -69,10 +69,10 @@ class Attempt:
         self.out_dir = out_dir
         self.timed_out = False  # the attempt's deadline passed
         self.cut_short = False  # one worker failed and the others were killed after a grace
-        env = dict(os.environ)
-        env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
-        env["PYTHONUNBUFFERED"] = "1"
+        env = child_env(
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+            PYTHONUNBUFFERED="1",
+        )
         worker_path = os.path.join(SUPPORT_DIR, "distributed_worker.py")
         self.logs = [out_dir / f"process{i}.log" for i in range(NUM_PROCESSES)]
         self.procs: list[subprocess.Popen[bytes]] = []

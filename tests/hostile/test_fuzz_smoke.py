@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import LONG, SUPPORT_DIR
+from helpers import LONG, SUPPORT_DIR, child_env
 
 FUZZ = os.path.join(SUPPORT_DIR, "fuzz_tree.py")
 # an input that hits a known divergence (NaN dict keys) when --known-bugs generates them
@@ -21,14 +21,12 @@ KNOWN_BUG_INPUT = "040405000305020000000000000000"
 
 
 def _fuzz(*args: str, seconds: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")
     return subprocess.run(
         [sys.executable, FUZZ, *args],
         capture_output=True,
         text=True,
         timeout=seconds + 120,
-        env=env,
+        env=child_env(),
         cwd=SUPPORT_DIR,
     )
 

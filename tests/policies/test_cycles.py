@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers import child_env
 
 _CHILD = textwrap.dedent(
     """
@@ -163,7 +164,11 @@ _EXPECTED = {
 @pytest.fixture(scope="module")
 def report() -> dict[str, list]:
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CHILD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import treeclone as tc
+from helpers import float_rtol
 
 
 def _equal(a, b) -> bool:
@@ -244,7 +245,9 @@ def test_a_policy_block_overrides_the_dict_for_every_transformation():
     params, state, batch = _inputs()
     with tc.policy("alias"):
         tc.grad(_loss, policy={"state": "strict", ...: "clone"})(params, state, batch)
-    assert float(state["n"]) == 1.0 and float(batch["x"][1]) == 1.0  # both written
+    assert float(state["n"]) == 1.0  # both written: the state...
+    # ...and the batch, 255 / 255 (0.99999994 on a TPU, which divides by the reciprocal)
+    np.testing.assert_allclose(float(batch["x"][1]), 1.0, rtol=float_rtol())
     carry, layers = _stack()
     with tc.policy("alias"):
         tc.scan(_layer, carry, layers, policy={"init": "clone", "xs": "clone"})
