@@ -131,26 +131,33 @@ class _GradRunner(_lift.Runner):
         return value, _lift.Out(_lift.Record(plan.plan, tuple(structure)), self.outputs(plan))
 
 
+def _grad_options(
+    argnums: Any, has_aux: bool, holomorphic: bool, allow_int: bool, reduce_axes: Any
+) -> dict[str, Any]:
+    """``jax.grad``'s options as given (``reduce_axes`` only when given: jax's own error, or
+    meaning on a JAX that still has it)."""
+    options = {"argnums": argnums, "has_aux": has_aux}
+    options.update(holomorphic=holomorphic, allow_int=allow_int, reduce_axes=reduce_axes)
+    return options
+
+
 class _Grad(_lift.Wrapper):
     """What :func:`grad` and :func:`value_and_grad` return (see there)."""
 
     def __init__(
         self,
         fun: Callable[..., Any],
-        argnums: int | Sequence[int],
-        has_aux: bool,
-        holomorphic: bool,
-        allow_int: bool,
-        reduce_axes: Sequence[Any],
+        options: dict[str, Any],
         policy: PolicySpec | ArgPolicies,
         with_value: bool,
         wrt: Any = None,
     ):
+        """``options``: ``jax.grad``'s (``argnums``, ``has_aux``, ``holomorphic``,
+        ``allow_int``, ``reduce_axes``)."""
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
-        options: dict[str, Any] = {"argnums": argnums, "has_aux": has_aux}
-        options.update(holomorphic=holomorphic, allow_int=allow_int)
-        if reduce_axes:  # jax's own error (or meaning, on a JAX that still has it)
-            options["reduce_axes"] = reduce_axes
+        argnums, has_aux = options["argnums"], options["has_aux"]
+        holomorphic, allow_int = options["holomorphic"], options["allow_int"]
+        options = {k: v for k, v in options.items() if k != "reduce_axes" or v}
         transform = jax.value_and_grad if with_value else jax.grad
         # First: a bad option is jax's own error.
         self._jax = transform(reporting(fun), **options)
@@ -341,7 +348,8 @@ def grad(
         return lambda f: grad(
             f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
-    return _Grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy, False, wrt)
+    options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
+    return _Grad(fun, options, policy, False, wrt)
 
 
 @overload
@@ -401,4 +409,5 @@ def value_and_grad(
         return lambda f: value_and_grad(
             f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
-    return _Grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy, True, wrt)
+    options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
+    return _Grad(fun, options, policy, True, wrt)

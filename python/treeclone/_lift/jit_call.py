@@ -7,6 +7,7 @@ Python path and rebuilt from what the lean native path records (:func:`lean_call
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,40 +90,23 @@ class Donation:
         return f"donated leaves {[s for s, k in enumerate(self.keep) if not k]}"
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class JitCall:
     """One call under a policy: what goes to the inner jit (``jitted(key, donated, *kept)``,
-    see :class:`Inner`), and what naming it needs."""
+    see :class:`~treeclone._lift.jit_trace.Inner`), and what naming it needs: its distinct
+    ``leaves`` and the caller's ``objects``, the dynamic ``args`` and ``kwargs`` and the
+    ``positions`` of the dynamic positional ones among all."""
 
-    __slots__ = (
-        "args",
-        "donated",
-        "inner",
-        "jitted",
-        "kept",
-        "key",
-        "kwargs",
-        "leaves",
-        "objects",
-        "positions",
-    )
-
-    def __init__(
-        self,
-        inner: Any,
-        jitted: Any,
-        key: tuple,
-        kept: list,
-        donated: list | None,
-        leaves: list,
-        objects: list,
-        args: tuple,
-        kwargs: dict,
-        positions: Sequence[int],
-    ):
-        self.inner, self.jitted, self.key = inner, jitted, key
-        self.kept, self.donated = kept, donated
-        self.leaves, self.objects = leaves, objects
-        self.args, self.kwargs, self.positions = args, kwargs, positions
+    inner: Any
+    jitted: Any
+    key: tuple
+    kept: list
+    donated: list | None
+    leaves: list
+    objects: list
+    args: tuple
+    kwargs: dict
+    positions: Sequence[int]
 
     @property
     def donation(self) -> Donation | None:

@@ -265,7 +265,7 @@ class Inner:
         plan, outputs = traced_plan.plan, traced_plan.outputs
         # Why this trace happened, in the user's words (trace time only: _retrace).
         self.retraces.traced(key, leaves, prepared.req.layout, (prepared.args, prepared.kwargs))
-        info = self._describe(plan, outputs, traced)
+        info = self._trace_info(plan, outputs, traced)
         info.next_inputs = traced.next_inputs(traced_plan)
         info.hold_inputs = (
             call is not None
@@ -331,7 +331,7 @@ class Inner:
             keep_inputs[s] = id(leaves[s]) not in returned
         return keep_inputs
 
-    def _describe(self, plan: Any, outputs: list, traced: _trace.Traced) -> TraceInfo:
+    def _trace_info(self, plan: Any, outputs: list, traced: _trace.Traced) -> TraceInfo:
         """The trace's ``TraceInfo``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None
