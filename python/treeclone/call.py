@@ -113,7 +113,7 @@ def _copy_if_mutable(x: Any) -> Any:
 
 class _Changed(Sequence):
     """Per leaf slot, whether it may be handed back as it came in: False for an array the
-    function changed in place. Read by ``_trace.run`` after the function has run."""
+    function changed in place. Read by ``Traced.plan`` after the function has run."""
 
     def __init__(self, originals: list, copies: list):
         self.originals, self.copies = originals, copies

@@ -155,8 +155,8 @@ def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
 
 class Inner:
     """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
-    the call's distinct leaves, runs ``fun`` on them (``_trace.run``) and returns the outputs
-    boxed with what the trace recorded.
+    the call's distinct leaves, runs ``fun`` on them (the lift's ``begin``, then ``_trace``'s
+    steps) and returns the outputs boxed with what the trace recorded.
 
     It is called as ``jitted(key, donated, *kept)``: ``key``, static, is the call's
     ``(structure, static arguments, donation, static leaves)``; ``donated`` the donated leaves

@@ -64,7 +64,7 @@ class Runner:
     """``fun`` under a policy, run on a call's rebuilt arguments at trace time.
 
     Per thread, for the call being traced (set with :meth:`calling`): ``objects``, the
-    caller's object at each node, watched while the function runs (``_trace.run``'s
+    caller's object at each node, watched while the function runs (``_trace.Request``'s
     ``caller_objects``), and ``names``, where each input of the traced function is in the
     call, which jax's messages (a traced value used as a bool, ...) print through
     ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.

@@ -1,6 +1,6 @@
 """The flattened structure a trace works on: nodes, their key paths, and what tells two apart.
 
-Shared by every step of a trace (``treeclone._trace.run``) and by the transformations that
+Shared by every step of a trace (``treeclone._trace.steps``) and by the transformations that
 check a structure of their own (the loops' carry).
 """
 
