@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from treeclone import _lift, _native, _trace
+from treeclone import _lift, _trace, tree_util
 from treeclone._jax_compat import keystr
-from treeclone._lift import Naming, check_cycles, reporting
+from treeclone._lift import Naming, reporting
 from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
 
 
@@ -43,23 +43,20 @@ def call(
     """
     spec = as_policy_spec(policy, fun)
     naming = Naming(fun)
-    try:
-        _native.check((args, kwargs))
-    except ValueError:
-        check_cycles(naming, args, kwargs)  # the same text as jit's, naming the argument
-        raise
+    _lift.check_call(naming, args, kwargs)  # a cycle: the same text as jit's, naming it
     names = sorted(kwargs)
     # A policy per argument: the call runs under their combination (the lift's), each
     # argument's containers and arrays under its own.
     chosen, arg_policies = for_call(spec, range(len(args)), names)
     if chosen.identity == "duplicate":
-        leaves, treedef = _native.flatten((args, kwargs))
+        leaves, treedef = tree_util.tree_flatten((args, kwargs))
         fresh_args, fresh_kwargs = treedef.unflatten([_copy_if_mutable(x) for x in leaves])
         out = reporting(fun)(*fresh_args, **fresh_kwargs)  # a discarded change: a warning
-        out_leaves, out_def = _native.flatten(out)
+        out_leaves, out_def = tree_util.tree_flatten(out)
         return out_def.unflatten(out_leaves)
+    flat = _lift.flatten_call(naming, args, kwargs)
+    leaves, sdef, objects = flat.leaves, flat.sdef, flat.objects
     root = (*args, dict(sorted(kwargs.items())))
-    leaves, sdef, objects = _native.flatten_shared(root)
     work = [_copy_if_mutable(x) for x in leaves]
     changed = _Changed(leaves, work)
     prepared = _lift.begin(fun, spec, naming, sdef, work, None, caller_objects=objects)
@@ -70,7 +67,7 @@ def call(
     slot_mutations = _slot_mutations(sdef, len(args), arg_policies, chosen.mutations)
     strict = [s for s in changed.slots() if slot_mutations(s) == "error"]
     if strict:  # checked before anything is written back
-        returned = {id(x) for x in _native.leaves(called.out)}
+        returned = {id(x) for x in tree_util.tree_leaves(called.out)}
         lost = [s for s in strict if id(work[s]) not in returned]
         if lost:
             _raise_array_mutation(fun, root, leaves, lost, prepared.req.layout)
@@ -136,7 +133,7 @@ class _Changed(Sequence):
 
 def _raise_array_mutation(fun, root, leaves, lost, layout) -> None:
     paths: dict[int, str] = {}
-    for path, leaf in _native.flatten_with_path(root)[0]:
+    for path, leaf in tree_util.tree_flatten_with_path(root)[0]:
         if id(leaf) not in paths and path:
             i = path[0].idx
             if i < layout.num_args:
