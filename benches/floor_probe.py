@@ -14,25 +14,27 @@ old ones:
   each array its own argument (``f(*flat, x, y)``);
 - ``list out``: the replaced arrays returned as a list beside the loss; ``tuple out``: the
   replaced arrays and the loss as one flat tuple;
-- ``held``: the arrays a call replaced are kept until the next call returns (``held 3``:
-  three calls), as treeclone's lean path does on the platforms of ``HOLD_INPUT_PLATFORMS``;
-  otherwise the loop lets go of them right after the call that reads them, while that
-  computation may still run;
+- ``held``: the arrays a call replaced are kept until the next call has returned (``held 3``:
+  until three more calls have), as treeclone's lean path keeps a call's leaves on the
+  platforms of ``HOLD_INPUT_PLATFORMS``; otherwise the loop lets go of them right after the
+  call that reads them, while that computation may still run;
 - ``committed``: the state and the batch put on the device with ``jax.device_put(a, device)``
   (committed) instead of uncommitted;
 - ``donated``: the replaced arrays donated (``donate_argnums``), so the computation takes
   their buffers.
 
-``the harness's floor`` is ``floor_runner`` as it stands; ``treeclone.jit[alias], held`` /
-``not held`` run the harness's in-place step with treeclone's holding turned on and off at the
-trace, as ``benches/release_probe.py`` does; ``treeclone.jit_partial[alias]`` runs with the
-platform's default. Each contender's losses over the first steps must agree with the
-workload's un-jitted reference before it is timed. Interleaved rounds (balanced orders), one
-batch of steps per contender a round, each ending with ``jax.block_until_ready`` on the loss
-and the state's arrays; the garbage collector off while a batch runs; the figures are the
-median time of a step over rounds in µs, its interquartile range, and the ratio of medians to
-the harness's floor. The Markdown goes between ``<!-- floor-probe:begin -->`` and
-``<!-- floor-probe:end -->`` (``floor-probe-tpu``, ... on a device).
+``the harness's floor`` is ``floor_runner`` as it stands (the variants are written in the
+probe; ``list in, list out`` is the floor of f25ccfa); ``treeclone.jit[alias], held`` / ``not
+held`` run the harness's in-place step with treeclone's holding turned on and off at the
+trace, as ``benches/release_probe.py`` does; ``treeclone.jit[strict]`` and
+``treeclone.jit_partial[alias]`` run with the platform's default. Each contender's losses over
+three steps must agree with jax.jit's (which the harness checks against the un-jitted
+reference) before it is timed. Interleaved rounds (balanced orders), one batch of steps per
+contender a round, each ending with ``jax.block_until_ready`` on the loss and the state's
+arrays; the garbage collector off while a batch runs; the figures are the median time of a
+step over rounds in µs, its interquartile range, and the ratio of medians to the harness's
+floor. The Markdown goes between ``<!-- floor-probe:begin -->`` and ``<!-- floor-probe:end
+-->`` (``floor-probe-tpu``, ... on a device).
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ from treeclone.bench import contenders as C
 from treeclone.bench import workloads as W
 from treeclone.bench.timing import interleaved, machine_info, script_command, write_section
 
-WORKLOADS = {"mlp_adam": 100, "nnx_train_20": 40}  # workload: steps per batch
+# workload: steps per batch (transformer_adam, bound by the device on a TPU, only with --only)
+WORKLOADS = {"mlp_adam": 100, "nnx_train_20": 40}
+STEPS = {**WORKLOADS, "transformer_adam": 20}
 HARNESS_FLOOR = "the harness's floor"
 # Flat variants: name -> options of flat_runner.
 VARIANTS = {
@@ -77,6 +81,7 @@ OTHERS = (
     HARNESS_FLOOR,
     "treeclone.jit[alias], held",
     "treeclone.jit[alias], not held",
+    "treeclone.jit[strict]",
     "treeclone.jit_partial[alias]",
 )
 CONTENDERS = (*OTHERS[:2], *VARIANTS, *OTHERS[2:])
@@ -168,12 +173,16 @@ def make_runner(workload: W.Workload, contender: str) -> W.Runner:
             return workload.runner(C.FLOOR, jax.jit)
     if contender == "treeclone.jit_partial[alias]":
         return workload.runner(C.TC_PARTIAL, functools.partial(tc.jit_partial, policy="alias"))
+    if contender == "treeclone.jit[strict]":
+        return workload.runner(C.TC_STRICT, functools.partial(tc.jit, policy="strict"))
     return workload.runner(C.TC_ALIAS, functools.partial(tc.jit, policy="alias"))
 
 
-def compiled(workload: W.Workload, contender: str, want: list[float], rtol: float) -> W.Runner:
-    """The contender's runner after as many steps as ``want`` has losses, which its losses
-    must agree with (treeclone's holding set for the alias variants at the trace)."""
+def compiled(
+    workload: W.Workload, contender: str, want: list[float] | None, rtol: float
+) -> tuple[W.Runner, list[float]]:
+    """The contender's runner after three steps, and their losses, which must agree with
+    ``want`` if given (treeclone's holding set for the alias variants at the trace)."""
     made = make_runner(workload, contender)
     saved = _jit_module.HOLD_INPUT_PLATFORMS, _jit_module.HOLD_INPUT_BYTES
     if contender.endswith(", held"):  # read when the step is traced, at its first call
@@ -181,12 +190,12 @@ def compiled(workload: W.Workload, contender: str, want: list[float], rtol: floa
     elif contender.endswith(", not held"):
         _jit_module.HOLD_INPUT_BYTES = -1
     try:
-        losses = [float(made.run(1)[0]) for _ in want]
+        losses = [float(made.run(1)[0]) for _ in range(3)]
     finally:
         _jit_module.HOLD_INPUT_PLATFORMS, _jit_module.HOLD_INPUT_BYTES = saved
-    if not np.allclose(losses, want, rtol=rtol, atol=1e-6):
-        raise SystemExit(f"{contender}: losses {losses} disagree with the reference {want}")
-    return made
+    if want is not None and not np.allclose(losses, want, rtol=rtol, atol=1e-6):
+        raise SystemExit(f"{contender}: losses {losses} disagree with jax.jit's {want}")
+    return made, losses
 
 
 def waited(outputs: tuple[Any, Any]) -> Any:
@@ -195,16 +204,20 @@ def waited(outputs: tuple[Any, Any]) -> Any:
     return loss, treeclone.tree_util.tree_leaves(state)
 
 
-def measure(name: str, steps: int, rounds: int, rtol: float) -> dict[str, dict[str, float]]:
+def measure(
+    name: str, contenders: list[str], steps: int, rounds: int, rtol: float
+) -> dict[str, dict[str, float]]:
     """Each contender's median µs per step on workload ``name``, with its quartiles."""
     workload = W.WORKLOADS[name](jax.devices()[0], frozenset())
-    want = workload.reference_losses(W.STANDARD, 3)
-    runners = {c: compiled(workload, c, want, rtol) for c in CONTENDERS}
-    for c in CONTENDERS:  # one untimed batch each
+    runners, want = {}, None
+    for c in contenders:  # jax.jit first: the others' losses are checked against its
+        runners[c], losses = compiled(workload, c, want, rtol)
+        want = want or losses
+    for c in contenders:  # one untimed batch each
         jax.block_until_ready(waited(runners[c].run(steps)))
-    samples: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    samples: dict[str, list[float]] = {c: [] for c in contenders}
     gc.collect()
-    for c in interleaved(CONTENDERS, rounds):
+    for c in interleaved(contenders, rounds):
         gc.disable()
         try:
             start = time.perf_counter()
@@ -235,7 +248,7 @@ def render(results: dict[str, dict[str, dict[str, float]]], argv: list[str] | No
         "| contender | " + " | ".join(f"`{n}`" for n in results) + " |",
         "|---|" + "--:|" * len(results),
     ]
-    for c in CONTENDERS:
+    for c in next(iter(results.values())):
         cells = []
         for n in results:
             r, floor = results[n][c], results[n][HARNESS_FLOOR]["median_us"]
@@ -255,15 +268,27 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="2 rounds of 5 steps per workload: a smoke run"
     )
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; quick 2)")
-    parser.add_argument("--only", help="comma-separated workloads (default: all of WORKLOADS)")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated workloads (default {', '.join(WORKLOADS)}; or {', '.join(STEPS)})",
+    )
+    parser.add_argument(
+        "--contenders",
+        help="contenders beside jax.jit and the harness's floor, separated by ';' (default: all)",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 15)
     rtol = 1e-4 if jax.default_backend() == "cpu" else 1e-2
     names = args.only.split(",") if args.only else list(WORKLOADS)
+    chosen = args.contenders.split(";") if args.contenders else CONTENDERS
+    unknown = [c for c in [*names, *chosen] if c not in STEPS and c not in CONTENDERS]
+    if unknown:
+        parser.error(f"unknown workloads or contenders: {', '.join(unknown)}")
+    contenders = [c for c in CONTENDERS if c in OTHERS[:2] or c in chosen]
     results = {}
     for name in names:
-        steps = 5 if args.quick else WORKLOADS[name]
-        results[name] = measure(name, steps, rounds, rtol)
+        steps = 5 if args.quick else STEPS[name]
+        results[name] = measure(name, contenders, steps, rounds, rtol)
         print(name, {c: round(r["median_us"], 1) for c, r in results[name].items()}, flush=True)
     section = render(results, argv)
     print(section)

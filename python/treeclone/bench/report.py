@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import timing
-from .contenders import CONTENDERS
+from .contenders import CONTENDERS, FLOOR_IS
 from .timing import format_us
 
 BEGIN = "<!-- bench-harness:begin -->"
@@ -180,9 +180,7 @@ def render(
         "its Variables, a functional one's by treeclone's native flatten); the spread is the "
         "interquartile range over "
         "rounds (and min–max); *vs jax.jit*, *vs fastest peer* and *vs floor* are ratios of "
-        "medians (below 1x is faster). `floor` is the least any wrapper can do: one "
-        "`jax.jit` over the flat list of the state's arrays that returns only the arrays "
-        "the step replaces, so every contender's ratio to it is its own overhead. "
+        f"medians (below 1x is faster). {FLOOR_IS} "
         "*traces* counts how often the step's Python body ran (1 = traced once); "
         "*1st step s* is the wall time of the first step: tracing and compiling. "
         "Before timing, each contender's losses over the check steps must agree with a "

@@ -14,9 +14,10 @@ form of a step computes the same math; what differs is how state goes in and out
 * ``flax.nnx.jit`` (graph mode), ``flax.nnx.jit[graph=False]`` (tree mode) and
   ``flax.nnx.jit_partial`` (tree mode, model and optimizer bound) run an ``nnx.Module`` version
   of the model with ``nnx.Optimizer``, updated in place as nnx does;
-* ``floor`` is the least any wrapper can do: one ``jax.jit`` over the flat list of the
-  state's arrays that returns only the arrays the step replaces (the state is unflattened and
-  flattened at trace time only), written back into that flat list.
+* ``floor`` is the least a wrapper that donates nothing can do (``contenders.FLOOR_IS``,
+  ``floor_runner``): one ``jax.jit`` of the state's arrays, each its own argument, returning
+  the arrays the step replaces and the loss as one flat tuple, in a loop that keeps each
+  call's arrays a few calls longer.
 
 The seed pattern is the exception: there the same ``train_step(model, x, y, optimizer)``,
 whose ``Optimizer`` object is mutated in place and returned, runs under every jit wrapper.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +39,7 @@ from . import models as M
 from .contenders import (
     EQX,
     FLOOR,
+    FLOOR_HOLD,
     NNX,
     NNX_PARTIAL,
     NNX_TREE,
@@ -173,29 +176,59 @@ def partial_runner(jit_partial, fn, state: Any, x, y, **kw: Any) -> Runner:
 
 
 def floor_runner(jit, run_on_state: Callable[..., Any], state: Any, x, y, **kw: Any) -> Runner:
-    """One ``jax.jit`` over the flat list of ``state``'s arrays, returning only the arrays the
-    step replaces; ``run_on_state(state, x, y) -> (loss, state_after)`` runs at trace time."""
-    flat, treedef = jax.tree.flatten(state)
-    changed: list[int] = []
+    """The floor: one ``jax.jit`` of ``state``'s arrays, each its own positional argument, that
+    returns the arrays the step replaces and the loss as one flat tuple; the loop keeps each
+    call's arrays for ``FLOOR_HOLD`` calls more. ``run_on_state(state, x, y) -> (loss,
+    state_after)`` runs at trace time only.
 
-    def flat_step(leaves, x, y):
+    Each choice is the fastest measured by ``benches/floor_probe.py`` (docs/benchmarks.md):
+    letting go of the replaced arrays right after the call that reads them, while its
+    computation may still run, is what made the list form of the floor slower on a TPU v5e
+    than treeclone's lean path, which holds them; a list argument and a list of outputs cost
+    no more there than positional arrays. The next flat tuple is gathered from the old one and
+    the outputs by one ``operator.itemgetter`` (made at the trace), so the loop costs the same
+    for 20 leaves or 600. No donation: no contender is offered it.
+    """
+    flat, treedef = jax.tree.flatten(state)
+    n_leaves = len(flat)
+    gather: list[Callable[[tuple], tuple]] = []
+
+    def flat_step(*args):
+        leaves, (x, y) = list(args[:n_leaves]), args[n_leaves:]
         loss, after = run_on_state(jax.tree.unflatten(treedef, leaves), x, y)
         new = jax.tree.leaves(after)
-        changed[:] = [i for i, (a, b) in enumerate(zip(new, leaves, strict=True)) if a is not b]
-        return [new[i] for i in changed], loss
+        changed = [i for i, (a, b) in enumerate(zip(new, leaves, strict=True)) if a is not b]
+        # Leaf i of the next call: the old one (index i of old + outputs) or its output.
+        where = dict(zip(changed, range(n_leaves, n_leaves + len(changed)), strict=True))
+        gather[:] = [_tuple_getter([where.get(i, i) for i in range(n_leaves)])]
+        return (*(new[i] for i in changed), loss)
 
     traces = TraceCounter()
     f = jit(traces.wrap(flat_step))
+    leaves = tuple(flat)
+    held: tuple[Any, ...] = (None,) * FLOOR_HOLD
 
-    def run(n: int):
+    def run(steps: int):
+        nonlocal leaves, held
         loss = None
-        for _ in range(n):
-            out, loss = f(flat, x, y)
-            for i, v in zip(changed, out, strict=True):
-                flat[i] = v
-        return loss, flat
+        for _ in range(steps):
+            outputs = f(*leaves, x, y)
+            held = (*held[1:], leaves)
+            leaves = gather[0](leaves + outputs)
+            loss = outputs[-1]
+        return loss, leaves
 
     return Runner(run=run, traces=traces, **kw)
+
+
+def _tuple_getter(indices: list[int]) -> Callable[[tuple], tuple]:
+    """``operator.itemgetter(*indices)``, a tuple for one index or none too."""
+    if not indices:
+        return lambda t: ()
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda t: (t[i],)
+    return operator.itemgetter(*indices)
 
 
 def inplace_form(contender: str, jit, fn, state: dict[str, Any], x, y, **kw: Any) -> Runner:
