@@ -204,3 +204,32 @@ def test_a_runner_whose_timed_wait_misses_an_output_array_is_not_timed() -> None
     missed = check(lambda out: [out[0]])
     assert missed["status"] == "failed"
     assert missed["detail"] == "the runner's arrays() misses 1 of the outputs' arrays"
+
+
+def test_the_floor_ends_where_the_plain_loop_does_and_keeps_what_the_step_leaves() -> None:
+    """The floor's loop (positional arrays, a flat tuple out, the next tuple gathered from the
+    old one and the outputs) ends with the plain loop's arrays; a leaf the step leaves alone
+    is the caller's own array after every call; one trace."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from treeclone.bench.workloads import floor_runner
+
+    def on_state(state, x, y):
+        state = dict(state)
+        state["a"] = state["a"] * x + state["frozen"].sum()
+        state["b"] = state["b"] + y
+        return state["b"] * 2, state
+
+    state = {"a": jnp.arange(3.0), "frozen": jnp.ones(2), "b": jnp.zeros(())}
+    runner = floor_runner(jax.jit, on_state, state, jnp.float32(2.0), jnp.float32(1.0))
+    want = state
+    for steps in (1, 4):
+        loss, leaves = runner.run(steps)
+        for _ in range(steps):
+            want_loss, want = on_state(want, 2.0, 1.0)
+        assert float(loss) == float(want_loss)
+        got = [np.asarray(v).tolist() for v in leaves]
+        assert got == [np.asarray(v).tolist() for v in jax.tree.leaves(want)]
+        assert leaves[2] is state["frozen"]  # the leaves in key order: a, b, frozen
+    assert runner.traces.n == 1
