@@ -16,8 +16,9 @@ old ones:
   replaced arrays and the loss as one flat tuple;
 - ``held``: the arrays a call replaced are kept until the next call has returned (``held 3``:
   until three more calls have), as treeclone's lean path keeps a call's leaves on the
-  platforms of ``HOLD_INPUT_PLATFORMS``; otherwise the loop lets go of them right after the
-  call that reads them, while that computation may still run;
+  platforms of ``HOLD_INPUT_PLATFORMS`` (``treeclone/_lift/jit_trace.py``); otherwise the
+  loop lets go of them right after the call that reads them, while that computation may still
+  run;
 - ``committed``: the state and the batch put on the device with ``jax.device_put(a, device)``
   (committed) instead of uncommitted;
 - ``donated``: the replaced arrays donated (``donate_argnums``), so the computation takes
@@ -85,7 +86,7 @@ OTHERS = (
     "treeclone.jit_partial[alias]",
 )
 CONTENDERS = (*OTHERS[:2], *VARIANTS, *OTHERS[2:])
-_jit_module = sys.modules["treeclone.jit"]  # `treeclone.jit` is the function
+_jit_module = sys.modules["treeclone._lift.jit_trace"]  # where the inner jit decides it
 
 
 def markers(platform: str) -> tuple[str, str]:
