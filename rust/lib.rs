@@ -10,7 +10,9 @@
 //! - `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
 //! - `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, and
 //!   the native bases of `Jitted` and `JitPartial`, whose `__call__` they are;
-//! - `member.rs`: slots' member descriptors, read and set where the object keeps them;
+//! - `cpython/`: the one gate to CPython's internals (private layouts, unexported functions,
+//!   version gates), each read with its safety argument and a test, and the switch that turns
+//!   them all off (then the public API is used);
 //! - `api.rs`: the module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.
@@ -20,7 +22,7 @@ use pyo3::prelude::*;
 mod api;
 mod bound;
 mod call;
-mod member;
+mod cpython;
 mod node;
 mod registry;
 mod sharing;
@@ -33,6 +35,9 @@ mod writeback;
 #[pymodule(gil_used = true)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Decided before anything can read CPython's internals (`cpython/`).
+    cpython::init(m.py());
+    m.add_function(wrap_pyfunction!(cpython::cpython_internals, m)?)?;
     m.add_class::<registry::TypeKind>()?;
     m.add_class::<treedef::PyTreeDef>()?;
     m.add_class::<sharing::SharedTreeDef>()?;

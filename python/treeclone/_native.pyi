@@ -1,7 +1,7 @@
 """Type stubs for treeclone's Rust core (see rust/)."""
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, final
+from typing import Any, Literal, final
 
 __version__: str
 
@@ -71,6 +71,7 @@ def invalidate_registry_cache() -> None: ...
 def clear_key_order_cache() -> None: ...
 def check_jax() -> None: ...
 def _treedef_from_state(state: list[Any]) -> PyTreeDef: ...
+def cpython_internals() -> tuple[Literal["on", "switched off", "unverified"], str | None]: ...
 
 class TypeKind:
     """What ``classify_type`` says a type is (list, tuple, dict and None are known natively)."""

@@ -25,8 +25,12 @@
 //! be its flatten's children (the very keys and values): Python code that ran later in the
 //! same flatten (a registered flatten, another thread meanwhile) may have changed it after it
 //! was read, and a record of that change would stand for a cache that never saw it. For the
-//! same reason a dict whose version (`version_tag`) says it changed after the flatten began
-//! makes the snapshot uncheckable (`Snapshot::flatten_and_take`).
+//! same reason a dict whose version (PEP 509) says it changed after the flatten began makes
+//! the snapshot uncheckable (`Snapshot::flatten_and_take`).
+//!
+//! Type versions, slots read in place and dict versions are CPython internals (`cpython/`):
+//! where they are off, no snapshot is checkable, and the bound arguments are flattened at
+//! every call.
 //!
 //! After a call, the record follows the call's own write-back without reading the containers
 //! again (`Snapshot::refresh`): each recorded value that is one of the bound leaves is
@@ -39,12 +43,13 @@ mod leaves;
 
 pub use leaves::{any_identical, Taker};
 
-use crate::member::{has_type_version, instance_member, slot_ptr, version_tag as type_version};
+use crate::cpython::{internals, Internals, SlotAt, TypeVersion};
 use crate::node::NodeKind;
 use crate::registry::registry_size;
 use crate::sharing::{Entry, SharedTreeDef};
 use crate::traverse::address::AddressMap;
 use pyo3::exceptions::PyAttributeError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple, PyType};
 use std::collections::{HashMap, HashSet};
@@ -54,14 +59,14 @@ use std::collections::{HashMap, HashSet};
 const PLAIN_DEPTH: usize = 16;
 
 /// A watched slot: its member descriptor, the value it held (None: unset), where the
-/// descriptor is a plain object member (`member::object_member`) of a class the object is an
-/// instance of, the offset in the object where the value is stored, read there while the
-/// object's `Layout` holds (three slots of each nnx Variable at every `jit_partial` call), and
-/// the index among the bound leaves of the value it held, if it is one (`LeafIndex`).
+/// descriptor is a plain object member of a class the object is an instance of, the place in
+/// the object where the value is stored under the object's `Layout`, read there while it
+/// holds (three slots of each nnx Variable at every `jit_partial` call), and the index among
+/// the bound leaves of the value it held, if it is one (`LeafIndex`).
 struct SlotValue {
     descr: Py<PyAny>,
     value: Option<Py<PyAny>>,
-    offset: Option<isize>,
+    at: Option<SlotAt>,
     leaf: Option<u32>,
 }
 
@@ -147,52 +152,51 @@ enum Watched {
 }
 
 /// The type version an object was recorded under: while the object is of this very type
-/// (held, so that its address cannot be reused) and the type has this version tag
-/// (`member::version_tag`, renewed at any change of the class or a base), the class's
+/// (held, so that its address cannot be reused) and the type has this version
+/// (`cpython::TypeVersion`, renewed at any change of the class or a base), the class's
 /// namespaces and MRO are as they were, so a flatten reading the class reads what it read,
-/// and the slots' descriptors are still what the names resolve to and their offsets still
+/// and the slots' descriptors are still what the names resolve to and their places still
 /// where the object stores the values.
 struct Layout {
     ty: Py<PyType>,
-    tag: u32,
+    version: TypeVersion,
 }
 
 impl Layout {
     /// The version of `obj`'s type now; None where the type has none (CPython gives a tag at
     /// a lookup on the type and stops giving a class new ones after many changes to it).
-    fn of(obj: &Bound<'_, PyAny>) -> Option<Layout> {
+    fn of(gate: Internals, obj: &Bound<'_, PyAny>) -> Option<Layout> {
         let ty = obj.get_type();
-        // SAFETY (both reads): `ty` is alive (held).
-        let tag = unsafe { type_version(ty.as_type_ptr()) }.or_else(|| {
+        let version = gate.version_of(&ty).or_else(|| {
             // A lookup on the type (`type.__getattribute__` looks `__init__` up in the type
             // itself, past the metaclass's non-data one) gives it a tag if it can have one;
             // what the lookup finds, or an error it raises, does not matter.
             let _ = ty.getattr(pyo3::intern!(ty.py(), "__init__"));
-            unsafe { type_version(ty.as_type_ptr()) }
+            gate.version_of(&ty)
         })?;
         Some(Layout {
             ty: ty.unbind(),
-            tag,
+            version,
         })
     }
 
     fn clone_ref(&self, py: Python<'_>) -> Layout {
         Layout {
             ty: self.ty.clone_ref(py),
-            tag: self.tag,
+            version: self.version,
         }
     }
 
     /// Whether `obj` is still of this type, which still has this version.
     fn holds(&self, obj: &Bound<'_, PyAny>) -> bool {
-        // SAFETY: the type is alive (held).
-        unsafe { has_type_version(obj, self.ty.as_ptr().cast(), self.tag) }
+        self.version.holds(obj)
     }
 }
 
 /// The plain containers among some values, watched, with their contents (for the found
 /// check of `Snapshot::take`).
 struct Plain<'a> {
+    gate: Internals,
     /// Tree containers (watched on their own): not watched again.
     tree: &'a HashSet<usize>,
     index: &'a LeafIndex,
@@ -207,8 +211,9 @@ struct Plain<'a> {
 }
 
 impl<'a> Plain<'a> {
-    fn new(tree: &'a HashSet<usize>, index: &'a LeafIndex) -> Self {
+    fn new(gate: Internals, tree: &'a HashSet<usize>, index: &'a LeafIndex) -> Self {
         Plain {
+            gate,
             tree,
             index,
             watched: Vec::new(),
@@ -223,7 +228,7 @@ impl<'a> Plain<'a> {
         let at = value.as_ptr() as usize;
         self.found.insert(at);
         let ty = value.get_type();
-        let plain = is_plain(value);
+        let plain = is_plain(self.gate, value);
         // A namedtuple or a registered subclass is still its base's kind of container; only
         // the tree's own containers (watched on their own) are skipped.
         if !plain || self.tree.contains(&at) || !self.seen.insert(at) {
@@ -239,8 +244,10 @@ impl<'a> Plain<'a> {
             self.watched.push(watch_list(obj, list, self.index));
             items.extend(list.iter());
         } else if let Ok(dict) = value.cast::<PyDict>() {
-            self.watched
-                .push(Watched::Dict(obj, DictItems::read(dict, self.index)));
+            self.watched.push(Watched::Dict(
+                obj,
+                DictItems::read(self.gate, dict, self.index),
+            ));
             if !ty.is(value.py().get_type::<PyDict>()) {
                 let keys = iter_items(value)?;
                 self.watched
@@ -269,20 +276,17 @@ impl<'a> Plain<'a> {
 /// write-back replaces (an array, most often): a set's subclass check walks the MRO, so the
 /// last type found to be no set is remembered by its version tag (unique to one version of
 /// one type, so a later `__bases__` cannot make it wrong).
-fn is_plain(value: &Bound<'_, PyAny>) -> bool {
-    use pyo3::ffi;
+fn is_plain(gate: Internals, value: &Bound<'_, PyAny>) -> bool {
     thread_local! {
         static NOT_A_SET: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
-    let ty = value.get_type_ptr();
-    // SAFETY: `value` is alive, so is its type; its flags and tag are plain reads.
-    let (flags, tag) = unsafe { ((*ty).tp_flags, type_version(ty)) };
-    let sequences = ffi::Py_TPFLAGS_LIST_SUBCLASS
-        | ffi::Py_TPFLAGS_TUPLE_SUBCLASS
-        | ffi::Py_TPFLAGS_DICT_SUBCLASS;
-    if flags & sequences != 0 {
+    if value.is_instance_of::<PyList>()
+        || value.is_instance_of::<PyTuple>()
+        || value.is_instance_of::<PyDict>()
+    {
         return true;
     }
+    let tag = gate.type_tag(value);
     if tag.is_some() && tag == Some(NOT_A_SET.get()) {
         return false;
     }
@@ -358,37 +362,38 @@ impl Watched {
         }
     }
 
-    fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
+    fn unchanged(&self, py: Python<'_>, gate: Internals) -> PyResult<bool> {
         Ok(match self {
             Watched::List(obj, items, _) => obj
                 .bind(py)
                 .cast::<PyList>()
                 .is_ok_and(|l| same_list(l, items)),
-            Watched::Dict(obj, items) => obj.bind(py).cast::<PyDict>().is_ok_and(|d| items.same(d)),
+            Watched::Dict(obj, items) => {
+                (obj.bind(py).cast::<PyDict>()).is_ok_and(|d| items.same(gate, d))
+            }
             Watched::Set(obj, items) | Watched::Order(obj, items) => {
                 same_items(obj.bind(py), items)?
             }
             Watched::Type(obj, layout) => layout.holds(obj.bind(py)),
             Watched::Attributes(owner, attrs, items, plain) => {
                 stored_dict(owner.bind(py))?.is(attrs)
-                    && items.same(attrs.bind(py))
-                    && all_unchanged(py, plain)?
+                    && items.same(gate, attrs.bind(py))
+                    && all_unchanged(py, gate, plain)?
             }
             Watched::Slots(obj, layout, slots, plain) => {
                 let obj = obj.bind(py);
                 for slot in slots {
-                    // Asked for each slot: one read through its descriptor may run Python code.
-                    if !layout.holds(obj) || !slot.holds(obj)? {
+                    if !slot.holds(gate, layout, obj)? {
                         return Ok(false); // the class or the slot changed
                     }
                 }
-                all_unchanged(py, plain)?
+                all_unchanged(py, gate, plain)?
             }
         })
     }
 
     /// Whether an object's `__dict__`, or a dict its attributes or slots hold, had been
-    /// changed after `since` (`dict_clock`) when it was read. Not a dict of the tree: a
+    /// changed after `since` (`Internals::dict_clock`) when it was read. Not a dict of the tree: a
     /// registered flatten may build one (`return ({"w": self.w},), None`), new, so changed
     /// after `since`, and the take checks each against the flatten's children instead.
     fn attributes_changed_after(&self, since: u64) -> bool {
@@ -405,9 +410,9 @@ impl Watched {
     }
 }
 
-fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
+fn all_unchanged(py: Python<'_>, gate: Internals, watched: &[Watched]) -> PyResult<bool> {
     for w in watched {
-        if !w.unchanged(py)? {
+        if !w.unchanged(py, gate)? {
             return Ok(false);
         }
     }
@@ -415,18 +420,18 @@ fn all_unchanged(py: Python<'_>, watched: &[Watched]) -> PyResult<bool> {
 }
 
 impl SlotValue {
-    /// The slot of `descr` on `obj`, read now (`index`: the bound leaves).
+    /// The slot of `descr` on `obj`, read now (`layout`: the object's, `index`: the bound
+    /// leaves).
     fn read(
+        gate: Internals,
+        layout: &Layout,
         obj: &Bound<'_, PyAny>,
         descr: Bound<'_, PyAny>,
         index: &LeafIndex,
     ) -> PyResult<SlotValue> {
-        // SAFETY: `descr` and `obj` are alive (held, borrowed); only the descriptor's fields
-        // and type are read.
-        let offset = unsafe { instance_member(obj.as_ptr(), descr.as_ptr(), false) };
-        let value = match offset {
-            // SAFETY: `offset` is where `obj` stores the member (found above).
-            Some(offset) => unsafe { stored(obj, offset) },
+        let at = (gate.slot_at(obj, &descr, false)).filter(|at| at.version() == layout.version);
+        let value = match at.and_then(|at| at.read(obj)) {
+            Some(value) => value,
             None => read_slot(obj, &descr)?,
         };
         let value = value.map(Bound::unbind);
@@ -434,69 +439,31 @@ impl SlotValue {
             descr: descr.unbind(),
             leaf: value.as_ref().and_then(|v| index.get(v)),
             value,
-            offset,
+            at,
         })
     }
 
-    /// Whether the slot still holds its value, by identity, without taking a reference where
-    /// it is read in the object. The object's `Layout` must hold: the value is then read where
-    /// it is stored, or through the descriptor.
-    fn holds(&self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    /// Whether the slot still holds its value, by identity, and the object's `layout` still
+    /// holds (asked for each slot: a read through a descriptor may run Python code), without
+    /// taking a reference where the value is read in the object.
+    fn holds(&self, gate: Internals, layout: &Layout, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         let value = self.value.as_ref().map_or(std::ptr::null_mut(), Py::as_ptr);
-        let descr = self.descr.as_ptr();
-        // SAFETY: the layout holds, so the offset is where the object stores the member; else
-        // the member is read after its class is checked. Both pointers are only compared.
-        let held = match self.offset {
-            Some(offset) => Some(unsafe { stored_ptr(obj, offset) }),
-            None => unsafe { member_value(obj.as_ptr(), descr) },
-        };
-        if let Some(held) = held {
+        if let Some(at) = self.at {
+            // Under the layout's version (checked by `get`): where the object stores it.
+            return Ok(at.get(obj) == Some(value));
+        }
+        if !layout.holds(obj) {
+            return Ok(false);
+        }
+        let descr = self.descr.bind(obj.py());
+        if let Some(held) = gate.member_value(obj, descr) {
             return Ok(held == value);
         }
-        Ok(
-            match (read_slot(obj, self.descr.bind(obj.py()))?, &self.value) {
-                (Some(a), Some(b)) => a.is(b),
-                (None, None) => true,
-                _ => false,
-            },
-        )
-    }
-}
-
-/// The pointer `obj` stores at `offset` (null: unset).
-///
-/// # Safety
-/// `offset` must be where `obj`'s layout stores an object member; the GIL must be held. The
-/// pointer is borrowed and may dangle once any Python code runs: only compare it, or take a
-/// reference to it at once.
-unsafe fn stored_ptr(obj: &Bound<'_, PyAny>, offset: isize) -> *mut pyo3::ffi::PyObject {
-    unsafe { *slot_ptr(obj.as_ptr(), offset) }
-}
-
-/// A reference to what `obj` stores at `offset` (None: unset).
-///
-/// # Safety
-/// As for `stored_ptr`.
-unsafe fn stored<'py>(obj: &Bound<'py, PyAny>, offset: isize) -> Option<Bound<'py, PyAny>> {
-    unsafe { Bound::from_borrowed_ptr_or_opt(obj.py(), stored_ptr(obj, offset)) }
-}
-
-/// What the member descriptor `descr` reads on `obj` when it is one as `__slots__` makes it
-/// (an object member, no audit hook) and `obj` is an instance of its class: the pointer
-/// stored in the object (null: unset), as `PyMember_GetOne` reads it. None for any other
-/// descriptor.
-///
-/// # Safety
-/// `obj` and `descr` must point to live objects and the GIL must be held. The pointer
-/// returned is borrowed and may dangle once any Python code runs: only compare it, or take a
-/// reference to it at once.
-unsafe fn member_value(
-    obj: *mut pyo3::ffi::PyObject,
-    descr: *mut pyo3::ffi::PyObject,
-) -> Option<*mut pyo3::ffi::PyObject> {
-    unsafe {
-        let offset = instance_member(obj, descr, false)?;
-        Some(*slot_ptr(obj, offset))
+        Ok(match (read_slot(obj, descr)?, &self.value) {
+            (Some(a), Some(b)) => a.is(b),
+            (None, None) => true,
+            _ => false,
+        })
     }
 }
 
@@ -509,8 +476,12 @@ fn read_slot<'py>(
     descr: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = obj.py();
-    // SAFETY: `descr` is alive, so is its type; reading a type slot has no side effects.
-    let get = unsafe { (*pyo3::ffi::Py_TYPE(descr.as_ptr())).tp_descr_get };
+    // SAFETY: `descr` is alive, so is its type; `PyType_GetSlot` (public, any type from 3.10)
+    // gives its `tp_descr_get`, NULL for none, which `Option` of a function pointer stands for.
+    let get = unsafe {
+        let slot = ffi::PyType_GetSlot(ffi::Py_TYPE(descr.as_ptr()), ffi::Py_tp_descr_get);
+        std::mem::transmute::<*mut std::ffi::c_void, Option<ffi::descrgetfunc>>(slot)
+    };
     let Some(get) = get else {
         return Ok(Some(descr.clone())); // not a descriptor any more: a plain class attribute
     };
@@ -528,13 +499,15 @@ fn read_slot<'py>(
 }
 
 fn slot_values<'py>(
+    gate: Internals,
+    layout: &Layout,
     obj: &Bound<'py, PyAny>,
     descrs: Vec<Bound<'py, PyAny>>,
     index: &LeafIndex,
 ) -> PyResult<Vec<SlotValue>> {
     descrs
         .into_iter()
-        .map(|descr| SlotValue::read(obj, descr, index))
+        .map(|descr| SlotValue::read(gate, layout, obj, descr, index))
         .collect()
 }
 
@@ -602,16 +575,16 @@ fn same_objects(
 /// A dict's items, by identity, in order, with its version tag when they were read and which
 /// values are bound leaves.
 struct DictItems {
-    /// CPython's version tag of the dict (`version_tag`; 0: none to go by).
+    /// The dict's PEP 509 version (`Internals::dict_version`; 0: none to go by).
     version: u64,
     items: Vec<(Py<PyAny>, Py<PyAny>)>,
     followed: Followed,
 }
 
 impl DictItems {
-    fn read(dict: &Bound<'_, PyDict>, index: &LeafIndex) -> Self {
-        // The tag first: a change after it, even during the read, makes the tags differ.
-        let version = version_tag(dict);
+    fn read(gate: Internals, dict: &Bound<'_, PyDict>, index: &LeafIndex) -> Self {
+        // The version first: a change after it, even during the read, makes them differ.
+        let version = gate.dict_version(dict);
         let items: Vec<(Py<PyAny>, Py<PyAny>)> =
             dict.iter().map(|(k, v)| (k.unbind(), v.unbind())).collect();
         let followed = index.followed(items.iter().map(|(_, v)| v));
@@ -654,41 +627,15 @@ impl DictItems {
         })
     }
 
-    /// Whether `dict` holds exactly these items: at once when its version tag is the one read
+    /// Whether `dict` holds exactly these items: at once when its version is the one read
     /// with them (no change since), else compared one by one (a change undone is none).
-    fn same(&self, dict: &Bound<'_, PyDict>) -> bool {
-        if self.version != 0 && version_tag(dict) == self.version {
+    fn same(&self, gate: Internals, dict: &Bound<'_, PyDict>) -> bool {
+        if self.version != 0 && gate.dict_version(dict) == self.version {
             return true;
         }
         // SAFETY: `dict` is alive (a Bound) and the GIL is held; nothing below runs Python.
         unsafe { same_dict_items(dict.as_ptr(), &self.items) }
     }
-}
-
-/// CPython's version tag of `dict` (PEP 509): a new value from a global counter at every
-/// change of its items, so an equal tag means the same items. Read on 3.11 and 3.12 only: on
-/// 3.13, setting an attribute of an object whose `__dict__` was made (dicts the snapshot
-/// watches) leaves the tag as it was, and 3.14 has none; there 0, and the items are compared
-/// (`test_every_change_to_a_watched_dict_is_seen` in `tests/jit/test_jit_partial.py`).
-#[cfg(not(Py_3_13))]
-fn version_tag(dict: &Bound<'_, PyDict>) -> u64 {
-    // SAFETY: `dict` is a live dict (or subclass: same layout) and the GIL is held; the field
-    // is a plain integer read.
-    #[allow(deprecated)]
-    unsafe {
-        (*dict.as_ptr().cast::<pyo3::ffi::PyDictObject>()).ma_version_tag
-    }
-}
-
-#[cfg(Py_3_13)]
-fn version_tag(_dict: &Bound<'_, PyDict>) -> u64 {
-    0
-}
-
-/// PEP 509's global dict version now (a new dict's tag): a dict whose tag is above it was
-/// changed after. 0 where dicts have no tags (`version_tag`).
-fn dict_clock(py: Python<'_>) -> u64 {
-    version_tag(&PyDict::new(py))
 }
 
 fn same_list(list: &Bound<'_, PyList>, items: &[Py<PyAny>]) -> bool {
@@ -739,6 +686,9 @@ pub struct Snapshot {
     /// The last tuple of node indices `refresh` was given (a trace's record, the same tuple at
     /// every call; held, so that its address is not reused) and the watched entries it names.
     written: Option<(Py<PyTuple>, Vec<usize>)>,
+    /// Leave to read CPython's internals the record was taken with (None: off, and nothing
+    /// recorded; not checkable).
+    gate: Option<Internals>,
 }
 
 /// Whether the child at entry `c` is found among `found` (see the module comment): itself,
@@ -777,6 +727,18 @@ impl Snapshot {
         leaves: &Bound<'_, PyList>,
         registry_len: usize,
     ) -> PyResult<Self> {
+        let Some(gate) = internals() else {
+            // Without CPython's internals nothing can be watched: the bound arguments are
+            // flattened at every call.
+            return Ok(Snapshot {
+                watched: Vec::new(),
+                owners: Vec::new(),
+                checkable: false,
+                registry_len,
+                written: None,
+                gate: None,
+            });
+        };
         let py = objects.py();
         let def = def.get();
         let index = LeafIndex::of(leaves);
@@ -813,7 +775,7 @@ impl Snapshot {
                 continue;
             }
             if let Ok(dict) = obj.cast_exact::<PyDict>() {
-                let items = DictItems::read(dict, &index);
+                let items = DictItems::read(gate, dict, &index);
                 if let NodeKind::Dict(keys) = &node.kind {
                     let children = children_of(def, objects, i)?;
                     checkable &= items.are(keys.bind(py), &children);
@@ -824,7 +786,7 @@ impl Snapshot {
             }
             // First, so that a reassigned `__class__` or a changed class is seen, and the
             // slots are read under the version recorded.
-            let Some(layout) = Layout::of(&obj) else {
+            let Some(layout) = Layout::of(gate, &obj) else {
                 checkable = false; // the class cannot be watched: flattened at every call
                 break;
             };
@@ -838,7 +800,7 @@ impl Snapshot {
                 found.extend(list.iter().map(|v| v.as_ptr() as usize));
                 known = true;
             } else if let Ok(dict) = obj.cast::<PyDict>() {
-                let items = DictItems::read(dict, &index);
+                let items = DictItems::read(gate, dict, &index);
                 watched.push(Watched::Dict(obj.clone().unbind(), items));
                 watched.push(Watched::Order(obj.clone().unbind(), iter_items(&obj)?));
                 found.extend(dict.values().iter().map(|v| v.as_ptr() as usize));
@@ -849,8 +811,8 @@ impl Snapshot {
             if let Ok(attrs) = stored_dict(&obj) {
                 match attrs.cast_into::<PyDict>() {
                     Ok(attrs) => {
-                        let items = DictItems::read(&attrs, &index);
-                        let mut plain = Plain::new(&tree, &index);
+                        let items = DictItems::read(gate, &attrs, &index);
+                        let mut plain = Plain::new(gate, &tree, &index);
                         for (_, v) in attrs.iter() {
                             plain.add(&v, 0)?;
                         }
@@ -868,7 +830,7 @@ impl Snapshot {
                 }
             }
             let ty = layout.ty.bind(py);
-            let version = (ty.as_ptr() as usize, layout.tag);
+            let version = (ty.as_ptr() as usize, layout.version.tag());
             let descrs = match slots_of.get(&version) {
                 Some((_, descrs)) => descrs.iter().map(|d| d.bind(py).clone()).collect(),
                 None => {
@@ -883,8 +845,8 @@ impl Snapshot {
                 }
             };
             if !descrs.is_empty() {
-                let values = slot_values(&obj, descrs, &index)?;
-                let mut plain = Plain::new(&tree, &index);
+                let values = slot_values(gate, &layout, &obj, descrs, &index)?;
+                let mut plain = Plain::new(gate, &tree, &index);
                 for v in values.iter().filter_map(|slot| slot.value.as_ref()) {
                     plain.add(v.bind(py), 0)?;
                 }
@@ -921,6 +883,7 @@ impl Snapshot {
             checkable,
             registry_len,
             written: None,
+            gate: Some(gate),
         })
     }
 }
@@ -957,7 +920,7 @@ impl Snapshot {
         let py = tree.py();
         // Read before the flatten: a type registered during it makes the next check false.
         let registry_len = registry_size(py)?;
-        let since = dict_clock(py);
+        let since = internals().map_or(0, |gate| gate.dict_clock(py));
         let (leaves, def, objects) = crate::sharing::flatten_shared(tree)?.into_python(py)?;
         let mut snapshot = Snapshot::record(&objects, &def, &leaves, registry_len)?;
         // An attribute dict changed after the flatten began, by Python code the flatten ran (a
@@ -1011,7 +974,10 @@ impl Snapshot {
         if registry_size(py)? != self.registry_len {
             return Ok(false);
         }
-        all_unchanged(py, &self.watched)
+        let Some(gate) = self.gate else {
+            return Ok(false); // nothing was recorded
+        };
+        all_unchanged(py, gate, &self.watched)
     }
 }
 

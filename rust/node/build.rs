@@ -1,30 +1,10 @@
 //! Building a node's Python object from its children (every unflatten ends here).
 
 use super::NodeKind;
+use crate::cpython::new_dict;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-
-#[cfg(not(Py_3_13))]
-extern "C" {
-    // Exported by CPython 3.8-3.12 (Include/cpython/dictobject.h): a dict with room for
-    // `minused` items, so filling a wide dict does not resize it over and over.
-    fn _PyDict_NewPresized(minused: ffi::Py_ssize_t) -> *mut ffi::PyObject;
-}
-
-/// An empty dict with room for `size` items.
-pub fn new_dict(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyDict>> {
-    #[cfg(not(Py_3_13))]
-    if size > 5 {
-        // SAFETY: returns a new reference to an exact dict, or NULL with an exception set.
-        return unsafe {
-            Bound::from_owned_ptr_or_err(py, _PyDict_NewPresized(size as ffi::Py_ssize_t))
-                .map(|d| d.cast_into_unchecked())
-        };
-    }
-    let _ = size;
-    Ok(PyDict::new(py))
-}
 
 /// `dict[key] = value` without the reference-count round trips of `PyDict::set_item`
 /// (unflatten's hot loop: measured 4% of it on dict-heavy trees).

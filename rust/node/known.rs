@@ -15,7 +15,7 @@
 //! that type, so a change in flax costs speed, never correctness.
 
 use super::memo;
-use crate::member::SlotReader;
+use crate::cpython::SlotReader;
 use crate::registry::CustomType;
 use crate::traverse::address::AddressMap;
 use crate::traverse::keysort;

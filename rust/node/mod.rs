@@ -7,7 +7,7 @@ mod expand;
 pub mod known;
 pub mod memo;
 
-pub use build::{build_node, new_dict, new_sequence};
+pub use build::{build_node, new_sequence};
 pub use expand::{call_custom_flatten, expand, key_entry_of};
 pub use known::{Known, KnownFlatten};
 

@@ -10,7 +10,7 @@ mod compat;
 
 pub use compat::compat;
 
-use crate::member::SlotReader;
+use crate::cpython::SlotReader;
 use crate::node::{Known, KnownFlatten};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;

@@ -4,7 +4,8 @@
 //! is reported as a ratio to it, so that what is left to gain is measured, not guessed.
 
 use super::PyTreeDef;
-use crate::node::{build_node, new_dict, NodeKind};
+use crate::cpython::new_dict;
+use crate::node::{build_node, NodeKind};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyList;

@@ -2,7 +2,7 @@
 //! the new contents of the caller's containers back into those very objects, all or nothing
 //! (an undo log puts back what was written when a later write fails).
 
-use crate::member::{python_slots, setattro_of};
+use crate::cpython::internals;
 use crate::node::{build_node, Node, NodeKind};
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -598,38 +598,21 @@ fn object_setattr(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
         .map(|f| f.bind(py))
 }
 
-/// Whether CPython's check in `object.__setattr__` (its `hackcheck`: it must not skip a
-/// C-level `__setattr__`) passes for instances of `ty`, making the call the same as
-/// `PyObject_GenericSetAttr`: going up the bases from `ty`, the first whose `tp_setattro` is
-/// not a Python class's (`python`, `member::python_slots`) must be object's. Any other C-level
-/// one, or none found, answers false.
-///
-/// # Safety
-/// `ty` must point to a live type object; its `tp_base` chain is then alive too.
-unsafe fn generic_setattr_applies(mut ty: *mut pyo3::ffi::PyTypeObject, python: usize) -> bool {
-    let generic = pyo3::ffi::PyObject_GenericSetAttr as *const () as usize;
-    while !ty.is_null() {
-        match unsafe { setattro_of(ty) } {
-            f if f == generic => return true,
-            f if f == python && python != 0 => ty = unsafe { (*ty).tp_base },
-            _ => return false,
-        }
-    }
-    false
-}
-
 /// `object.__setattr__(obj, name, value)`. Called for every attribute a write-back sets (each
-/// nnx Variable written): where that is the generic setter, it is called directly, without
-/// the Python call (a tuple, a bound method-wrapper and a second tuple each time).
+/// nnx Variable written): where that is the generic setter (`generic_setattr_applies`, read
+/// in CPython's internals), it is called directly, without the Python call (a tuple, a bound
+/// method-wrapper and a second tuple each time).
 fn set_attribute<'py>(
     obj: &Bound<'py, PyAny>,
     name: &Bound<'py, PyString>,
     value: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
     let py = obj.py();
-    // SAFETY: `obj` is alive, so is its type.
-    let python = python_slots(py)?.setattro;
-    if !unsafe { generic_setattr_applies(pyo3::ffi::Py_TYPE(obj.as_ptr()), python) } {
+    let generic = match internals() {
+        Some(gate) => gate.generic_setattr_applies(obj)?,
+        None => false,
+    };
+    if !generic {
         return object_setattr(py)?.call1((obj, name, value)).map(|_| ());
     }
     // SAFETY: all three are alive (borrowed for the call) and the GIL is held; the setter may
