@@ -36,7 +36,7 @@ mod writeback;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Decided before anything can read CPython's internals (`cpython/`).
-    cpython::init(m.py());
+    cpython::announce(m.py())?;
     m.add_function(wrap_pyfunction!(cpython::cpython_internals, m)?)?;
     m.add_class::<registry::TypeKind>()?;
     m.add_class::<treedef::PyTreeDef>()?;

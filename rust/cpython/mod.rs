@@ -38,6 +38,7 @@ pub use dicts::new_dict;
 pub use members::{SlotAt, SlotReader};
 pub use types::TypeVersion;
 
+use pyo3::exceptions::PyRuntimeWarning;
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -100,6 +101,15 @@ impl Gate {
         }
     }
 
+    /// Warn where this gate is `Unverified` (`announce`).
+    fn announce(&self, py: Python<'_>) -> PyResult<()> {
+        if let Gate::Unverified(why) = self {
+            let why = std::ffi::CString::new(why.as_str())?;
+            PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &why, 1)?;
+        }
+        Ok(())
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Gate::On => "on",
@@ -129,8 +139,15 @@ pub fn init(py: Python<'_>) -> &'static Gate {
     })
 }
 
+/// Say once, at import, that the internals are not read where that is for want of
+/// verification (a `RuntimeWarning` naming the interpreter; switched off on purpose, nothing
+/// is said).
+pub fn announce(py: Python<'_>) -> PyResult<()> {
+    init(py).announce(py)
+}
+
 /// `(state, why)`: `("on", None)`, `("switched off", None)` (`TREECLONE_NO_CPYTHON_INTERNALS`)
-/// or `("unverified", a sentence naming the interpreter)`, decided at import.
+/// or `("unverified", the sentence of the import's warning)`, decided at import.
 #[pyfunction]
 pub fn cpython_internals(py: Python<'_>) -> (&'static str, Option<String>) {
     let gate = init(py);
@@ -183,6 +200,26 @@ mod tests {
             why.contains("built for CPython 3.13 and runs on CPython 3.14t"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn an_unverified_interpreter_is_named_in_a_runtime_warning_and_nothing_else_is() {
+        Python::attach(|py| {
+            let warnings = py.import("warnings").unwrap();
+            let caught = warnings.call_method0("catch_warnings").unwrap();
+            caught.call_method0("__enter__").unwrap();
+            warnings.call_method1("simplefilter", ("error",)).unwrap();
+            let unverified = Gate::decide(false, "3.14", "3.14", None).announce(py);
+            let quiet = [Gate::On, Gate::SwitchedOff].map(|gate| gate.announce(py).is_ok());
+            let none = py.None();
+            caught
+                .call_method1("__exit__", (&none, &none, &none))
+                .unwrap();
+            let err = unverified.expect_err("a warning (an error under this filter)");
+            assert!(err.is_instance_of::<PyRuntimeWarning>(py));
+            assert!(err.value(py).to_string().contains("CPython 3.14"), "{err}");
+            assert_eq!(quiet, [true, true]);
+        });
     }
 
     #[test]
