@@ -286,7 +286,7 @@ fn is_plain(gate: Internals, value: &Bound<'_, PyAny>) -> bool {
     {
         return true;
     }
-    let tag = gate.type_tag(value);
+    let tag = gate.type_tag(value).map(std::num::NonZeroU32::get);
     if tag.is_some() && tag == Some(NOT_A_SET.get()) {
         return false;
     }
@@ -449,8 +449,8 @@ impl SlotValue {
     fn holds(&self, gate: Internals, layout: &Layout, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         let value = self.value.as_ref().map_or(std::ptr::null_mut(), Py::as_ptr);
         if let Some(at) = self.at {
-            // Under the layout's version (checked by `get`): where the object stores it.
-            return Ok(at.get(obj) == Some(value));
+            // Under the layout's version (checked by `holds`): where the object stores it.
+            return Ok(at.holds(obj, value));
         }
         if !layout.holds(obj) {
             return Ok(false);

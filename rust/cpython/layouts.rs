@@ -6,6 +6,7 @@
 
 use super::Internals;
 use pyo3::ffi;
+use std::num::NonZeroU32;
 
 /// The proof inside an `Internals` that the layouts are compiled in (`no_layouts.rs` has an
 /// empty one).
@@ -27,13 +28,13 @@ pub fn verified(on: bool) -> Option<Verified> {
 /// # Safety
 /// `ty` must point to a live type object.
 #[inline]
-pub unsafe fn type_version_tag(_: Internals, ty: *mut ffi::PyTypeObject) -> Option<u32> {
+pub unsafe fn type_version_tag(_: Internals, ty: *mut ffi::PyTypeObject) -> Option<NonZeroU32> {
     let (tag, _flags) = unsafe { ((*ty).tp_version_tag, (*ty).tp_flags) };
     #[cfg(not(Py_3_13))]
     if _flags & ffi::Py_TPFLAGS_VALID_VERSION_TAG == 0 {
         return None;
     }
-    (tag != 0).then_some(tag)
+    NonZeroU32::new(tag)
 }
 
 /// The address of the type's `tp_getattro` (0: none).

@@ -25,12 +25,21 @@ impl SlotAt {
     /// The pointer `obj` holds there (null: unset), None where `obj` is not of this type
     /// version. Borrowed: only compare it (it may dangle once any Python code runs).
     #[inline]
-    pub fn get(self, obj: &Bound<'_, PyAny>) -> Option<*mut ffi::PyObject> {
+    fn get(self, obj: &Bound<'_, PyAny>) -> Option<*mut ffi::PyObject> {
         // SAFETY: `obj` is of the type version the member was found under (checked), so it
         // stores the member at `offset`.
         self.version
             .holds(obj)
             .then(|| unsafe { *layouts::slot(self.gate(), obj.as_ptr(), self.offset) })
+    }
+
+    /// Whether `obj` is of this version and holds `value` there (null: unset), by address
+    /// (the snapshot's check of each slot: no reference taken).
+    #[inline]
+    pub fn holds(self, obj: &Bound<'_, PyAny>, value: *mut ffi::PyObject) -> bool {
+        // SAFETY: as in `get`; the pointer read is only compared.
+        self.version.holds(obj)
+            && unsafe { *layouts::slot(self.gate(), obj.as_ptr(), self.offset) } == value
     }
 
     /// The value `obj` holds there (None: unset), None where `obj` is not of this version.
@@ -214,7 +223,7 @@ impl SlotReader {
         obj: &Bound<'py, PyAny>,
         name: &Bound<'py, PyString>,
     ) -> Option<Bound<'py, PyAny>> {
-        let tag = gate.type_tag(obj)?;
+        let tag = gate.type_tag(obj)?.get();
         let place = self.place.load(Ordering::Relaxed);
         let offset = if (place >> 32) as u32 == tag {
             place as u32
@@ -291,7 +300,7 @@ d = Dicty()
                     public.as_ref().map_or(std::ptr::null_mut(), |v| v.as_ptr())
                 );
                 let at = gate.slot_at(&o, &descr, true).unwrap();
-                assert_eq!(at.get(&o), Some(held));
+                assert!(at.holds(&o, held) && at.get(&o) == Some(held));
                 let member = unsafe { layouts::member(gate, descr.as_ptr()) }.unwrap();
                 assert!(
                     member.class.cast::<ffi::PyObject>()
@@ -330,6 +339,7 @@ d = Dicty()
             let at = gate.slot_at(&s, &descr, false).unwrap();
             s.get_type().setattr("other", 1).unwrap();
             assert!(at.get(&s).is_none() && at.read(&s).is_none());
+            assert!(!at.holds(&s, std::ptr::null_mut()));
             assert!(at.swap(&s, &s).is_none());
         });
     }

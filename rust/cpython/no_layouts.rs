@@ -4,6 +4,7 @@
 
 use super::Internals;
 use pyo3::ffi;
+use std::num::NonZeroU32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verified {}
@@ -15,7 +16,7 @@ pub fn verified(_on: bool) -> Option<Verified> {
 
 /// # Safety
 /// Cannot be called (no `Internals` exists).
-pub unsafe fn type_version_tag(gate: Internals, _: *mut ffi::PyTypeObject) -> Option<u32> {
+pub unsafe fn type_version_tag(gate: Internals, _: *mut ffi::PyTypeObject) -> Option<NonZeroU32> {
     match gate.0 {}
 }
 

@@ -8,6 +8,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+use std::num::NonZeroU32;
 
 /// One version of one type: while an object is of the type at this address and the type has
 /// this tag (`layouts::type_version_tag`), the class's namespaces and MRO are as they were.
@@ -16,7 +17,7 @@ use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TypeVersion {
     ty: usize,
-    tag: u32,
+    tag: NonZeroU32,
     gate: Internals,
 }
 
@@ -28,7 +29,7 @@ impl TypeVersion {
     }
 
     pub fn tag(self) -> u32 {
-        self.tag
+        self.tag.get()
     }
 
     pub(super) fn gate(self) -> Internals {
@@ -40,7 +41,7 @@ impl Internals {
     /// The version tag of `obj`'s type, None where it has none (CPython gives one at a lookup
     /// on the type, and stops giving a class new ones after many changes to it).
     #[inline]
-    pub fn type_tag(self, obj: &Bound<'_, PyAny>) -> Option<u32> {
+    pub fn type_tag(self, obj: &Bound<'_, PyAny>) -> Option<NonZeroU32> {
         // SAFETY: `obj` is alive, so is its type.
         unsafe { layouts::type_version_tag(self, obj.get_type_ptr()) }
     }
