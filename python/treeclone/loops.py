@@ -20,33 +20,36 @@ init`` when the body returns its argument); what it builds anew is a new object.
 ``strict`` a carry container changed in place and not returned at its place is a
 :class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
 
-How: the JAX loop carries the distinct leaves of the carry (flattened with identity: an array
-at two places is one leaf). At each iteration (traced once) the lifted body rebuilds the carry
-from them, runs the user's body, and checks what it returns: the same structure (a key added,
-a list grown, a container shared differently is an error naming the key path), and, for each
-container, either the input container at the same place (updated in place) or a new one (the
-input container then left unchanged). That pattern, the same for every iteration, says how the
-final leaves are written into the caller's objects once the loop is done, all or nothing. The
-traced functions are kept per kind of call, so that an eager loop called again finds JAX's
-cached trace.
-``docs/semantics.md`` ("scan, fori_loop and while_loop") states the rules and names their tests.
+How: a loop enters through the lift, as every transformation does. The carry (with scan's
+``xs`` under ``alias``: one call ``(init, xs)``) is flattened with identity by
+``_lift.flatten_call``; the JAX loop carries its distinct leaves (and scans over ``xs``'s). At
+each iteration (traced once) the body runs under ``_lift.trace`` on the call rebuilt from them,
+which records what it does as the call's native ``CallPlan``: the same write-back every other
+transformation uses. The loop's own rules are checked at trace time, here: the carry keeps its
+structure and types, and each container is the input container at the same place (updated in
+place) or a new one (the input container then left unchanged). So the plan, the same for every
+iteration, applied once to the final leaves after the loop, writes the caller's objects, all or
+nothing. The traced functions are kept per kind of call, so that an eager loop called again
+finds JAX's cached trace. ``docs/semantics.md`` ("scan, fori_loop and while_loop") states the
+rules and names their tests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jax
 
-from treeclone import _native, _trace
-from treeclone._jax_compat import INITIAL_RESULT_PATHS, DebugInfo, fun_sourceinfo, unflatten_node
+from treeclone import _lift, _trace
 from treeclone._lift import Naming, reporting
+from treeclone._jax_compat import unflatten_node
 from treeclone._native import EntryInfo
-from treeclone._writeback import changed_attributes, write_custom
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -69,7 +72,8 @@ _NoneType: type = type(None)
 
 
 def _stand_in(api: str, params: tuple[str, ...]) -> Callable[..., None]:
-    """A function with the loop's argument names, which a policy dict is checked against."""
+    """A function with the given argument names: a policy dict is checked against the loop's,
+    and messages name the loop's inputs by them (``init``, ``xs``, ``init_val``)."""
 
     def arguments(*args: Any) -> None:
         return None
@@ -87,45 +91,35 @@ _STAND_INS = {
     "fori_loop": _stand_in("fori_loop", ("init_val",)),
     "while_loop": _stand_in("while_loop", ("init_val",)),
 }
+_NAMINGS = {api: Naming(f) for api, f in _STAND_INS.items()}
+_XS_NAMING = Naming(_stand_in("scan", ("xs",)))
 
 
-def _policies_of(policy: PolicySpec | ArgPolicies, api: str) -> tuple[Policy, ...]:
-    """The policy of each of the loop's arguments (scan: ``init`` and ``xs``; fori_loop and
-    while_loop: ``init_val``), from one policy or a dict naming them by name or position
-    (checked as jit checks a dict); a ``with treeclone.policy(...)`` block wins."""
+def _loop_policies(
+    policy: PolicySpec | ArgPolicies, api: str
+) -> tuple[Policy | ArgPolicies, tuple[Policy, ...]]:
+    """The loop's policy as the lift takes it, and that of each of its arguments (scan:
+    ``init`` and ``xs``; fori_loop and while_loop: ``init_val``), from one policy or a dict
+    naming them by name or position (checked as jit checks a dict); a ``with
+    treeclone.policy(...)`` block wins."""
     stand_in = _STAND_INS[api]
-    spec = as_policy_spec(policy, stand_in)
-    chosen = policy_override.get() or spec
+    chosen = policy_override.get() or as_policy_spec(policy, stand_in)
     count = len(inspect.signature(stand_in).parameters)
     if isinstance(chosen, ArgPolicies):
-        return chosen.per_argument(range(count), [])
-    return (chosen,) * count
-
-
-def _policy_of(policy: PolicySpec | ArgPolicies, api: str) -> Policy:
-    """The policy of a loop of one carry (fori_loop, while_loop): a dict can only name it."""
-    return _policies_of(policy, api)[0]
+        return chosen, chosen.per_argument(range(count), [])
+    return chosen, (chosen,) * count
 
 
 def _qualname(fun: Any) -> str:
+    # The expression every module writes inline (_trace, _lift): no shared helper yet.
     return getattr(fun, "__qualname__", None) or repr(fun)
-
-
-def _check_cycle(tree: Any, name: str) -> None:
-    """A cyclic argument is the ``ValueError`` of every policy, naming the argument, before a
-    flatten meets the cycle (docs/semantics.md, rule 14)."""
-    _native.check(tree, name)
 
 
 def _aval(x: Any) -> Any:
     return jax.api_util.shaped_abstractify(x)
 
 
-# --- what a body did to a container, for messages ------------------------------------------------
-
-
-def _mutable(obj: Any) -> bool:
-    return not isinstance(obj, tuple)
+# --- what a body did to a container: a shallow diff, for the loop's own rules --------------------
 
 
 def _state(obj: Any) -> tuple:
@@ -140,7 +134,7 @@ def _state(obj: Any) -> tuple:
     return attrs, items, flat
 
 
-def _describe(path: str, obj: Any, before: tuple) -> list[str]:
+def _shallow_changes(path: str, obj: Any, before: tuple) -> list[str]:
     """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
     attrs, items = before[:2]
     now_attrs, now_items = _trace.shallow_state(obj)
@@ -158,26 +152,25 @@ def _describe(path: str, obj: Any, before: tuple) -> list[str]:
         if len(items) != len(now_items):
             lines.append(f"{path}: list resized from {len(items)} to {len(now_items)}")
         else:
-            lines += [
-                f"{path}[{i}]: replaced"
-                for i, (a, b) in enumerate(zip(items, now_items, strict=True))
-                if a != b
-            ]
+            pairs = zip(items, now_items, strict=True)
+            lines += [f"{path}[{i}]: replaced" for i, (a, b) in enumerate(pairs) if a != b]
     for name in dict.fromkeys([*attrs, *now_attrs]):
         if attrs.get(name) != now_attrs.get(name):
             lines.append(f"{path}.{name}: {'replaced' if name in attrs else 'attribute set'}")
     return lines or [f"{path}: changed in place"]
 
 
+def _containers(objs: list, info: list, skip: set[int]) -> Iterator[int]:
+    """The nodes of ``info`` that are containers (not None, not in ``skip``)."""
+    for k, e in enumerate(info):
+        if k not in skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType:
+            yield k
+
+
 def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
-    """The shallow state (children by identity) of each mutable container among ``objs``."""
+    """The shallow state of each mutable container among ``objs`` (a tuple cannot change)."""
     return {
-        k: _state(objs[k])
-        for k, e in enumerate(info)
-        if k not in skip
-        and isinstance(e, NodeInfo)
-        and e.node_type is not _NoneType
-        and _mutable(objs[k])
+        k: _state(objs[k]) for k in _containers(objs, info, skip) if not isinstance(objs[k], tuple)
     }
 
 
@@ -185,132 +178,169 @@ def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
     return [k for k, state in snapshot.items() if _state(objs[k]) != state]
 
 
-# --- the carry -----------------------------------------------------------------------------------
+# --- one loop call -------------------------------------------------------------------------------
 
 
-class _Carry:
-    """One loop call's carry, flattened with identity, and what the body's trace found.
+class _Traced:
+    """What the body's trace found, the same at every iteration: the ``CallPlan`` that writes
+    the final state (``plan``), where each of its outputs is among the final leaves and the
+    call's own (``gather``: an index into ``final + call.leaves``), and the ``xs`` leaves the
+    body changed, whose rows scan stacks (``stacked``, slots of the call)."""
 
-    ``fun``: the user's body (for messages); ``name``: what messages call the carry
-    (``init``, ``init_val``). The carry is flattened as ``(carry, {})``, the tree a one-argument
-    call flattens, so that ``_trace``'s key paths name it.
+    __slots__ = ("gather", "plan", "stacked")
 
-    Under ``alias`` scan's ``xs`` is one too (``sliced``): its leaves are the stacked arrays,
-    the body's slice is rebuilt from their rows, and the slice as the body leaves it is what
-    the step "returns"; the final rows, stacked by the loop, are written back into the caller's
-    ``xs`` as the carry's final leaves are into ``init`` (rule L7)."""
+    def __init__(self, plan: Any, gather: tuple[int, ...], stacked: tuple[int, ...]):
+        self.plan, self.gather, self.stacked = plan, gather, stacked
 
-    def __init__(self, fun: Any, init: Any, name: str, policy: Policy, sliced: bool = False):
-        _check_cycle(init, name)
-        self.fun, self.name, self.policy, self.sliced = fun, name, policy, sliced
-        self.leaves, self.sdef, self.objs = _native.flatten_shared((init, {}))
-        self.info: list[Any] = self.sdef.node_info()
-        self.root = self.sdef.num_nodes - 1
-        self.kwargs_node: int = self.sdef.children_of(self.root)[-1]
-        self.skip = {self.root, self.kwargs_node}
-        self.layout = _trace.Layout(1, [name])
+
+class _Loop:
+    """One loop call under a policy other than ``clone``: its inputs flattened with identity by
+    the lift as one call (``call``: ``(init,)``, or scan's ``(init, xs)`` when ``xs`` is
+    written back), the slots the JAX loop carries (``carried``) and scans over (``scanned``).
+    ``fun``: the user's body (for messages); ``policy``: the lift's; ``policies``: each
+    argument's."""
+
+    def __init__(self, api: str, fun: Any, args: tuple, policy: Any, policies: tuple):
+        self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
+        self.naming = _NAMINGS[api]
+        self.call = _lift.flatten_call(self.naming, args, {})
+        self.names = [self.naming.name(i) for i in range(len(args))]
+        self.layout = _trace.Layout(len(args), self.names)
+        self.info: list[Any] = self.call.sdef.node_info()
+        self.tops: list[int] = self.info[-1].children[: len(args)]
+        self.skip = {len(self.info) - 1, self.info[-1].children[-1]}
+        self.unstable = _trace.unstable_static_data((*args, {}), self.info)
+        arg_slots = self.call.arg_slots()
+        self.carried, self.scanned = arg_slots[0], arg_slots[1] if len(args) > 1 else []
+        self.record: _Traced | None = None  # this call's trace, when JAX did not reuse one
         self._paths: dict[int, str] | None = None
-        self.unstable = _trace.unstable_static_data((init, {}), self.info)
-        # Set by the body's (last) trace: the containers the body hands back at their own place
-        # (updated in place), and the leaves it hands back unchanged.
-        self.pattern: tuple[frozenset[int], tuple[bool, ...]] | None = None
-        avals = []
-        for s, leaf in enumerate(self.leaves):
+        self._check_leaves()
+
+    def _check_leaves(self) -> None:
+        shared = set(self.carried) & set(self.scanned)
+        if shared:
+            where = self.slot_path(min(shared))
+            raise ValueError(
+                f"{where} is one array in both init and xs: a loop carries init's leaves and "
+                "scans over xs's, so one array cannot be both; pass a copy at one place."
+            )
+        scanned = set(self.scanned)
+        for s, leaf in enumerate(self.call.leaves):
             try:
-                avals.append(_aval(leaf))
+                _aval(leaf)
             except TypeError:
                 raise TypeError(
                     f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
-                    f"a valid JAX type, cannot be {'scanned' if sliced else 'carried'} by a loop"
+                    f"a valid JAX type, cannot be {'scanned' if s in scanned else 'carried'} "
+                    "by a loop"
                 ) from None
-        self.avals = tuple(avals)
-
-    def paths(self) -> dict[int, str]:
-        if self._paths is None:
-            self._paths = _trace.Paths(self.sdef, self.objs, self.layout).paths
-        return self._paths
 
     def path(self, n: int) -> str:
-        return self.paths().get(n, "?") or self.name
+        if self._paths is None:
+            self._paths = _trace.Paths(self.call.sdef, self.call.objects, self.layout).paths
+        return self._paths.get(n, "?") or self.names[0]
 
     def slot_path(self, s: int) -> str:
         for n, e in enumerate(self.info):
             if isinstance(e, LeafInfo) and e.slot == s:
                 return self.path(n)
-        return f"{self.name}<leaf {s}>"
+        return f"{self.names[0]}<leaf {s}>"
+
+    def argument(self, n: int) -> int:
+        """Which argument (0: the carry, 1: scan's xs) node ``n`` is in."""
+        for a, top in enumerate(self.tops):
+            e = self.info[top]
+            if top - (e.size if isinstance(e, NodeInfo) else 1) < n <= top:
+                return a
+        return 0
+
+    def debug_names(self, params: list[str]) -> list[str]:
+        """Each carried (then scanned) leaf's key path, the arguments named ``params``."""
+        names = self.call.slot_names(Naming(_stand_in("body", tuple(params))))
+        return [names[s] for s in (*self.carried, *self.scanned)]
 
     # -- at trace time, in the JAX loop's body ----------------------------------------------------
 
-    def slot_names(self, root: str) -> list[str]:
-        """Each carried leaf's key path, the carry named ``root`` (for jax's messages)."""
-        paths = _trace.Paths(self.sdef, self.objs, _trace.Layout(1, [root])).paths
-        names: dict[int, str] = {}
-        for n, e in enumerate(self.info):
-            if isinstance(e, LeafInfo):
-                names.setdefault(e.slot, paths.get(n, root) or root)
-        return [names.get(s, root) for s in range(len(self.leaves))]
+    def step(self, carry: list, rows: list, body: Callable[..., tuple], watch: Any = None) -> tuple:
+        """Run ``body`` (the call's arguments -> (their new values, other results)) under the
+        lift on the call rebuilt from the JAX loop's ``carry`` (and ``rows``, scan's slices of
+        ``xs``). Returns the carry's new leaves, the other results and the new rows of the
+        ``xs`` leaves the body changes; records the plan (``record``). ``watch``: scan's slice
+        of an ``xs`` not written back, whose unreturned changes it checks."""
+        in_leaves = list(carry) if not self.scanned else [None] * len(self.call.leaves)
+        if self.scanned:
+            for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
+                in_leaves[s] = leaf
+        found: dict[str, Any] = {}
 
-    def rebuild(self, slots: Any) -> tuple[Any, list]:
-        root, objs = self.sdef.unflatten_nodes(list(slots))
-        return root[0], objs
+        def lifted(*args: Any) -> Any:
+            objs = _lift.flatten_call(self.naming, args, {}).objects  # as the body gets them
+            watched = _snapshot(objs, self.info, self.skip)
+            # The caller's containers, which the body may reach through a global or a closure
+            # (rule 25; checked first: it puts them back).
+            callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+            new, found["others"] = body(*args)
+            _trace.check_callers(
+                self.fun, self.call.objects, callers, self.call.sdef, objs, self.layout
+            )
+            if watch is not None:
+                watch.check(self.fun, (new, found["others"]))
+            found["slots"] = self._check(in_leaves, objs, watched, new)
+            return new if len(new) > 1 else new[0]
 
-    def step(
-        self,
-        slots: Any,
-        body: Callable[[Any], tuple[Any, Any]],
-        extra: tuple[str, Any, str] | None = None,
-    ) -> tuple[list, Any]:
-        """Run ``body`` (carry -> (new carry, other results)) on the carry rebuilt from
-        ``slots``; return the new carry's leaves (in ``slots``' order) and the other results.
-        ``extra``: another input of the body (scan's ``xs`` slice), named, with its policy's
-        mutations: its in-place changes not returned are an error (``"error"``) or reported
-        as discarded (``"discard"``, xs left alone in a call mixing policies)."""
-        carry, objs = self.rebuild(slots)
-        watched = _snapshot(objs, self.info, self.skip)
-        # The caller's carry containers, which the body may reach through a global or a
-        # closure (rule 25; a change there would hold a tracer, and the final write-back
-        # would replace it).
-        callers = _trace.watch_callers(self.objs, objs, self.info, self.skip)
-        extra_watch = None
-        if extra is not None:
-            name, tree, mutations = extra
-            if mutations in ("error", "discard"):
-                extra_watch = _ExtraWatch(name, tree, mutations)
-        new_carry, others = body(carry)
-        _trace.check_callers(self.fun, self.objs, callers, self.sdef, objs, self.layout)
-        if extra_watch is not None:
-            extra_watch.check(self.fun, (new_carry, others))
-        new_leaves, new_sdef, new_objs = _native.flatten_shared((new_carry, {}))
-        new_info: list[Any] = new_sdef.node_info()
-        self._check_structure(carry, new_carry, new_info)
+        lifted.__qualname__ = _qualname(self.fun)  # the lift's messages name the user's body
+        lifted.__module__ = getattr(self.fun, "__module__", None)  # type: ignore[assignment]
+        lifted.__wrapped__ = self.fun  # type: ignore[attr-defined]
+        hook = functools.partial(_write_back_hook, in_leaves, found)
+        plan, outputs = _lift.trace(
+            lifted, self.policy, self.naming, self.call.sdef, in_leaves, None, result_hook=hook
+        )
+        new_slots = found["slots"]
+        where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
+        where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
+        stacked = tuple(s for s in self.scanned if new_slots[s] is not in_leaves[s])
+        # An output found in neither is a new value in a container of an argument left alone
+        # (policy clone in a call mixing policies): built fresh and dropped, any value will do.
+        self.record = _Traced(plan, tuple(where.get(id(o), 0) for o in outputs), stacked)
+        return (
+            [new_slots[s] for s in self.carried],
+            found["others"],
+            [new_slots[s] for s in stacked],
+        )
 
-        index = {
-            id(objs[k]): k
-            for k, e in enumerate(self.info)
-            if k not in self.skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType
-        }
+    def _check(self, in_leaves: list, objs: list, watched: dict, new: tuple) -> list:
+        """The loop's rules for what the body returns (``new``, one per argument): it keeps
+        the structure and types of the call, and each container is the input container at the
+        same place (updated in place) or a new one (the input one unchanged). Returns the new
+        value of each slot."""
+        after = _lift.flatten_call(self.naming, new, {})
+        new_info: list[Any] = after.sdef.node_info()
+        if not _same_structure(self.info, new_info, self.unstable):
+            self._raise_structure(new)
+        index = {id(objs[k]): k for k in _containers(objs, self.info, self.skip)}
         kept = set()
-        for n, e in enumerate(new_info):
-            if n in self.skip or not isinstance(e, NodeInfo) or e.node_type is _NoneType:
-                continue
-            k = index.get(id(new_objs[n]))
-            if k is None:
-                continue
-            if k != n:
-                what = "put the slice's" if self.sliced else "returned the carry's"
+        for n in _containers(after.objects, new_info, self.skip):
+            k = index.get(id(after.objects[n]))
+            if k is not None and k != n:
+                what = "put the slice's" if self.argument(n) else "returned the carry's"
                 raise ValueError(
                     f"{_qualname(self.fun)} {what} container {self.path(k)} at "
                     f"the place of {self.path(n)}. A loop carries each container at its place; "
                     "build a new object there instead, or keep the container where it is."
                 )
-            kept.add(n)
+            if k is not None:
+                kept.add(n)
         changed = _changed(objs, watched)
         bad = [k for k in changed if k not in kept]
-        if not bad:
-            self._check_outside_attributes(objs, watched, changed, new_info, new_objs)
         if bad:
             self._raise_unreturned(objs, watched, bad)
+        else:
+            self._check_outside_attributes(objs, watched, changed, new_info, after.objects)
+        return self._new_slots(new_info, after.leaves, in_leaves)
 
+    def _new_slots(self, new_info: list, new_leaves: list, in_leaves: list) -> list:
+        """Each slot's new value (the body's leaf at its place), checked: one array of the
+        call stays one, and keeps its shape and dtype."""
         values: dict[int, Any] = {}
         for n, (e_in, e_out) in enumerate(zip(self.info, new_info, strict=True)):
             if isinstance(e_in, LeafInfo):
@@ -318,30 +348,29 @@ class _Carry:
                 if s in values and values[s] is not value:
                     raise ValueError(
                         f"{_qualname(self.fun)} gave different values to {self.slot_path(s)} and "
-                        f"{self.path(n)}, which are one array in {self.name} (the same object "
-                        "at both places). A loop carries that array once; pass two arrays "
-                        "(a copy at one of the places) to let them differ."
+                        f"{self.path(n)}, which are one array in {self.names[0]} (the same "
+                        "object at both places). A loop carries that array once; pass two "
+                        "arrays (a copy at one of the places) to let them differ."
                     )
                 values[s] = value
-        new_slots = [values[s] for s in range(len(slots))]
-        for s, (old, new) in enumerate(zip(slots, new_slots, strict=True)):
+        new_slots = [values[s] for s in range(len(self.call.leaves))]
+        scanned = set(self.scanned)
+        for s, (old, new) in enumerate(zip(in_leaves, new_slots, strict=True)):
             a, b = _aval(old), _aval(new)
             if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
-                if self.sliced:
+                if s in scanned:
                     raise TypeError(
                         f"{_qualname(self.fun)} put a value of type {b.str_short()} at "
                         f"{self.slot_path(s)} of its slice, where xs's rows have type "
-                        f"{a.str_short()}: a slice is written back into the stacked xs, row by "
-                        "row, so it must keep its shapes and dtypes"
+                        f"{a.str_short()}: a slice is written back into the stacked xs, row "
+                        "by row, so it must keep its shapes and dtypes"
                     )
                 raise TypeError(
                     f"{_qualname(self.fun)} returned {self.slot_path(s)} with type "
                     f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
                     "carry's types must be the same at every iteration"
                 )
-        unchanged = tuple(new is old for old, new in zip(slots, new_slots, strict=True))
-        self.pattern = (frozenset(kept), unchanged)
-        return new_slots, others
+        return new_slots
 
     def _check_outside_attributes(
         self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
@@ -361,19 +390,21 @@ class _Carry:
                 continue
             for name in new_names:
                 if not hasattr(after, name):
-                    _trace.raise_outside_attribute(self.fun, k, name, self.sdef, objs, self.layout)
+                    sdef = self.call.sdef
+                    _trace.raise_outside_attribute(self.fun, k, name, sdef, objs, self.layout)
 
-    def check_untouched(self, fun: Any, slots: Any, run: Callable[[Any], Any]) -> Any:
-        """Run ``run`` (while_loop's condition) on the rebuilt carry, which it may not change."""
-        carry, objs = self.rebuild(slots)
+    def check_untouched(self, fun: Any, slots: Any) -> Any:
+        """Run ``fun`` (while_loop's condition) on the carry rebuilt from ``slots``, which it
+        may not change."""
+        root, objs = self.call.sdef.unflatten_nodes(list(slots))
         watched = _snapshot(objs, self.info, self.skip)
-        callers = _trace.watch_callers(self.objs, objs, self.info, self.skip)
-        out = run(carry)
-        _trace.check_callers(fun, self.objs, callers, self.sdef, objs, self.layout)
+        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+        out = fun(root[0])
+        _trace.check_callers(fun, self.call.objects, callers, self.call.sdef, objs, self.layout)
         bad = _changed(objs, watched)
         if bad:
-            lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
-            if self.policy.mutations == "error":
+            lines = [x for k in bad for x in _shallow_changes(self.path(k), objs[k], watched[k])]
+            if self.policies[0].mutations == "error":
                 raise _trace.mutation_error(fun, lines, _CONDITION_REMEDY)
             raise ValueError(
                 f"{_qualname(fun)}, the loop's condition, changed the carry in place:\n"
@@ -383,158 +414,120 @@ class _Carry:
             )
         return out
 
-    def _check_structure(self, carry: Any, new_carry: Any, new_info: list) -> None:
-        if _same_structure(self.info, new_info, self.unstable):
-            return
-        if self.sliced:
-            raise ValueError(
-                f"{_qualname(self.fun)} changed the structure of its slice of xs: "
-                f"{_structure_difference(self.name, self.sdef, self.leaves, new_carry)}. Under "
-                "policy 'alias' a slice is written back into the stacked xs, so it must keep "
-                "xs's structure (keys, list lengths, node types and static data, shared "
-                "containers); build a new object to return instead. Nothing was written back."
-            )
-        raise ValueError(
-            f"{_qualname(self.fun)} returned a carry whose structure differs from "
-            f"{self.name}'s: {_structure_difference(self.name, self.sdef, self.leaves, new_carry)}"
-            ". A loop's carry must keep its structure (keys, list lengths, node types and "
-            "static data, shared containers) at every iteration."
-        )
+    def _raise_structure(self, new: tuple) -> None:
+        # The slice first: the body's slice of xs is checked before the carry it returns.
+        for a in reversed(range(len(new))):
+            found = _structure_difference(self.names[a], self.call.args[a], new[a])
+            if a and found is not None:
+                raise ValueError(
+                    f"{_qualname(self.fun)} changed the structure of its slice of xs: {found}. "
+                    "Under policy 'alias' a slice is written back into the stacked xs, so it "
+                    "must keep xs's structure (keys, list lengths, node types and static data, "
+                    "shared containers); build a new object to return instead. Nothing was "
+                    "written back."
+                )
+            if not a:
+                found = found or (
+                    "a container shared at two places of the carry became two, or the other "
+                    "way round"
+                )
+                raise ValueError(
+                    f"{_qualname(self.fun)} returned a carry whose structure differs from "
+                    f"{self.names[0]}'s: {found}. A loop's carry must keep its structure (keys, "
+                    "list lengths, node types and static data, shared containers) at every "
+                    "iteration."
+                )
 
     def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
-        lines = [line for k in bad for line in _describe(self.path(k), objs[k], watched[k])]
-        if self.policy is CLONE:
-            # scan's init left alone while xs is not (a policy per argument): the change is
-            # lost each iteration, as under jax.lax.scan, and reported as clone reports it.
-            _trace.report_discarded(self.fun, lines, None, "'clone' (chosen for init)")
-            return
-        if self.policy.mutations == "error":
-            # Not alias's remedy: under alias this is the ValueError below.
-            raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
-        if self.sliced:
+        """The error for containers changed in place and not handed back at their place:
+        the slice's first (it is checked before the carry), each by its argument's policy."""
+        for a in sorted({self.argument(k) for k in bad}, reverse=True):
+            mine = [k for k in bad if self.argument(k) == a]
+            lines = [x for k in mine for x in _shallow_changes(self.path(k), objs[k], watched[k])]
+            policy = self.policies[a]
+            if policy.mutations == "discard":
+                continue  # init left alone while xs is not: the lift reports the lost change
+            if policy.mutations == "error":
+                # Not alias's remedy: under alias this is the ValueError below.
+                raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
+            if a:
+                raise ValueError(
+                    f"{_qualname(self.fun)} changed a container of its slice of xs in place, "
+                    "then put a new object at its place in the slice:\n"
+                    + "\n".join(f"  {line}" for line in lines)
+                    + "\nUnder policy 'alias' what the slice holds at the end of the body is "
+                    "written back into xs, so the change to the replaced container would be "
+                    "lost. Keep the container (update it in place) or leave it unchanged. "
+                    "Nothing was written back."
+                )
             raise ValueError(
-                f"{_qualname(self.fun)} changed a container of its slice of xs in place, then "
-                "put a new object at its place in the slice:\n"
+                f"{_qualname(self.fun)} changed the carry in place without returning the "
+                "changed container at its place in the carry (it returned a new object there, "
+                "or none):\n"
                 + "\n".join(f"  {line}" for line in lines)
-                + "\nUnder policy 'alias' what the slice holds at the end of the body is "
-                "written back into xs, so the change to the replaced container would be lost. "
-                "Keep the container (update it in place) or leave it unchanged. Nothing was "
-                "written back."
+                + "\nIn a Python loop the caller's object would keep the first iteration's "
+                "change only, which a JAX loop does not reproduce. Return the same container "
+                "(update in place) or leave it unchanged (build a new one). Nothing was written "
+                "back."
             )
-        raise ValueError(
-            f"{_qualname(self.fun)} changed the carry in place without returning the changed "
-            "container at its place in the carry (it returned a new object there, or none):\n"
-            + "\n".join(f"  {line}" for line in lines)
-            + "\nIn a Python loop the caller's object would keep the first iteration's change "
-            "only, which a JAX loop does not reproduce. Return the same container (update in "
-            "place) or leave it unchanged (build a new one). Nothing was written back."
-        )
 
     # -- after the loop ---------------------------------------------------------------------------
 
-    def finish(
-        self,
-        final_slots: list,
-        iterations: int | None = None,
-        undo: list[Callable[[], None]] | None = None,
-    ) -> Any:
-        """The carry the loop returns, built from its final leaves; under ``alias`` the
-        containers the body updated in place are the caller's, written with the final state
-        (all or nothing). ``iterations``: how many times the loop ran, when known before it
-        runs; none is the Python loop that never runs its body, which hands back ``init``.
-        ``undo``: when given, the writes' undo steps go there and a failure is left for the
-        caller to roll back with them (scan writes the carry and ``xs`` as one)."""
-        if self.pattern is None or iterations == 0:
-            return self.objs[self.info[self.root].children[0]]
-        kept, unchanged = self.pattern
-        propagate = self.policy.mutations == "propagate"
-        leaves = [
-            old if same else new
-            for old, new, same in zip(self.leaves, final_slots, unchanged, strict=True)
-        ]
-        built: list[Any] = [None] * self.sdef.num_nodes
-        writes = []
-        for n, e in enumerate(self.info):
-            if n in self.skip:
+    def finish(self, record: _Traced, carry: list, rows: list, iterations: int | None) -> Any:
+        """The carry the loop returns, by the plan from its final leaves (``carry``, and the
+        stacked ``rows`` of the ``xs`` leaves the body changes): under ``alias`` written into
+        the caller's objects, all or nothing. ``iterations``: how many times the loop ran,
+        when known before it runs; none is the Python loop that never runs its body, which
+        hands back ``init``."""
+        leaves = self.call.leaves
+        if iterations == 0:
+            return self.call.args[0]
+        final = list(leaves)
+        for s, value in zip((*self.carried, *record.stacked), (*carry, *rows), strict=True):
+            final[s] = value
+        pool = final + leaves
+        out = record.plan.apply(leaves, self.call.objects, [pool[g] for g in record.gather])
+        return out if len(self.call.args) == 1 else out[0]
+
+
+def _write_back_hook(
+    in_leaves: list, found: dict, rdef: Any, robjs: list, origins: list, rleaves: list
+) -> list[bool]:
+    """``_trace.run``'s ``result_hook`` for a loop body: the plan is applied once, after the
+    loop, to the final leaves, so a result leaf that is an input leaf (a tracer the body was
+    given) is the caller's own leaf only where the body hands it back at its own place at each
+    iteration; elsewhere it is an output, the final leaf at its place. A caller's container
+    the body does not hand back (it built a new one in its place) keeps the caller's leaves:
+    written by no plan, it loses its origin where it holds such a leaf."""
+    new_slots = found["slots"]
+    moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
+    forced = [id(leaf) in moving for leaf in rleaves]
+    if not any(forced) or all(o is None for o in origins):  # no origins: nothing is written
+        return forced
+    info = rdef.node_info()
+    returned = _reachable(info, info[-1].children[1])  # the result: (inputs, result, ...)
+    for n, origin in enumerate(origins):
+        if origin is not None and n not in returned:
+            if any(forced[s] for slots in rdef.child_slots(n) for s in slots):
+                origins[n] = None
+    return forced
+
+
+def _reachable(info: list, top: int) -> set[int]:
+    """The entries of the subtree at ``top``, with those its references lead to."""
+    seen: set[int] = set()
+    agenda = [top]
+    while agenda:
+        n = agenda.pop()
+        e = info[n]
+        size = e.size if isinstance(e, NodeInfo) else 1
+        for m in range(n - size + 1, n + 1):
+            if m in seen:
                 continue
-            if isinstance(e, LeafInfo):
-                built[n] = leaves[e.slot]
-            elif isinstance(e, RefInfo):
-                built[n] = built[e.target]
-            elif e.node_type is _NoneType:
-                built[n] = None
-            elif propagate and n in kept:
-                built[n] = self.objs[n]
-                writes.append(n)
-            else:
-                built[n] = unflatten_node(e.node_type, e.data, [built[c] for c in e.children])
-        steps: list[Callable[[], None]] = [] if undo is None else undo
-        try:
-            for n in writes:
-                step = self._write(n, [built[c] for c in self.info[n].children])
-                if step is not None:
-                    steps.append(step)
-        except BaseException:
-            if undo is None:
-                _roll_back(steps)
-            raise
-        return built[self.info[self.root].children[0]]
-
-    def _caller_children(self, n: int) -> list:
-        out = []
-        for c in self.info[n].children:
-            e = self.info[c]
-            if isinstance(e, LeafInfo):
-                out.append(self.leaves[e.slot])
-            elif isinstance(e, RefInfo):
-                out.append(self.objs[e.target])
-            else:
-                out.append(self.objs[c])
-        return out
-
-    def _write(self, n: int, children: list) -> Callable[[], None] | None:
-        """Give the caller's object at node ``n`` the children ``children``; return the undo."""
-        obj, e = self.objs[n], self.info[n]
-        if isinstance(obj, tuple):
-            return None  # immutable: handed back as it is, so nothing in it changed
-        if isinstance(obj, list) and e.node_type is type(obj):
-            old = list(obj)
-            obj[:] = children
-
-            def undo_list() -> None:
-                obj[:] = old
-
-            return undo_list
-        rebuilt = unflatten_node(e.node_type, e.data, children)
-        if isinstance(obj, dict):
-            old_items = list(obj.items())
-            for key, value in rebuilt.items():
-                if obj[key] is not value:
-                    obj[key] = value
-
-            def undo_dict() -> None:
-                obj.clear()
-                obj.update(old_items)
-
-            if type(obj) in (dict,) or not hasattr(obj, "__dict__"):
-                return undo_dict
-            undo_attrs = self._write_attributes(n, obj, e, rebuilt)
-
-            def undo_both() -> None:
-                undo_attrs()
-                undo_dict()
-
-            return undo_both
-        return self._write_attributes(n, obj, e, rebuilt)
-
-    def _write_attributes(self, n: int, obj: Any, e: Any, rebuilt: Any) -> Callable[[], None]:
-        before = unflatten_node(e.node_type, e.data, self._caller_children(n))
-        return write_custom(obj, rebuilt, changed_attributes(before, rebuilt))
-
-
-def _roll_back(undo: list[Callable[[], None]]) -> None:
-    for u in reversed(undo):
-        u()
+            seen.add(m)
+            if isinstance(info[m], RefInfo):
+                agenda.append(info[m].target)
+    return seen
 
 
 # What strict's MutationError offers instead, where alias would not apply the change.
@@ -556,29 +549,30 @@ _SLICE_REMEDY = (
 )
 
 
-class _ExtraWatch:
-    """Under ``strict``: scan's ``xs`` slice, whose containers the body may not change in place
-    unless it returns them."""
+class _SliceWatch:
+    """Scan's slice of an ``xs`` that is not written back (``strict``, or ``clone`` in a call
+    mixing policies): the containers the body changes in place and does not return are
+    strict's error, or reported as discarded (``mutations`` ``"discard"``)."""
 
-    def __init__(self, name: str, tree: Any, mutations: str = "error"):
-        self.name, self.mutations = name, mutations
-        _, self.sdef, self.objs = _native.flatten_shared((tree, {}))
-        info: list[Any] = self.sdef.node_info()
-        root = len(info) - 1
-        self.snapshot = _snapshot(self.objs, info, {root, info[root].children[1]})
+    def __init__(self, tree: Any, mutations: str):
+        self.mutations = mutations
+        self.call = _lift.flatten_call(_XS_NAMING, (tree,), {})
+        info: list[Any] = self.call.sdef.node_info()
+        self.snapshot = _snapshot(self.call.objects, info, {len(info) - 1, info[-1].children[1]})
 
     def check(self, fun: Any, returned: Any) -> None:
-        bad = _changed(self.objs, self.snapshot)
+        objs = self.call.objects
+        bad = _changed(objs, self.snapshot)
         if not bad:
             return
-        reached = {id(o) for o in _native.flatten_shared(returned)[2]}
-        bad = [k for k in bad if id(self.objs[k]) not in reached]
+        reached = {id(o) for o in _lift.flatten_call(_XS_NAMING, (returned,), {}).objects}
+        bad = [k for k in bad if id(objs[k]) not in reached]
         if bad:
-            paths = _trace.Paths(self.sdef, self.objs, _trace.Layout(1, [self.name])).paths
+            paths = _trace.Paths(self.call.sdef, objs, _trace.Layout(1, ["xs"])).paths
             lines = [
-                line
+                x
                 for k in bad
-                for line in _describe(paths.get(k, "?"), self.objs[k], self.snapshot[k])
+                for x in _shallow_changes(paths.get(k, "?"), objs[k], self.snapshot[k])
             ]
             if self.mutations == "discard":  # xs left alone (a policy per argument)
                 _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
@@ -606,16 +600,13 @@ def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
     return True
 
 
-def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) -> str:
-    """Where a body's new carry first differs from the carry, in words."""
-    old = sdef.unflatten(leaves)[0]
+def _structure_difference(name: str, old: Any, new: Any) -> str | None:
+    """Where ``new`` first differs from ``old`` in structure, in words (None: nowhere but in
+    its sharing)."""
     try:
-        old_paths = [
-            jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(old)[0]
-        ]
-        new_paths = [
-            jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_carry)[0]
-        ]
+        flat = jax.tree_util.tree_flatten_with_path
+        old_paths = [jax.tree_util.keystr(p) for p, _ in flat(old)[0]]
+        new_paths = [jax.tree_util.keystr(p) for p, _ in flat(new)[0]]
     except Exception:  # noqa: BLE001 - a description is best effort
         return "the structures differ"
     old_set, new_set = set(old_paths), set(new_paths)
@@ -629,85 +620,70 @@ def _structure_difference(name: str, sdef: Any, leaves: list, new_carry: Any) ->
     if parts:
         return "; ".join(parts)
     old_def: Any = jax.tree_util.tree_structure(old)
-    new_def = jax.tree_util.tree_structure(new_carry)
-    if old_def != new_def:
-        return f"{old_def} became {new_def}"
-    return "a container shared at two places of the carry became two, or the other way round"
+    new_def = jax.tree_util.tree_structure(new)
+    return f"{old_def} became {new_def}" if old_def != new_def else None
 
 
-class _Body:
-    """The function a JAX loop traces, naming its inputs in jax's messages (a traced value
-    used as a bool, ...) as the user's function sees them, ``c['t']`` rather than the carried
-    leaves' list (``__fun_debug_info__``, read by jax >= 0.7)."""
+# --- the functions the JAX loop traces, kept per kind of call ------------------------------------
+
+
+class _Names:
+    """The names jax's messages give a loop body's inputs, worked out only when asked: the
+    key paths of the carried (and scanned) leaves, as the user's function names its
+    parameters (``c['t']``, ``x['a']``), not the carried leaves' list."""
+
+    def __init__(self, body: _Body, loop: _Loop):
+        self.body, self.loop = body, loop
+
+    def __iter__(self) -> Iterator[str]:
+        params = [self.body.naming.name(i) for i in range(2)]
+        return iter(self.body.names(self.loop, params))
+
+
+class _Body(_lift.Runner):
+    """A function a JAX loop traces (``run``, on the JAX loop's arguments), for this thread's
+    current loop call; jax's messages name its inputs as the user's function ``fun`` sees
+    them (the lift's ``__fun_debug_info__``, from :class:`_Names`). ``names(loop, params)``
+    lists them."""
 
     def __init__(
         self,
         run: Callable[..., Any],
         fun: Any,
         traced_for: str,
-        names: Callable[[list[str]], list[str]],
+        names: Callable[[_Loop, list[str]], list[str]],
     ):
-        self.run, self.fun, self.traced_for, self.names = run, fun, traced_for, names
-        self.__name__ = getattr(fun, "__name__", "body")
+        super().__init__(fun, CLONE, Naming(fun))
+        self.run, self.traced_for, self.names = run, traced_for, names
 
     def __call__(self, *args: Any) -> Any:
-        return self.run(*args)
+        return self.run(self.local.loop, *args)
 
-    @property
-    def __fun_debug_info__(self) -> Any:
-        if DebugInfo is None:
-            return None
+    @contextlib.contextmanager
+    def serving(self, loop: _Loop) -> Iterator[None]:
+        saved = getattr(self.local, "loop", None)
+        self.local.loop = loop
         try:
-            params = [Naming(self.fun).name(i) for i in range(2)]
-            return DebugInfo(
-                self.traced_for,
-                fun_sourceinfo(self.fun),
-                tuple(self.names(params)),
-                INITIAL_RESULT_PATHS,
-            )
-        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
-            return None
-
-
-def _tree_names(root: str, tree: Any) -> list[str]:
-    return [
-        root + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
-    ]
+            with self.calling(None, _Names(self, loop)):  # type: ignore[arg-type]
+                yield
+        finally:
+            self.local.loop = saved
 
 
 class _Entry:
     """The functions a JAX loop traces for one kind of call (the user's functions, the
     carry's structure and types, the loop's options), kept so that JAX finds its cached trace
-    again on the next such call instead of tracing and compiling anew. The functions work on
-    this thread's current call (``local.state``); ``pattern`` is what their last trace found,
-    for the calls that reuse it."""
+    again on the next such call instead of tracing and compiling anew. ``record`` is what
+    their last trace found, for the calls that reuse it (another thread's, perhaps)."""
 
     def __init__(self) -> None:
-        self.local = threading.local()
-        self.pattern: Any = None
-        self.slices_pattern: Any = None
-        self.bodies: tuple = ()
+        self.record: _Traced | None = None
+        self.bodies: tuple[_Body, ...] = ()
 
-    def state(self) -> _Carry:
-        return self.local.state
-
-    def slices(self) -> _Carry:
-        """The current call's ``xs`` (scan under alias)."""
-        return self.local.slices
-
-    def step(self, *args: Any) -> tuple[list, Any]:
-        """The current call's :meth:`_Carry.step`, its pattern kept here as the trace ends:
-        another thread may find JAX's cached trace before this call is done."""
-        state = self.state()
-        out = state.step(*args)
-        self.pattern = state.pattern
-        return out
-
-    def step_slices(self, *args: Any) -> tuple[list, Any]:
-        """:meth:`step` for the current call's ``xs`` slice."""
-        slices = self.slices()
-        out = slices.step(*args)
-        self.slices_pattern = slices.pattern
+    def step(self, loop: _Loop, *args: Any, **options: Any) -> tuple:
+        """The current call's :meth:`_Loop.step`, its record kept here as the trace ends."""
+        out = loop.step(*args, **options)
+        self.record = loop.record
         return out
 
 
@@ -739,23 +715,16 @@ def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
     return entry
 
 
-def _run(
-    entry: _Entry, state: _Carry, loop: Callable[..., Any], slices: _Carry | None = None
-) -> Any:
-    """Run ``loop(*entry.bodies)`` for ``state``'s call (and ``slices``, scan's ``xs`` under
-    alias); afterwards ``state.pattern`` is what the body's trace found, this call's or (JAX
-    reused a trace) the last one's, and so is ``slices.pattern``."""
-    saved = getattr(entry.local, "state", None), getattr(entry.local, "slices", None)
-    entry.local.state, entry.local.slices = state, slices
-    try:
-        out = loop(*entry.bodies)
-    finally:
-        entry.local.state, entry.local.slices = saved
-    if state.pattern is None:  # JAX reused a trace: what it found
-        state.pattern = entry.pattern
-    if slices is not None and slices.pattern is None:
-        slices.pattern = entry.slices_pattern
-    return out
+def _run(entry: _Entry, loop: _Loop, jax_loop: Callable[..., Any]) -> tuple[Any, _Traced]:
+    """Run ``jax_loop(*entry.bodies)`` for ``loop``; return its result and what the body's
+    trace found: this call's, or (JAX reused a trace) the last one's."""
+    with contextlib.ExitStack() as stack:
+        for body in entry.bodies:
+            stack.enter_context(body.serving(loop))
+        out = jax_loop(*entry.bodies)
+    record = loop.record or entry.record
+    assert record is not None  # JAX traced the body, for this call or an earlier one
+    return out, record
 
 
 def _key_of(tree: Any) -> Any:
@@ -773,6 +742,21 @@ def _count(lower: Any, upper: Any) -> int | None:
         return max(int(upper) - int(lower), 0)
     except (TypeError, jax.errors.ConcretizationTypeError):
         return None
+
+
+def _pair(f: Any, out: Any) -> tuple[Any, Any]:
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(
+            f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
+            f"{type(out).__name__}"
+        )
+    return out[0], out[1]
+
+
+def _kind(loop: _Loop) -> tuple:
+    """The call's part of a cache key: its structure, policies and leaf types."""
+    avals = tuple(_aval(x) for x in loop.call.leaves)
+    return loop.call.sdef, loop.policies, avals
 
 
 # --- the loops -----------------------------------------------------------------------------------
@@ -810,156 +794,118 @@ def scan(
     >>> carry is state, state, ys
     (True, {'total': Array(6., dtype=float32)}, Array([0., 2., 4., 6.], dtype=float32))
     """
-    chosen, xs_policy = _policies_of(policy, "scan")
+    spec, (chosen, xs_policy) = _loop_policies(policy, "scan")
     mixed = chosen is not xs_policy
     extra = {"_split_transpose": True} if _split_transpose else {}
     if chosen is CLONE and not mixed:
-        _check_cycle(init, "init")
-        _check_cycle(xs, "xs")
+        _lift.check_call(_NAMINGS["scan"], (init, xs), {})
         return jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra)
-    state = _Carry(f, init, "init", chosen)
+    options = (length, reverse, unroll, _split_transpose)
     if xs is not None and xs_policy.mutations == "propagate":
-        slices = _Carry(f, xs, "xs", xs_policy, sliced=True)
-        if mixed:
-            _check_shared(f, state, slices.objs, slices.info, slices.path, xs_policy)
-        return _scan_alias(f, state, slices, length, reverse, unroll, extra)
-    _check_cycle(xs, "xs")
+        return _scan_both(f, _Loop("scan", f, (init, xs), spec, (chosen, xs_policy)), options)
+    loop = _Loop("scan", f, (init,), chosen, (chosen,))
+    _lift.check_call(_XS_NAMING, (xs,), {})
     if mixed:
-        _, xs_def, xs_objs = _native.flatten_shared((xs, {}))
-        xs_paths = _trace.Paths(xs_def, xs_objs, _trace.Layout(1, ["xs"])).paths
-        xs_info = xs_def.node_info()
-        _check_shared(f, state, xs_objs, xs_info, lambda n: xs_paths.get(n) or "xs", xs_policy)
+        _check_shared(f, init, xs, (chosen, xs_policy))
     # What the body does to its slice of xs in place and does not return: strict's error, or
     # (xs left alone in a call mixing policies) clone's report.
-    xs_mode = "error" if xs_policy.mutations == "error" else "discard" if mixed else "off"
+    xs_mode = "error" if xs_policy.mutations == "error" else "discard" if mixed else None
     xs_key = _key_of(xs)
 
     def make(entry: _Entry) -> tuple:
         xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
 
-        def body(slots: list, x: Any) -> tuple[list, Any]:
-            return entry.step(slots, lambda carry: _pair(f, f(carry, x)), ("xs", x, xs_mode))
+        def body(loop: _Loop, carry: list, x: Any) -> tuple[list, Any]:
+            watch = None if xs_mode is None else _SliceWatch(x, xs_mode)
 
-        def names(p: list[str]) -> list[str]:  # a slice's key paths are xs's
-            return entry.state().slot_names(p[0]) + _tree_names(p[1], xs_paths)
+            def run(c: Any) -> tuple:
+                new, y = _pair(f, f(c, x))
+                return (new,), y
+
+            new_carry, y, _ = entry.step(loop, carry, [], run, watch)
+            return new_carry, y
+
+        def names(loop: _Loop, p: list[str]) -> list[str]:  # a slice's key paths are xs's
+            return loop.debug_names(p[:1]) + _tree_names(p[1], xs_paths)
 
         return (_Body(body, f, "scan", names),)
 
-    key: Any = None
-    if xs_key is not None:
-        options = (length, reverse, unroll, _split_transpose)
-        key = ("scan", f, state.sdef, chosen, xs_policy, state.avals, xs_key, options)
+    key = None if xs_key is None else ("scan", f, *_kind(loop), xs_key, xs_policy, options)
     entry = _entry(key, make)
-    final, ys = _run(
+    (final, ys), record = _run(
         entry,
-        state,
-        lambda body: jax.lax.scan(body, state.leaves, xs, length, reverse, unroll, **extra),
+        loop,
+        lambda body: jax.lax.scan(body, loop.call.leaves, xs, length, reverse, unroll, **extra),
     )
     if length is None:
         length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
-    return state.finish(list(final), length), ys
+    return loop.finish(record, list(final), [], length), ys
 
 
-def _check_shared(
-    f: Any, state: _Carry, xs_objs: list, xs_info: list, xs_path: Callable[[int], str], xs: Policy
-) -> None:
-    """A container in both ``init`` and ``xs``, given different policies (``xs``: xs's), has
-    no single answer (written back for one, left alone for the other): the ValueError jit
-    raises, naming both key paths (docs/semantics.md, rule 39)."""
-    where = {
-        id(state.objs[k]): k
-        for k, e in enumerate(state.info)
-        if k not in state.skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType
-    }
-    root = len(xs_info) - 1
-    skip = {root, xs_info[root].children[-1]}
-    for n, e in enumerate(xs_info):
-        if n in skip or not isinstance(e, NodeInfo) or e.node_type is _NoneType:
-            continue
-        k = where.get(id(xs_objs[n]))
-        if k is not None:
-            raise ValueError(
-                f"{_qualname(f)}: the {type(xs_objs[n]).__name__} at {state.path(k)} (policy "
-                f"{_name(state.policy)}) is also at {xs_path(n)} (policy {_name(xs)}): one "
-                "container cannot be both written back and left alone. Pass it through one "
-                "argument, or give both arguments one policy."
-            )
+def _check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) -> None:
+    """A container in both ``init`` and ``xs``, given different policies, has no single answer
+    (written back for one, left alone for the other): the ValueError jit raises, naming both
+    key paths (docs/semantics.md, rule 39)."""
+    both = _lift.flatten_call(_NAMINGS["scan"], (init, xs), {})
+    info = both.sdef.node_info()
+    init_top, xs_top = info[-1].children[:2]
+    first = init_top - (info[init_top].size if isinstance(info[init_top], NodeInfo) else 1)
+    for n in range(init_top + 1, xs_top + 1):
+        e = info[n]
+        if isinstance(e, RefInfo) and first < e.target <= init_top:
+            target = info[e.target]
+            if isinstance(target, NodeInfo) and target.node_type is not _NoneType:
+                paths = _trace.Paths(both.sdef, both.objects, _trace.Layout(2, ["init", "xs"]))
+                a, b = (_trace.policy_name(p) for p in policies)
+                raise ValueError(
+                    f"{_qualname(f)}: the {type(both.objects[e.target]).__name__} at "
+                    f"{paths.paths.get(e.target)} (policy {a}) is also at {paths.paths.get(n)} "
+                    f"(policy {b}): one container cannot be both written back and left alone. "
+                    "Pass it through one argument, or give both arguments one policy."
+                )
 
 
-def _name(policy: Policy) -> str:
-    return repr(policy.name) if policy.name is not None else repr(policy)
+def _tree_names(root: str, tree: Any) -> list[str]:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [root + jax.tree_util.keystr(p) for p, _ in flat]
 
 
-def _pair(f: Any, out: Any) -> tuple[Any, Any]:
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError(
-            f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
-            f"{type(out).__name__}"
-        )
-    return out[0], out[1]
-
-
-def _scan_alias(
-    f: Callable[..., Any],
-    state: _Carry,
-    slices: _Carry,
-    length: int | None,
-    reverse: bool,
-    unroll: int | bool,
-    extra: dict[str, Any],
-) -> tuple[Any, Any]:
-    """``scan`` under ``alias`` with ``xs``: each slice is a view of row i of the stacked
-    ``xs`` (rule L7). The JAX loop scans over ``xs``'s distinct leaves; its body rebuilds the
-    slice from their rows, and besides ``ys`` emits, stacked, the final row of each ``xs``
-    leaf the body changed (found by the trace, the same at every iteration, as nnx.scan's
-    output of a module's state). Those become the caller's leaves after the loop, written as
-    the carry's are, the two all or nothing; a leaf never changed stays the caller's array."""
+def _scan_both(f: Callable[..., Any], loop: _Loop, options: tuple) -> tuple[Any, Any]:
+    """``scan`` with ``xs`` written back (its policy is ``alias``): each slice is a view of row i
+    of the stacked ``xs`` (rule L7). The call is ``(init, xs)``; the JAX loop scans over
+    ``xs``'s distinct leaves, its body rebuilds the slice from their rows and hands back the
+    slice as it leaves it, and besides ``ys`` emits, stacked, the final row of each ``xs`` leaf
+    the body changed (found by the trace, the same at every iteration, as nnx.scan's output of
+    a module's state). The one plan writes those and the final carry into the caller's
+    objects, all or nothing; a leaf never changed stays the caller's array."""
+    length, reverse, unroll, split = options
+    extra = {"_split_transpose": True} if split else {}
 
     def make(entry: _Entry) -> tuple:
-        def body(slots: list, x_slots: list) -> tuple[list, Any]:
-            def run(carry: Any) -> tuple[Any, Any]:
-                def run_x(x: Any) -> tuple[Any, Any]:
-                    return x, _pair(f, f(carry, x))  # the slice as the body leaves it
+        def body(loop: _Loop, carry: list, rows: list) -> tuple[list, Any]:
+            def run(c: Any, x: Any) -> tuple:
+                new, y = _pair(f, f(c, x))
+                return (new, x), y  # the slice as the body leaves it
 
-                new_x, (new_carry, y) = entry.step_slices(x_slots, run_x)
-                return new_carry, (y, new_x)
+            new_carry, y, new_rows = entry.step(loop, carry, rows, run)
+            return new_carry, (y, new_rows)
 
-            new_slots, (y, new_x) = entry.step(slots, run)
-            unchanged = entry.slices().pattern[1]  # type: ignore[index]
-            return new_slots, (y, [v for v, same in zip(new_x, unchanged, strict=True) if not same])
-
-        def names(p: list[str]) -> list[str]:
-            return entry.state().slot_names(p[0]) + entry.slices().slot_names(p[1])
+        def names(loop: _Loop, p: list[str]) -> list[str]:
+            return loop.debug_names(p)
 
         return (_Body(body, f, "scan", names),)
 
-    options = (length, reverse, unroll, bool(extra))
-    policies = (state.policy, slices.policy)
-    key = ("scan", f, state.sdef, policies, state.avals, slices.sdef, slices.avals, options)
-    entry = _entry(key, make)
-    final, (ys, rows) = _run(
+    entry = _entry(("scan", f, *_kind(loop), options), make)
+    carried = [loop.call.leaves[s] for s in loop.carried]
+    scanned = [loop.call.leaves[s] for s in loop.scanned]
+    (final, (ys, rows)), record = _run(
         entry,
-        state,
-        lambda body: jax.lax.scan(
-            body, state.leaves, slices.leaves, length, reverse, unroll, **extra
-        ),
-        slices,
+        loop,
+        lambda body: jax.lax.scan(body, carried, scanned, length, reverse, unroll, **extra),
     )
     if length is None:
-        length = next((len(x) for x in slices.leaves), None)
-    final_xs = list(slices.leaves)
-    assert slices.pattern is not None
-    changed = [s for s, same in enumerate(slices.pattern[1]) if not same]
-    for s, stacked in zip(changed, rows, strict=True):
-        final_xs[s] = stacked
-    undo: list[Callable[[], None]] = []
-    try:
-        carry = state.finish(list(final), length, undo)
-        slices.finish(final_xs, length, undo)
-    except BaseException:
-        _roll_back(undo)
-        raise
-    return carry, ys
+        length = next((len(x) for x in scanned), None)
+    return loop.finish(record, list(final), list(rows), length), ys
 
 
 def fori_loop(
@@ -984,30 +930,30 @@ def fori_loop(
     >>> treeclone.fori_loop(0, 5, body, acc, policy="alias") is acc, acc
     (True, [Array(10, dtype=int32)])
     """
-    chosen = _policy_of(policy, "fori_loop")
+    _, (chosen,) = _loop_policies(policy, "fori_loop")
     if chosen is CLONE:
-        _check_cycle(init_val, "init_val")
+        _lift.check_call(_NAMINGS["fori_loop"], (init_val,), {})
         return jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll)
-    state = _Carry(body_fun, init_val, "init_val", chosen)
+    loop = _Loop("fori_loop", body_fun, (init_val,), chosen, (chosen,))
 
     def make(entry: _Entry) -> tuple:
-        def body(i: Any, slots: list) -> list:
-            return entry.step(slots, lambda carry: (body_fun(i, carry), None))[0]
+        def body(loop: _Loop, i: Any, slots: list) -> list:
+            return entry.step(loop, slots, [], lambda c: ((body_fun(i, c),), None))[0]
 
-        def names(p: list[str]) -> list[str]:
-            return [p[0], *entry.state().slot_names(p[1])]
+        def names(loop: _Loop, p: list[str]) -> list[str]:
+            return [p[0], *loop.debug_names(p[1:])]
 
         return (_Body(body, body_fun, "fori_loop", names),)
 
     bounds = _key_of((lower, upper))
     kinds = (type(lower), type(upper), unroll)
-    key = ("fori_loop", body_fun, state.sdef, chosen, state.avals, bounds, kinds)
-    final = _run(
+    key = ("fori_loop", body_fun, *_kind(loop), bounds, kinds)
+    final, record = _run(
         _entry(None if bounds is None else key, make),
-        state,
-        lambda body: jax.lax.fori_loop(lower, upper, body, state.leaves, unroll=unroll),
+        loop,
+        lambda body: jax.lax.fori_loop(lower, upper, body, loop.call.leaves, unroll=unroll),
     )
-    return state.finish(list(final), _count(lower, upper))
+    return loop.finish(record, list(final), [], _count(lower, upper))
 
 
 def while_loop(
@@ -1032,31 +978,31 @@ def while_loop(
     >>> out is state, state
     (True, {'n': Array(128, dtype=int32)})
     """
-    chosen = _policy_of(policy, "while_loop")
+    _, (chosen,) = _loop_policies(policy, "while_loop")
     if chosen is CLONE:
-        _check_cycle(init_val, "init_val")
+        _lift.check_call(_NAMINGS["while_loop"], (init_val,), {})
         return jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val)
-    state = _Carry(body_fun, init_val, "init_val", chosen)
+    loop = _Loop("while_loop", body_fun, (init_val,), chosen, (chosen,))
 
     def make(entry: _Entry) -> tuple:
-        def cond(slots: list) -> Any:
-            return entry.state().check_untouched(cond_fun, slots, cond_fun)
+        def cond(loop: _Loop, slots: list) -> Any:
+            return loop.check_untouched(cond_fun, slots)
 
-        def body(slots: list) -> list:
-            return entry.step(slots, lambda carry: (body_fun(carry), None))[0]
+        def body(loop: _Loop, slots: list) -> list:
+            return entry.step(loop, slots, [], lambda c: ((body_fun(c),), None))[0]
 
-        def names(p: list[str]) -> list[str]:
-            return entry.state().slot_names(p[0])
+        def names(loop: _Loop, p: list[str]) -> list[str]:
+            return loop.debug_names(p[:1])
 
         return (
             _Body(cond, cond_fun, "while_cond", names),
             _Body(body, body_fun, "while_body", names),
         )
 
-    key = ("while_loop", cond_fun, body_fun, state.sdef, chosen, state.avals)
-    final = _run(
+    key = ("while_loop", cond_fun, body_fun, *_kind(loop))
+    final, record = _run(
         _entry(key, make),
-        state,
-        lambda cond, body: jax.lax.while_loop(cond, body, state.leaves),
+        loop,
+        lambda cond, body: jax.lax.while_loop(cond, body, loop.call.leaves),
     )
-    return state.finish(list(final))
+    return loop.finish(record, list(final), [], None)
