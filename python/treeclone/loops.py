@@ -20,24 +20,18 @@ init`` when the body returns its argument); what it builds anew is a new object.
 ``strict`` a carry container changed in place and not returned at its place is a
 :class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
 
-How: a loop enters through the lift, as every transformation does. The carry (with scan's
-``xs`` under ``alias``: one call ``(init, xs)``) is flattened with identity by
-``_lift.flatten_call``; the JAX loop carries its distinct leaves (and scans over ``xs``'s). At
-each iteration (traced once) the body runs under ``_lift.trace`` on the call rebuilt from them,
-which records what it does as the call's native ``CallPlan``: the same write-back every other
-transformation uses. The loop's own rules are checked at trace time, here: the carry keeps its
-structure and types, and each container is the input container at the same place (updated in
-place) or a new one (the input container then left unchanged). So the plan, the same for every
-iteration, applied once to the final leaves after the loop, writes the caller's objects, all or
-nothing. The traced functions are kept per kind of call, so that an eager loop called again
-finds JAX's cached trace. ``docs/semantics.md`` ("scan, fori_loop and while_loop") states the
-rules and names their tests.
+How: a loop call enters through the lift as every transformation does (``_loop_call``: the
+carry flattened with identity, the body traced under ``_lift.trace``, the loop's rules, the
+final write-back by the call's ``CallPlan``). This module runs the JAX loop over it: the JAX
+loop carries the call's distinct leaves (and scans over ``xs``'s), and the functions it traces
+are kept per kind of call, so that an eager loop called again finds JAX's cached trace.
+``docs/semantics.md`` ("scan, fori_loop and while_loop") states the rules and names their
+tests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import threading
 from collections import OrderedDict
@@ -46,10 +40,18 @@ from typing import Any, TypeVar
 
 import jax
 
-from treeclone import _lift, _trace
+from treeclone import _lift
 from treeclone._lift import Naming, reporting
-from treeclone._jax_compat import unflatten_node
-from treeclone._native import EntryInfo
+from treeclone._trace import qualname
+from treeclone._loop_call import (
+    NAMINGS,
+    STAND_INS,
+    XS_NAMING,
+    LoopCall,
+    SliceWatch,
+    Traced,
+    check_shared,
+)
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -65,35 +67,6 @@ Carry = TypeVar("Carry")
 X = TypeVar("X")
 Y = TypeVar("Y")
 
-NodeInfo = EntryInfo.Node
-LeafInfo = EntryInfo.Leaf
-RefInfo = EntryInfo.Ref
-_NoneType: type = type(None)
-
-
-def _stand_in(api: str, params: tuple[str, ...]) -> Callable[..., None]:
-    """A function with the given argument names: a policy dict is checked against the loop's,
-    and messages name the loop's inputs by them (``init``, ``xs``, ``init_val``)."""
-
-    def arguments(*args: Any) -> None:
-        return None
-
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    arguments.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(name, kind) for name in params]
-    )
-    arguments.__qualname__ = arguments.__name__ = api
-    return arguments
-
-
-_STAND_INS = {
-    "scan": _stand_in("scan", ("init", "xs")),
-    "fori_loop": _stand_in("fori_loop", ("init_val",)),
-    "while_loop": _stand_in("while_loop", ("init_val",)),
-}
-_NAMINGS = {api: Naming(f) for api, f in _STAND_INS.items()}
-_XS_NAMING = Naming(_stand_in("scan", ("xs",)))
-
 
 def _loop_policies(
     policy: PolicySpec | ArgPolicies, api: str
@@ -102,526 +75,12 @@ def _loop_policies(
     ``init`` and ``xs``; fori_loop and while_loop: ``init_val``), from one policy or a dict
     naming them by name or position (checked as jit checks a dict); a ``with
     treeclone.policy(...)`` block wins."""
-    stand_in = _STAND_INS[api]
+    stand_in = STAND_INS[api]
     chosen = policy_override.get() or as_policy_spec(policy, stand_in)
     count = len(inspect.signature(stand_in).parameters)
     if isinstance(chosen, ArgPolicies):
         return chosen, chosen.per_argument(range(count), [])
     return chosen, (chosen,) * count
-
-
-def _qualname(fun: Any) -> str:
-    # The expression every module writes inline (_trace, _lift): no shared helper yet.
-    return getattr(fun, "__qualname__", None) or repr(fun)
-
-
-def _aval(x: Any) -> Any:
-    return jax.api_util.shaped_abstractify(x)
-
-
-# --- what a body did to a container: a shallow diff, for the loop's own rules --------------------
-
-
-def _state(obj: Any) -> tuple:
-    """What a container holds one level down, by identity: its attributes and items, and the
-    children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
-    attrs, items = _trace.shallow_state(obj)
-    try:
-        children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
-        flat: Any = [_trace.Same(c) for c in children]
-    except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
-        flat = None
-    return attrs, items, flat
-
-
-def _shallow_changes(path: str, obj: Any, before: tuple) -> list[str]:
-    """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
-    attrs, items = before[:2]
-    now_attrs, now_items = _trace.shallow_state(obj)
-    lines = []
-    if isinstance(obj, dict):
-        old, new = dict(items), dict(now_items)
-        added = [k for k in new if k not in old]
-        removed = [k for k in old if k not in new]
-        if added:
-            lines.append(f"{path}: key added: {', '.join(map(repr, added))}")
-        if removed:
-            lines.append(f"{path}: key removed: {', '.join(map(repr, removed))}")
-        lines += [f"{path}[{k!r}]: replaced" for k in old if k in new and old[k] != new[k]]
-    elif isinstance(obj, list):
-        if len(items) != len(now_items):
-            lines.append(f"{path}: list resized from {len(items)} to {len(now_items)}")
-        else:
-            pairs = zip(items, now_items, strict=True)
-            lines += [f"{path}[{i}]: replaced" for i, (a, b) in enumerate(pairs) if a != b]
-    for name in dict.fromkeys([*attrs, *now_attrs]):
-        if attrs.get(name) != now_attrs.get(name):
-            lines.append(f"{path}.{name}: {'replaced' if name in attrs else 'attribute set'}")
-    return lines or [f"{path}: changed in place"]
-
-
-def _containers(objs: list, info: list, skip: set[int]) -> Iterator[int]:
-    """The nodes of ``info`` that are containers (not None, not in ``skip``)."""
-    for k, e in enumerate(info):
-        if k not in skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType:
-            yield k
-
-
-def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
-    """The shallow state of each mutable container among ``objs`` (a tuple cannot change)."""
-    return {
-        k: _state(objs[k]) for k in _containers(objs, info, skip) if not isinstance(objs[k], tuple)
-    }
-
-
-def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
-    return [k for k, state in snapshot.items() if _state(objs[k]) != state]
-
-
-# --- one loop call -------------------------------------------------------------------------------
-
-
-class _Traced:
-    """What the body's trace found, the same at every iteration: the ``CallPlan`` that writes
-    the final state (``plan``), where each of its outputs is among the final leaves and the
-    call's own (``gather``: an index into ``final + call.leaves``), and the ``xs`` leaves the
-    body changed, whose rows scan stacks (``stacked``, slots of the call)."""
-
-    __slots__ = ("gather", "plan", "stacked")
-
-    def __init__(self, plan: Any, gather: tuple[int, ...], stacked: tuple[int, ...]):
-        self.plan, self.gather, self.stacked = plan, gather, stacked
-
-
-class _Loop:
-    """One loop call under a policy other than ``clone``: its inputs flattened with identity by
-    the lift as one call (``call``: ``(init,)``, or scan's ``(init, xs)`` when ``xs`` is
-    written back), the slots the JAX loop carries (``carried``) and scans over (``scanned``).
-    ``fun``: the user's body (for messages); ``policy``: the lift's; ``policies``: each
-    argument's."""
-
-    def __init__(self, api: str, fun: Any, args: tuple, policy: Any, policies: tuple):
-        self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
-        self.naming = _NAMINGS[api]
-        self.call = _lift.flatten_call(self.naming, args, {})
-        self.names = [self.naming.name(i) for i in range(len(args))]
-        self.layout = _trace.Layout(len(args), self.names)
-        self.info: list[Any] = self.call.sdef.node_info()
-        self.tops: list[int] = self.info[-1].children[: len(args)]
-        self.skip = {len(self.info) - 1, self.info[-1].children[-1]}
-        self.unstable = _trace.unstable_static_data((*args, {}), self.info)
-        arg_slots = self.call.arg_slots()
-        self.carried, self.scanned = arg_slots[0], arg_slots[1] if len(args) > 1 else []
-        self.record: _Traced | None = None  # this call's trace, when JAX did not reuse one
-        self._paths: dict[int, str] | None = None
-        self._check_leaves()
-
-    def _check_leaves(self) -> None:
-        shared = set(self.carried) & set(self.scanned)
-        if shared:
-            where = self.slot_path(min(shared))
-            raise ValueError(
-                f"{where} is one array in both init and xs: a loop carries init's leaves and "
-                "scans over xs's, so one array cannot be both; pass a copy at one place."
-            )
-        scanned = set(self.scanned)
-        for s, leaf in enumerate(self.call.leaves):
-            try:
-                _aval(leaf)
-            except TypeError:
-                raise TypeError(
-                    f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
-                    f"a valid JAX type, cannot be {'scanned' if s in scanned else 'carried'} "
-                    "by a loop"
-                ) from None
-
-    def path(self, n: int) -> str:
-        if self._paths is None:
-            self._paths = _trace.Paths(self.call.sdef, self.call.objects, self.layout).paths
-        return self._paths.get(n, "?") or self.names[0]
-
-    def slot_path(self, s: int) -> str:
-        for n, e in enumerate(self.info):
-            if isinstance(e, LeafInfo) and e.slot == s:
-                return self.path(n)
-        return f"{self.names[0]}<leaf {s}>"
-
-    def argument(self, n: int) -> int:
-        """Which argument (0: the carry, 1: scan's xs) node ``n`` is in."""
-        for a, top in enumerate(self.tops):
-            e = self.info[top]
-            if top - (e.size if isinstance(e, NodeInfo) else 1) < n <= top:
-                return a
-        return 0
-
-    def debug_names(self, params: list[str]) -> list[str]:
-        """Each carried (then scanned) leaf's key path, the arguments named ``params``."""
-        names = self.call.slot_names(Naming(_stand_in("body", tuple(params))))
-        return [names[s] for s in (*self.carried, *self.scanned)]
-
-    # -- at trace time, in the JAX loop's body ----------------------------------------------------
-
-    def step(self, carry: list, rows: list, body: Callable[..., tuple], watch: Any = None) -> tuple:
-        """Run ``body`` (the call's arguments -> (their new values, other results)) under the
-        lift on the call rebuilt from the JAX loop's ``carry`` (and ``rows``, scan's slices of
-        ``xs``). Returns the carry's new leaves, the other results and the new rows of the
-        ``xs`` leaves the body changes; records the plan (``record``). ``watch``: scan's slice
-        of an ``xs`` not written back, whose unreturned changes it checks."""
-        in_leaves = list(carry) if not self.scanned else [None] * len(self.call.leaves)
-        if self.scanned:
-            for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
-                in_leaves[s] = leaf
-        found: dict[str, Any] = {}
-
-        def lifted(*args: Any) -> Any:
-            objs = _lift.flatten_call(self.naming, args, {}).objects  # as the body gets them
-            watched = _snapshot(objs, self.info, self.skip)
-            # The caller's containers, which the body may reach through a global or a closure
-            # (rule 25; checked first: it puts them back).
-            callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
-            new, found["others"] = body(*args)
-            _trace.check_callers(
-                self.fun, self.call.objects, callers, self.call.sdef, objs, self.layout
-            )
-            if watch is not None:
-                watch.check(self.fun, (new, found["others"]))
-            found["slots"] = self._check(in_leaves, objs, watched, new)
-            return new if len(new) > 1 else new[0]
-
-        lifted.__qualname__ = _qualname(self.fun)  # the lift's messages name the user's body
-        lifted.__module__ = getattr(self.fun, "__module__", None)  # type: ignore[assignment]
-        lifted.__wrapped__ = self.fun  # type: ignore[attr-defined]
-        hook = functools.partial(_write_back_hook, in_leaves, found)
-        plan, outputs = _lift.trace(
-            lifted, self.policy, self.naming, self.call.sdef, in_leaves, None, result_hook=hook
-        )
-        new_slots = found["slots"]
-        where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
-        where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
-        stacked = tuple(s for s in self.scanned if new_slots[s] is not in_leaves[s])
-        # An output found in neither is a new value in a container of an argument left alone
-        # (policy clone in a call mixing policies): built fresh and dropped, any value will do.
-        self.record = _Traced(plan, tuple(where.get(id(o), 0) for o in outputs), stacked)
-        return (
-            [new_slots[s] for s in self.carried],
-            found["others"],
-            [new_slots[s] for s in stacked],
-        )
-
-    def _check(self, in_leaves: list, objs: list, watched: dict, new: tuple) -> list:
-        """The loop's rules for what the body returns (``new``, one per argument): it keeps
-        the structure and types of the call, and each container is the input container at the
-        same place (updated in place) or a new one (the input one unchanged). Returns the new
-        value of each slot."""
-        after = _lift.flatten_call(self.naming, new, {})
-        new_info: list[Any] = after.sdef.node_info()
-        if not _same_structure(self.info, new_info, self.unstable):
-            self._raise_structure(new)
-        index = {id(objs[k]): k for k in _containers(objs, self.info, self.skip)}
-        kept = set()
-        for n in _containers(after.objects, new_info, self.skip):
-            k = index.get(id(after.objects[n]))
-            if k is not None and k != n:
-                what = "put the slice's" if self.argument(n) else "returned the carry's"
-                raise ValueError(
-                    f"{_qualname(self.fun)} {what} container {self.path(k)} at "
-                    f"the place of {self.path(n)}. A loop carries each container at its place; "
-                    "build a new object there instead, or keep the container where it is."
-                )
-            if k is not None:
-                kept.add(n)
-        changed = _changed(objs, watched)
-        bad = [k for k in changed if k not in kept]
-        if bad:
-            self._raise_unreturned(objs, watched, bad)
-        else:
-            self._check_outside_attributes(objs, watched, changed, new_info, after.objects)
-        return self._new_slots(new_info, after.leaves, in_leaves)
-
-    def _new_slots(self, new_info: list, new_leaves: list, in_leaves: list) -> list:
-        """Each slot's new value (the body's leaf at its place), checked: one array of the
-        call stays one, and keeps its shape and dtype."""
-        values: dict[int, Any] = {}
-        for n, (e_in, e_out) in enumerate(zip(self.info, new_info, strict=True)):
-            if isinstance(e_in, LeafInfo):
-                s, value = e_in.slot, new_leaves[e_out.slot]
-                if s in values and values[s] is not value:
-                    raise ValueError(
-                        f"{_qualname(self.fun)} gave different values to {self.slot_path(s)} and "
-                        f"{self.path(n)}, which are one array in {self.names[0]} (the same "
-                        "object at both places). A loop carries that array once; pass two "
-                        "arrays (a copy at one of the places) to let them differ."
-                    )
-                values[s] = value
-        new_slots = [values[s] for s in range(len(self.call.leaves))]
-        scanned = set(self.scanned)
-        for s, (old, new) in enumerate(zip(in_leaves, new_slots, strict=True)):
-            a, b = _aval(old), _aval(new)
-            if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
-                if s in scanned:
-                    raise TypeError(
-                        f"{_qualname(self.fun)} put a value of type {b.str_short()} at "
-                        f"{self.slot_path(s)} of its slice, where xs's rows have type "
-                        f"{a.str_short()}: a slice is written back into the stacked xs, row "
-                        "by row, so it must keep its shapes and dtypes"
-                    )
-                raise TypeError(
-                    f"{_qualname(self.fun)} returned {self.slot_path(s)} with type "
-                    f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
-                    "carry's types must be the same at every iteration"
-                )
-        return new_slots
-
-    def _check_outside_attributes(
-        self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
-    ) -> None:
-        """An attribute the body set on a custom node of the carry that the node's flatten
-        does not carry cannot reach the caller's object: the ValueError ``jit`` raises."""
-        for k in changed:
-            e = new_info[k]
-            if e.node_type in (list, dict) or not hasattr(objs[k], "__dict__"):
-                continue
-            new_names = [n for n in vars(objs[k]) if n not in watched[k][0]]
-            if not new_names:
-                continue
-            try:
-                after = unflatten_node(e.node_type, e.data, [new_objs[c] for c in e.children])
-            except Exception:  # noqa: BLE001 - cannot tell: leave it to the write-back
-                continue
-            for name in new_names:
-                if not hasattr(after, name):
-                    sdef = self.call.sdef
-                    _trace.raise_outside_attribute(self.fun, k, name, sdef, objs, self.layout)
-
-    def check_untouched(self, fun: Any, slots: Any) -> Any:
-        """Run ``fun`` (while_loop's condition) on the carry rebuilt from ``slots``, which it
-        may not change."""
-        root, objs = self.call.sdef.unflatten_nodes(list(slots))
-        watched = _snapshot(objs, self.info, self.skip)
-        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
-        out = fun(root[0])
-        _trace.check_callers(fun, self.call.objects, callers, self.call.sdef, objs, self.layout)
-        bad = _changed(objs, watched)
-        if bad:
-            lines = [x for k in bad for x in _shallow_changes(self.path(k), objs[k], watched[k])]
-            if self.policies[0].mutations == "error":
-                raise _trace.mutation_error(fun, lines, _CONDITION_REMEDY)
-            raise ValueError(
-                f"{_qualname(fun)}, the loop's condition, changed the carry in place:\n"
-                + "\n".join(f"  {line}" for line in lines)
-                + "\nA JAX while_loop carries only what the body returns; change the carry in "
-                "the body."
-            )
-        return out
-
-    def _raise_structure(self, new: tuple) -> None:
-        # The slice first: the body's slice of xs is checked before the carry it returns.
-        for a in reversed(range(len(new))):
-            found = _structure_difference(self.names[a], self.call.args[a], new[a])
-            if a and found is not None:
-                raise ValueError(
-                    f"{_qualname(self.fun)} changed the structure of its slice of xs: {found}. "
-                    "Under policy 'alias' a slice is written back into the stacked xs, so it "
-                    "must keep xs's structure (keys, list lengths, node types and static data, "
-                    "shared containers); build a new object to return instead. Nothing was "
-                    "written back."
-                )
-            if not a:
-                found = found or (
-                    "a container shared at two places of the carry became two, or the other "
-                    "way round"
-                )
-                raise ValueError(
-                    f"{_qualname(self.fun)} returned a carry whose structure differs from "
-                    f"{self.names[0]}'s: {found}. A loop's carry must keep its structure (keys, "
-                    "list lengths, node types and static data, shared containers) at every "
-                    "iteration."
-                )
-
-    def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
-        """The error for containers changed in place and not handed back at their place:
-        the slice's first (it is checked before the carry), each by its argument's policy."""
-        for a in sorted({self.argument(k) for k in bad}, reverse=True):
-            mine = [k for k in bad if self.argument(k) == a]
-            lines = [x for k in mine for x in _shallow_changes(self.path(k), objs[k], watched[k])]
-            policy = self.policies[a]
-            if policy.mutations == "discard":
-                continue  # init left alone while xs is not: the lift reports the lost change
-            if policy.mutations == "error":
-                # Not alias's remedy: under alias this is the ValueError below.
-                raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
-            if a:
-                raise ValueError(
-                    f"{_qualname(self.fun)} changed a container of its slice of xs in place, "
-                    "then put a new object at its place in the slice:\n"
-                    + "\n".join(f"  {line}" for line in lines)
-                    + "\nUnder policy 'alias' what the slice holds at the end of the body is "
-                    "written back into xs, so the change to the replaced container would be "
-                    "lost. Keep the container (update it in place) or leave it unchanged. "
-                    "Nothing was written back."
-                )
-            raise ValueError(
-                f"{_qualname(self.fun)} changed the carry in place without returning the "
-                "changed container at its place in the carry (it returned a new object there, "
-                "or none):\n"
-                + "\n".join(f"  {line}" for line in lines)
-                + "\nIn a Python loop the caller's object would keep the first iteration's "
-                "change only, which a JAX loop does not reproduce. Return the same container "
-                "(update in place) or leave it unchanged (build a new one). Nothing was written "
-                "back."
-            )
-
-    # -- after the loop ---------------------------------------------------------------------------
-
-    def finish(self, record: _Traced, carry: list, rows: list, iterations: int | None) -> Any:
-        """The carry the loop returns, by the plan from its final leaves (``carry``, and the
-        stacked ``rows`` of the ``xs`` leaves the body changes): under ``alias`` written into
-        the caller's objects, all or nothing. ``iterations``: how many times the loop ran,
-        when known before it runs; none is the Python loop that never runs its body, which
-        hands back ``init``."""
-        leaves = self.call.leaves
-        if iterations == 0:
-            return self.call.args[0]
-        final = list(leaves)
-        for s, value in zip((*self.carried, *record.stacked), (*carry, *rows), strict=True):
-            final[s] = value
-        pool = final + leaves
-        out = record.plan.apply(leaves, self.call.objects, [pool[g] for g in record.gather])
-        return out if len(self.call.args) == 1 else out[0]
-
-
-def _write_back_hook(
-    in_leaves: list, found: dict, rdef: Any, robjs: list, origins: list, rleaves: list
-) -> list[bool]:
-    """``_trace.run``'s ``result_hook`` for a loop body: the plan is applied once, after the
-    loop, to the final leaves, so a result leaf that is an input leaf (a tracer the body was
-    given) is the caller's own leaf only where the body hands it back at its own place at each
-    iteration; elsewhere it is an output, the final leaf at its place. A caller's container
-    the body does not hand back (it built a new one in its place) keeps the caller's leaves:
-    written by no plan, it loses its origin where it holds such a leaf."""
-    new_slots = found["slots"]
-    moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
-    forced = [id(leaf) in moving for leaf in rleaves]
-    if not any(forced) or all(o is None for o in origins):  # no origins: nothing is written
-        return forced
-    info = rdef.node_info()
-    returned = _reachable(info, info[-1].children[1])  # the result: (inputs, result, ...)
-    for n, origin in enumerate(origins):
-        if origin is not None and n not in returned:
-            if any(forced[s] for slots in rdef.child_slots(n) for s in slots):
-                origins[n] = None
-    return forced
-
-
-def _reachable(info: list, top: int) -> set[int]:
-    """The entries of the subtree at ``top``, with those its references lead to."""
-    seen: set[int] = set()
-    agenda = [top]
-    while agenda:
-        n = agenda.pop()
-        e = info[n]
-        size = e.size if isinstance(e, NodeInfo) else 1
-        for m in range(n - size + 1, n + 1):
-            if m in seen:
-                continue
-            seen.add(m)
-            if isinstance(info[m], RefInfo):
-                agenda.append(info[m].target)
-    return seen
-
-
-# What strict's MutationError offers instead, where alias would not apply the change.
-_UNRETURNED_REMEDY = (
-    "Return the changed container at its place in the carry (policy 'alias' then writes the "
-    "final state into the caller's object), or build a new object there without changing the "
-    "old one; under policy 'alias' this body is a ValueError too, and policy='clone' discards "
-    "the change."
-)
-_CONDITION_REMEDY = (
-    "Change the carry in the body: a JAX while_loop carries only what the body returns, so "
-    "under policy 'alias' a condition that changes it is a ValueError too, and "
-    "policy='clone' discards the change."
-)
-_SLICE_REMEDY = (
-    "Return the changed slice (in the carry or in ys), or use policy='alias', which writes "
-    "what the body leaves in each slice back into the stacked xs (row i of each leaf, as "
-    "nnx.scan does for what it scans over axis 0), or policy='clone' to discard the change."
-)
-
-
-class _SliceWatch:
-    """Scan's slice of an ``xs`` that is not written back (``strict``, or ``clone`` in a call
-    mixing policies): the containers the body changes in place and does not return are
-    strict's error, or reported as discarded (``mutations`` ``"discard"``)."""
-
-    def __init__(self, tree: Any, mutations: str):
-        self.mutations = mutations
-        self.call = _lift.flatten_call(_XS_NAMING, (tree,), {})
-        info: list[Any] = self.call.sdef.node_info()
-        self.snapshot = _snapshot(self.call.objects, info, {len(info) - 1, info[-1].children[1]})
-
-    def check(self, fun: Any, returned: Any) -> None:
-        objs = self.call.objects
-        bad = _changed(objs, self.snapshot)
-        if not bad:
-            return
-        reached = {id(o) for o in _lift.flatten_call(_XS_NAMING, (returned,), {}).objects}
-        bad = [k for k in bad if id(objs[k]) not in reached]
-        if bad:
-            paths = _trace.Paths(self.call.sdef, objs, _trace.Layout(1, ["xs"])).paths
-            lines = [
-                x
-                for k in bad
-                for x in _shallow_changes(paths.get(k, "?"), objs[k], self.snapshot[k])
-            ]
-            if self.mutations == "discard":  # xs left alone (a policy per argument)
-                _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
-                return
-            raise _trace.mutation_error(fun, lines, _SLICE_REMEDY)
-
-
-def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
-    """Whether two node infos are one structure, leaf sharing aside (a body may give two
-    places one value; that it may not split one array in two is checked by the caller)."""
-    if len(a) != len(b):
-        return False
-    for k, (x, y) in enumerate(zip(a, b, strict=True)):
-        if type(x) is not type(y):
-            return False
-        if isinstance(x, RefInfo):
-            if x.target != y.target:
-                return False
-        elif isinstance(x, NodeInfo):
-            if x.node_type is not y.node_type or x.arity != y.arity:
-                return False
-            if k not in unstable and not _trace.same_data(x.data, y.data):
-                if not _trace.equal_empty_nodes(x, y):
-                    return False
-    return True
-
-
-def _structure_difference(name: str, old: Any, new: Any) -> str | None:
-    """Where ``new`` first differs from ``old`` in structure, in words (None: nowhere but in
-    its sharing)."""
-    try:
-        flat = jax.tree_util.tree_flatten_with_path
-        old_paths = [jax.tree_util.keystr(p) for p, _ in flat(old)[0]]
-        new_paths = [jax.tree_util.keystr(p) for p, _ in flat(new)[0]]
-    except Exception:  # noqa: BLE001 - a description is best effort
-        return "the structures differ"
-    old_set, new_set = set(old_paths), set(new_paths)
-    added = [p for p in new_paths if p not in old_set]
-    removed = [p for p in old_paths if p not in new_set]
-    parts = []
-    if added:
-        parts.append("added " + ", ".join(name + p for p in added[:5]))
-    if removed:
-        parts.append("removed " + ", ".join(name + p for p in removed[:5]))
-    if parts:
-        return "; ".join(parts)
-    old_def: Any = jax.tree_util.tree_structure(old)
-    new_def = jax.tree_util.tree_structure(new)
-    return f"{old_def} became {new_def}" if old_def != new_def else None
 
 
 # --- the functions the JAX loop traces, kept per kind of call ------------------------------------
@@ -632,7 +91,7 @@ class _Names:
     key paths of the carried (and scanned) leaves, as the user's function names its
     parameters (``c['t']``, ``x['a']``), not the carried leaves' list."""
 
-    def __init__(self, body: _Body, loop: _Loop):
+    def __init__(self, body: _Body, loop: LoopCall):
         self.body, self.loop = body, loop
 
     def __iter__(self) -> Iterator[str]:
@@ -651,7 +110,7 @@ class _Body(_lift.Runner):
         run: Callable[..., Any],
         fun: Any,
         traced_for: str,
-        names: Callable[[_Loop, list[str]], list[str]],
+        names: Callable[[LoopCall, list[str]], list[str]],
     ):
         super().__init__(fun, CLONE, Naming(fun))
         self.run, self.traced_for, self.names = run, traced_for, names
@@ -660,7 +119,7 @@ class _Body(_lift.Runner):
         return self.run(self.local.loop, *args)
 
     @contextlib.contextmanager
-    def serving(self, loop: _Loop) -> Iterator[None]:
+    def serving(self, loop: LoopCall) -> Iterator[None]:
         saved = getattr(self.local, "loop", None)
         self.local.loop = loop
         try:
@@ -677,11 +136,11 @@ class _Entry:
     their last trace found, for the calls that reuse it (another thread's, perhaps)."""
 
     def __init__(self) -> None:
-        self.record: _Traced | None = None
+        self.record: Traced | None = None
         self.bodies: tuple[_Body, ...] = ()
 
-    def step(self, loop: _Loop, *args: Any, **options: Any) -> tuple:
-        """The current call's :meth:`_Loop.step`, its record kept here as the trace ends."""
+    def step(self, loop: LoopCall, *args: Any, **options: Any) -> tuple:
+        """The current call's :meth:`LoopCall.step`, its record kept here as the trace ends."""
         out = loop.step(*args, **options)
         self.record = loop.record
         return out
@@ -715,7 +174,7 @@ def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
     return entry
 
 
-def _run(entry: _Entry, loop: _Loop, jax_loop: Callable[..., Any]) -> tuple[Any, _Traced]:
+def _run(entry: _Entry, loop: LoopCall, jax_loop: Callable[..., Any]) -> tuple[Any, Traced]:
     """Run ``jax_loop(*entry.bodies)`` for ``loop``; return its result and what the body's
     trace found: this call's, or (JAX reused a trace) the last one's."""
     with contextlib.ExitStack() as stack:
@@ -731,7 +190,7 @@ def _key_of(tree: Any) -> Any:
     """A tree's structure and leaf types, as part of a cache key (None: not one)."""
     try:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
-        return treedef, tuple(_aval(x) for x in leaves)
+        return treedef, tuple(jax.api_util.shaped_abstractify(x) for x in leaves)
     except Exception:  # noqa: BLE001 - not a key: JAX will say what is wrong with it
         return None
 
@@ -747,16 +206,15 @@ def _count(lower: Any, upper: Any) -> int | None:
 def _pair(f: Any, out: Any) -> tuple[Any, Any]:
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError(
-            f"{_qualname(f)}, the body of scan, must return a pair (carry, y), got "
+            f"{qualname(f)}, the body of scan, must return a pair (carry, y), got "
             f"{type(out).__name__}"
         )
     return out[0], out[1]
 
 
-def _kind(loop: _Loop) -> tuple:
+def _kind(loop: LoopCall) -> tuple:
     """The call's part of a cache key: its structure, policies and leaf types."""
-    avals = tuple(_aval(x) for x in loop.call.leaves)
-    return loop.call.sdef, loop.policies, avals
+    return loop.call.sdef, loop.policies, loop.avals
 
 
 # --- the loops -----------------------------------------------------------------------------------
@@ -798,25 +256,28 @@ def scan(
     mixed = chosen is not xs_policy
     extra = {"_split_transpose": True} if _split_transpose else {}
     if chosen is CLONE and not mixed:
-        _lift.check_call(_NAMINGS["scan"], (init, xs), {})
+        _lift.check_call(NAMINGS["scan"], (init, xs), {})
         return jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra)
     options = (length, reverse, unroll, _split_transpose)
-    if xs is not None and xs_policy.mutations == "propagate":
-        return _scan_both(f, _Loop("scan", f, (init, xs), spec, (chosen, xs_policy)), options)
-    loop = _Loop("scan", f, (init,), chosen, (chosen,))
-    _lift.check_call(_XS_NAMING, (xs,), {})
-    if mixed:
-        _check_shared(f, init, xs, (chosen, xs_policy))
     # What the body does to its slice of xs in place and does not return: strict's error, or
     # (xs left alone in a call mixing policies) clone's report.
     xs_mode = "error" if xs_policy.mutations == "error" else "discard" if mixed else None
+    if xs is not None and xs_policy.mutations == "propagate":
+        both = LoopCall("scan", f, (init, xs), spec, (chosen, xs_policy))
+        if not both.shared:
+            return _scan_both(f, both, options)
+        xs_mode = "shared"  # an array in init and xs: the slice cannot be written back
+    loop = LoopCall("scan", f, (init,), chosen, (chosen,))
+    _lift.check_call(XS_NAMING, (xs,), {})
+    if mixed:
+        check_shared(f, init, xs, (chosen, xs_policy))
     xs_key = _key_of(xs)
 
     def make(entry: _Entry) -> tuple:
         xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
 
-        def body(loop: _Loop, carry: list, x: Any) -> tuple[list, Any]:
-            watch = None if xs_mode is None else _SliceWatch(x, xs_mode)
+        def body(loop: LoopCall, carry: list, x: Any) -> tuple[list, Any]:
+            watch = None if xs_mode is None else SliceWatch(x, xs_mode)
 
             def run(c: Any) -> tuple:
                 new, y = _pair(f, f(c, x))
@@ -825,7 +286,7 @@ def scan(
             new_carry, y, _ = entry.step(loop, carry, [], run, watch)
             return new_carry, y
 
-        def names(loop: _Loop, p: list[str]) -> list[str]:  # a slice's key paths are xs's
+        def names(loop: LoopCall, p: list[str]) -> list[str]:  # a slice's key paths are xs's
             return loop.debug_names(p[:1]) + _tree_names(p[1], xs_paths)
 
         return (_Body(body, f, "scan", names),)
@@ -842,35 +303,12 @@ def scan(
     return loop.finish(record, list(final), [], length), ys
 
 
-def _check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) -> None:
-    """A container in both ``init`` and ``xs``, given different policies, has no single answer
-    (written back for one, left alone for the other): the ValueError jit raises, naming both
-    key paths (docs/semantics.md, rule 39)."""
-    both = _lift.flatten_call(_NAMINGS["scan"], (init, xs), {})
-    info = both.sdef.node_info()
-    init_top, xs_top = info[-1].children[:2]
-    first = init_top - (info[init_top].size if isinstance(info[init_top], NodeInfo) else 1)
-    for n in range(init_top + 1, xs_top + 1):
-        e = info[n]
-        if isinstance(e, RefInfo) and first < e.target <= init_top:
-            target = info[e.target]
-            if isinstance(target, NodeInfo) and target.node_type is not _NoneType:
-                paths = _trace.Paths(both.sdef, both.objects, _trace.Layout(2, ["init", "xs"]))
-                a, b = (_trace.policy_name(p) for p in policies)
-                raise ValueError(
-                    f"{_qualname(f)}: the {type(both.objects[e.target]).__name__} at "
-                    f"{paths.paths.get(e.target)} (policy {a}) is also at {paths.paths.get(n)} "
-                    f"(policy {b}): one container cannot be both written back and left alone. "
-                    "Pass it through one argument, or give both arguments one policy."
-                )
-
-
 def _tree_names(root: str, tree: Any) -> list[str]:
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return [root + jax.tree_util.keystr(p) for p, _ in flat]
 
 
-def _scan_both(f: Callable[..., Any], loop: _Loop, options: tuple) -> tuple[Any, Any]:
+def _scan_both(f: Callable[..., Any], loop: LoopCall, options: tuple) -> tuple[Any, Any]:
     """``scan`` with ``xs`` written back (its policy is ``alias``): each slice is a view of row i
     of the stacked ``xs`` (rule L7). The call is ``(init, xs)``; the JAX loop scans over
     ``xs``'s distinct leaves, its body rebuilds the slice from their rows and hands back the
@@ -882,7 +320,7 @@ def _scan_both(f: Callable[..., Any], loop: _Loop, options: tuple) -> tuple[Any,
     extra = {"_split_transpose": True} if split else {}
 
     def make(entry: _Entry) -> tuple:
-        def body(loop: _Loop, carry: list, rows: list) -> tuple[list, Any]:
+        def body(loop: LoopCall, carry: list, rows: list) -> tuple[list, Any]:
             def run(c: Any, x: Any) -> tuple:
                 new, y = _pair(f, f(c, x))
                 return (new, x), y  # the slice as the body leaves it
@@ -890,7 +328,7 @@ def _scan_both(f: Callable[..., Any], loop: _Loop, options: tuple) -> tuple[Any,
             new_carry, y, new_rows = entry.step(loop, carry, rows, run)
             return new_carry, (y, new_rows)
 
-        def names(loop: _Loop, p: list[str]) -> list[str]:
+        def names(loop: LoopCall, p: list[str]) -> list[str]:
             return loop.debug_names(p)
 
         return (_Body(body, f, "scan", names),)
@@ -932,15 +370,15 @@ def fori_loop(
     """
     _, (chosen,) = _loop_policies(policy, "fori_loop")
     if chosen is CLONE:
-        _lift.check_call(_NAMINGS["fori_loop"], (init_val,), {})
+        _lift.check_call(NAMINGS["fori_loop"], (init_val,), {})
         return jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll)
-    loop = _Loop("fori_loop", body_fun, (init_val,), chosen, (chosen,))
+    loop = LoopCall("fori_loop", body_fun, (init_val,), chosen, (chosen,))
 
     def make(entry: _Entry) -> tuple:
-        def body(loop: _Loop, i: Any, slots: list) -> list:
+        def body(loop: LoopCall, i: Any, slots: list) -> list:
             return entry.step(loop, slots, [], lambda c: ((body_fun(i, c),), None))[0]
 
-        def names(loop: _Loop, p: list[str]) -> list[str]:
+        def names(loop: LoopCall, p: list[str]) -> list[str]:
             return [p[0], *loop.debug_names(p[1:])]
 
         return (_Body(body, body_fun, "fori_loop", names),)
@@ -980,18 +418,18 @@ def while_loop(
     """
     _, (chosen,) = _loop_policies(policy, "while_loop")
     if chosen is CLONE:
-        _lift.check_call(_NAMINGS["while_loop"], (init_val,), {})
+        _lift.check_call(NAMINGS["while_loop"], (init_val,), {})
         return jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val)
-    loop = _Loop("while_loop", body_fun, (init_val,), chosen, (chosen,))
+    loop = LoopCall("while_loop", body_fun, (init_val,), chosen, (chosen,))
 
     def make(entry: _Entry) -> tuple:
-        def cond(loop: _Loop, slots: list) -> Any:
+        def cond(loop: LoopCall, slots: list) -> Any:
             return loop.check_untouched(cond_fun, slots)
 
-        def body(loop: _Loop, slots: list) -> list:
+        def body(loop: LoopCall, slots: list) -> list:
             return entry.step(loop, slots, [], lambda c: ((body_fun(c),), None))[0]
 
-        def names(loop: _Loop, p: list[str]) -> list[str]:
+        def names(loop: LoopCall, p: list[str]) -> list[str]:
             return loop.debug_names(p[:1])
 
         return (
