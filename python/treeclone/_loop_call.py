@@ -60,8 +60,7 @@ NAMINGS = {api: Naming(f) for api, f in STAND_INS.items()}
 XS_NAMING = Naming(stand_in("scan", ("xs",)))
 
 
-def _aval(x: Any) -> Any:
-    return jax.api_util.shaped_abstractify(x)
+_aval = jax.api_util.shaped_abstractify
 
 
 # --- what a body did to a container: a shallow diff, for the loop's own rules --------------------
@@ -105,7 +104,7 @@ def _shallow_changes(path: str, obj: Any, before: tuple) -> list[str]:
     return lines or [f"{path}: changed in place"]
 
 
-def _containers(objs: list, info: list, skip: set[int]) -> Iterator[int]:
+def _containers(info: list, skip: set[int]) -> Iterator[int]:
     """The nodes of ``info`` that are containers (not None, not in ``skip``)."""
     for k, e in enumerate(info):
         if k not in skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType:
@@ -114,9 +113,7 @@ def _containers(objs: list, info: list, skip: set[int]) -> Iterator[int]:
 
 def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
     """The shallow state of each mutable container among ``objs`` (a tuple cannot change)."""
-    return {
-        k: _state(objs[k]) for k in _containers(objs, info, skip) if not isinstance(objs[k], tuple)
-    }
+    return {k: _state(objs[k]) for k in _containers(info, skip) if not isinstance(objs[k], tuple)}
 
 
 def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
@@ -260,9 +257,9 @@ class LoopCall:
         new_info: list[Any] = after.sdef.node_info()
         if not _same_structure(self.info, new_info, self.unstable):
             self._raise_structure(new)
-        index = {id(objs[k]): k for k in _containers(objs, self.info, self.skip)}
+        index = {id(objs[k]): k for k in _containers(self.info, self.skip)}
         kept = set()
-        for n in _containers(after.objects, new_info, self.skip):
+        for n in _containers(new_info, self.skip):
             k = index.get(id(after.objects[n]))
             if k is not None and k != n:
                 what = "put the slice's" if self.argument(n) else "returned the carry's"
@@ -437,22 +434,25 @@ def _write_back_hook(
     in_leaves: list, found: dict, rdef: Any, robjs: list, origins: list, rleaves: list
 ) -> list[bool]:
     """``_trace.run``'s ``result_hook`` for a loop body: the plan is applied once, after the
-    loop, to the final leaves, so a result leaf that is an input leaf (a tracer the body was
-    given) is the caller's own leaf only where the body hands it back at its own place at each
-    iteration; elsewhere it is an output, the final leaf at its place. A caller's container
-    the body does not hand back (it built a new one in its place) keeps the caller's leaves:
-    written by no plan, it loses its origin where it holds such a leaf."""
+    loop, to the final leaves, so an input leaf (a tracer the body was given) in the result is
+    the caller's own leaf only if the body hands it back at its own place at each iteration;
+    else it is an output, the final leaf at its place. A caller's container the body does not
+    hand back (it built a new one in its place) keeps the caller's leaves: written by no plan,
+    it loses its origin where it holds such an output. (The rest of what the body does not
+    hand back keeps its input leaves: the caller's, unchanged.)"""
     new_slots = found["slots"]
     moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
-    forced = [id(leaf) in moving for leaf in rleaves]
-    if not any(forced) or all(o is None for o in origins):  # no origins: nothing is written
-        return forced
+    if all(o is None for o in origins):  # nothing is written: the result is the body's alone
+        return [id(leaf) in moving for leaf in rleaves]
     info = rdef.node_info()
     returned = _reachable(info, info[-1].children[1])  # the result: (inputs, result, ...)
-    for n, origin in enumerate(origins):
-        if origin is not None and n not in returned:
-            if any(forced[s] for slots in rdef.child_slots(n) for s in slots):
-                origins[n] = None
+    handed_back = {e.slot for n in returned if isinstance(e := info[n], LeafInfo)}
+    forced = [s in handed_back and id(x) in moving for s, x in enumerate(rleaves)]
+    if any(forced):
+        for n, origin in enumerate(origins):
+            if origin is not None and n not in returned:
+                if any(forced[s] for slots in rdef.child_slots(n) for s in slots):
+                    origins[n] = None
     return forced
 
 
