@@ -14,7 +14,6 @@ writes the caller's objects, all or nothing. ``loops`` runs the JAX loops over t
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,13 +21,21 @@ from typing import Any
 import jax
 
 from treeclone import _lift, _trace
-from treeclone._lift import Naming
-from treeclone._trace import qualname
+from treeclone._calls import Naming
 from treeclone._jax_compat import unflatten_node
 from treeclone._native import EntryInfo
+from treeclone._trace import qualname
 from treeclone.policies import Policy
 
-__all__ = ["NAMINGS", "STAND_INS", "XS_NAMING", "LoopCall", "SliceWatch", "Traced", "check_shared"]
+__all__ = [
+    "NAMINGS",
+    "STAND_INS",
+    "XS_NAMING",
+    "LoopCall",
+    "SliceWatch",
+    "LoopPlan",
+    "check_shared",
+]
 
 NodeInfo = EntryInfo.Node
 LeafInfo = EntryInfo.Leaf
@@ -123,7 +130,7 @@ def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
 # --- one loop call -------------------------------------------------------------------------------
 
 
-class Traced:
+class LoopPlan:
     """What the body's trace found, the same at every iteration: the ``CallPlan`` that writes
     the final state (``plan``), where each of its outputs is among the final leaves and the
     call's own (``gather``: an index into ``final + call.leaves``), and the ``xs`` leaves the
@@ -154,7 +161,7 @@ class LoopCall:
         self.unstable = _trace.unstable_static_data((*args, {}), self.info)
         arg_slots = self.call.arg_slots()
         self.carried, self.scanned = arg_slots[0], arg_slots[1] if len(args) > 1 else []
-        self.record: Traced | None = None  # this call's trace, when JAX did not reuse one
+        self.record: LoopPlan | None = None  # this call's trace, when JAX did not reuse one
         self._paths: dict[int, str] | None = None
         # An array in both init and xs: one slot cannot be both carried and scanned (scan
         # then leaves xs out of the call; see ``SliceWatch``).
@@ -207,46 +214,40 @@ class LoopCall:
         ``xs``). Returns the carry's new leaves, the other results and the new rows of the
         ``xs`` leaves the body changes; records the plan (``record``). ``watch``: scan's slice
         of an ``xs`` not written back, whose unreturned changes it checks."""
-        in_leaves = list(carry) if not self.scanned else [None] * len(self.call.leaves)
-        if self.scanned:
-            for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
-                in_leaves[s] = leaf
+        in_leaves: list = [None] * len(self.call.leaves)
+        for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
+            in_leaves[s] = leaf
         found: dict[str, Any] = {}
 
         def lifted(*args: Any) -> Any:
-            objs = _lift.flatten_call(self.naming, args, {}).objects  # as the body gets them
-            watched = _snapshot(objs, self.info, self.skip)
-            # The caller's containers, which the body may reach through a global or a closure
-            # (rule 25; checked first: it puts them back).
-            callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
-            new, found["others"] = body(*args)
-            _trace.check_callers(
-                self.fun, self.call.objects, callers, self.call.sdef, objs, self.layout
-            )
-            if watch is not None:
-                watch.check(self.fun, (new, found["others"]))
-            found["slots"] = self._check(in_leaves, objs, watched, new)
-            return new if len(new) > 1 else new[0]
+            found["new"], found["others"] = body(*args)
+            return found["new"] if len(args) > 1 else found["new"][0]
 
-        lifted.__qualname__ = qualname(self.fun)  # the lift's messages name the user's body
+        lifted.__qualname__ = qualname(self.fun)  # the trace's messages name the body
         lifted.__module__ = getattr(self.fun, "__module__", None)  # type: ignore[assignment]
         lifted.__wrapped__ = self.fun  # type: ignore[attr-defined]
-        hook = functools.partial(_write_back_hook, in_leaves, found)
-        plan, outputs = _lift.trace(
-            lifted, self.policy, self.naming, self.call.sdef, in_leaves, None, result_hook=hook
-        )
-        new_slots = found["slots"]
+        sdef = self.call.sdef
+        prepared = _lift.begin(lifted, self.policy, self.naming, sdef, in_leaves, None)
+        objs = prepared.objs
+        watched = _snapshot(objs, self.info, self.skip)
+        # The caller's containers, which the body may reach through a global or a closure
+        # (rule 25; checked first, as it puts them back).
+        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+        called = prepared.call()
+        _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
+        if watch is not None:
+            watch.check(self.fun, (found["new"], found["others"]))
+        new_slots = self._check(in_leaves, objs, watched, found["new"])
+        traced = called.diff()
+        plan = traced.plan(forced=_forced(traced, in_leaves, new_slots))
         where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
         where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
         stacked = tuple(s for s in self.scanned if new_slots[s] is not in_leaves[s])
         # An output found in neither is a new value in a container of an argument left alone
         # (policy clone in a call mixing policies): built fresh and dropped, any value will do.
-        self.record = Traced(plan, tuple(where.get(id(o), 0) for o in outputs), stacked)
-        return (
-            [new_slots[s] for s in self.carried],
-            found["others"],
-            [new_slots[s] for s in stacked],
-        )
+        self.record = LoopPlan(plan.plan, tuple(where.get(id(o), 0) for o in plan.outputs), stacked)
+        new_rows = [new_slots[s] for s in stacked]
+        return [new_slots[s] for s in self.carried], found["others"], new_rows
 
     def _check(self, in_leaves: list, objs: list, watched: dict, new: tuple) -> list:
         """The loop's rules for what the body returns (``new``, one per argument): it keeps
@@ -413,7 +414,7 @@ class LoopCall:
 
     # -- after the loop ---------------------------------------------------------------------------
 
-    def finish(self, record: Traced, carry: list, rows: list, iterations: int | None) -> Any:
+    def finish(self, record: LoopPlan, carry: list, rows: list, iterations: int | None) -> Any:
         """The carry the loop returns, by the plan from its final leaves (``carry``, and the
         stacked ``rows`` of the ``xs`` leaves the body changes): under ``alias`` written into
         the caller's objects, all or nothing. ``iterations``: how many times the loop ran,
@@ -430,22 +431,20 @@ class LoopCall:
         return out if len(self.call.args) == 1 else out[0]
 
 
-def _write_back_hook(
-    in_leaves: list, found: dict, rdef: Any, robjs: list, origins: list, rleaves: list
-) -> list[bool]:
-    """``_trace.run``'s ``result_hook`` for a loop body: the plan is applied once, after the
-    loop, to the final leaves, so an input leaf (a tracer the body was given) in the result is
-    the caller's own leaf only if the body hands it back at its own place at each iteration;
-    else it is an output, the final leaf at its place. A caller's container the body does not
-    hand back (it built a new one in its place) keeps the caller's leaves: written by no plan,
-    it loses its origin where it holds such an output. (The rest of what the body does not
-    hand back keeps its input leaves: the caller's, unchanged.)"""
-    new_slots = found["slots"]
+def _forced(traced: _trace.Traced, in_leaves: list, new_slots: list) -> list[bool]:
+    """Which result leaves the loop's plan takes from the computation's outputs. The plan is
+    applied once, after the loop, to the final leaves, so an input leaf (a tracer the body was
+    given) in the result is the caller's own leaf only if the body hands it back at its own
+    place at each iteration; else it is an output, the final leaf at its place. A caller's
+    container the body does not hand back (it built a new one in its place) keeps the caller's
+    leaves: written by no plan, it loses its origin where it holds such an output. (The rest of
+    what the body does not hand back keeps its input leaves: the caller's, unchanged.)"""
     moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
-    if all(o is None for o in origins):  # nothing is written: the result is the body's alone
+    rdef, rleaves, origins = traced.result_def, traced.result_leaves, traced.origins
+    if traced.result_child is None:  # nothing is written: the result is the body's alone
         return [id(leaf) in moving for leaf in rleaves]
     info = rdef.node_info()
-    returned = _reachable(info, info[-1].children[1])  # the result: (inputs, result, ...)
+    returned = _reachable(info, info[-1].children[traced.result_child])
     handed_back = {e.slot for n in returned if isinstance(e := info[n], LeafInfo)}
     forced = [s in handed_back and id(x) in moving for s, x in enumerate(rleaves)]
     if any(forced):

@@ -41,17 +41,17 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _lift
-from treeclone._lift import Naming, reporting
-from treeclone._trace import qualname
+from treeclone._calls import Naming, reporting
 from treeclone._loop_call import (
     NAMINGS,
     STAND_INS,
     XS_NAMING,
     LoopCall,
+    LoopPlan,
     SliceWatch,
-    Traced,
     check_shared,
 )
+from treeclone._trace import qualname
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -136,7 +136,7 @@ class _Entry:
     their last trace found, for the calls that reuse it (another thread's, perhaps)."""
 
     def __init__(self) -> None:
-        self.record: Traced | None = None
+        self.record: LoopPlan | None = None
         self.bodies: tuple[_Body, ...] = ()
 
     def step(self, loop: LoopCall, *args: Any, **options: Any) -> tuple:
@@ -174,7 +174,7 @@ def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
     return entry
 
 
-def _run(entry: _Entry, loop: LoopCall, jax_loop: Callable[..., Any]) -> tuple[Any, Traced]:
+def _run(entry: _Entry, loop: LoopCall, jax_loop: Callable[..., Any]) -> tuple[Any, LoopPlan]:
     """Run ``jax_loop(*entry.bodies)`` for ``loop``; return its result and what the body's
     trace found: this call's, or (JAX reused a trace) the last one's."""
     with contextlib.ExitStack() as stack:
