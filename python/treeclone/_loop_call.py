@@ -3,9 +3,10 @@ loop's own rules.
 
 The loop's inputs (the carry, with scan's ``xs`` when it is written back: one call ``(init,
 xs)``) are flattened with identity by ``_lift.flatten_call`` (:class:`LoopCall`). At each
-iteration, traced once, the body runs under ``_lift.trace`` on the call rebuilt from the JAX
-loop's leaves; that records the call's native ``CallPlan``, the write-back every
-transformation uses. The loop's rules are checked here, at trace time, before the lift's: the
+iteration, traced once, the body runs through the trace's steps (``_lift.begin``, then
+``call``, ``diff``, ``plan``) on the call rebuilt from the JAX loop's leaves; that records the
+call's native ``CallPlan``, the write-back every transformation uses. Between ``call`` and
+``diff`` the loop's rules are checked here, at trace time, before the trace's own: the
 carry (and the slice) keeps its structure and types, and each container is the input
 container at its place (updated in place) or a new one (the input container then unchanged).
 So the plan, the same at every iteration, applied once to the final leaves after the loop,
@@ -32,8 +33,8 @@ __all__ = [
     "STAND_INS",
     "XS_NAMING",
     "LoopCall",
-    "SliceWatch",
     "LoopPlan",
+    "SliceWatch",
     "check_shared",
 ]
 
@@ -461,11 +462,8 @@ def _reachable(info: list, top: int) -> set[int]:
     agenda = [top]
     while agenda:
         n = agenda.pop()
-        e = info[n]
-        size = e.size if isinstance(e, NodeInfo) else 1
-        for m in range(n - size + 1, n + 1):
-            if m in seen:
-                continue
+        size = info[n].size if isinstance(info[n], NodeInfo) else 1
+        for m in set(range(n - size + 1, n + 1)) - seen:
             seen.add(m)
             if isinstance(info[m], RefInfo):
                 agenda.append(info[m].target)

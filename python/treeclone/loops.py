@@ -21,7 +21,7 @@ init`` when the body returns its argument); what it builds anew is a new object.
 :class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
 
 How: a loop call enters through the lift as every transformation does (``_loop_call``: the
-carry flattened with identity, the body traced under ``_lift.trace``, the loop's rules, the
+carry flattened with identity, the body run through the trace's steps, the loop's rules, the
 final write-back by the call's ``CallPlan``). This module runs the JAX loop over it: the JAX
 loop carries the call's distinct leaves (and scans over ``xs``'s), and the functions it traces
 are kept per kind of call, so that an eager loop called again finds JAX's cached trace.
@@ -91,7 +91,7 @@ class _Names:
     key paths of the carried (and scanned) leaves, as the user's function names its
     parameters (``c['t']``, ``x['a']``), not the carried leaves' list."""
 
-    def __init__(self, body: _Body, loop: LoopCall):
+    def __init__(self, body: _LoopBody, loop: LoopCall):
         self.body, self.loop = body, loop
 
     def __iter__(self) -> Iterator[str]:
@@ -99,7 +99,7 @@ class _Names:
         return iter(self.body.names(self.loop, params))
 
 
-class _Body(_lift.Runner):
+class _LoopBody(_lift.Runner):
     """A function a JAX loop traces (``run``, on the JAX loop's arguments), for this thread's
     current loop call; jax's messages name its inputs as the user's function ``fun`` sees
     them (the lift's ``__fun_debug_info__``, from :class:`_Names`). ``names(loop, params)``
@@ -137,7 +137,7 @@ class _Entry:
 
     def __init__(self) -> None:
         self.record: LoopPlan | None = None
-        self.bodies: tuple[_Body, ...] = ()
+        self.bodies: tuple[_LoopBody, ...] = ()
 
     def step(self, loop: LoopCall, *args: Any, **options: Any) -> tuple:
         """The current call's :meth:`LoopCall.step`, its record kept here as the trace ends."""
@@ -289,7 +289,7 @@ def scan(
         def names(loop: LoopCall, p: list[str]) -> list[str]:  # a slice's key paths are xs's
             return loop.debug_names(p[:1]) + _tree_names(p[1], xs_paths)
 
-        return (_Body(body, f, "scan", names),)
+        return (_LoopBody(body, f, "scan", names),)
 
     key = None if xs_key is None else ("scan", f, *_kind(loop), xs_key, xs_policy, options)
     entry = _entry(key, make)
@@ -331,7 +331,7 @@ def _scan_both(f: Callable[..., Any], loop: LoopCall, options: tuple) -> tuple[A
         def names(loop: LoopCall, p: list[str]) -> list[str]:
             return loop.debug_names(p)
 
-        return (_Body(body, f, "scan", names),)
+        return (_LoopBody(body, f, "scan", names),)
 
     entry = _entry(("scan", f, *_kind(loop), options), make)
     carried = [loop.call.leaves[s] for s in loop.carried]
@@ -381,7 +381,7 @@ def fori_loop(
         def names(loop: LoopCall, p: list[str]) -> list[str]:
             return [p[0], *loop.debug_names(p[1:])]
 
-        return (_Body(body, body_fun, "fori_loop", names),)
+        return (_LoopBody(body, body_fun, "fori_loop", names),)
 
     bounds = _key_of((lower, upper))
     kinds = (type(lower), type(upper), unroll)
@@ -433,8 +433,8 @@ def while_loop(
             return loop.debug_names(p[:1])
 
         return (
-            _Body(cond, cond_fun, "while_cond", names),
-            _Body(body, body_fun, "while_body", names),
+            _LoopBody(cond, cond_fun, "while_cond", names),
+            _LoopBody(body, body_fun, "while_body", names),
         )
 
     key = ("while_loop", cond_fun, body_fun, *_kind(loop))
