@@ -20,7 +20,7 @@ init`` when the body returns its argument); what it builds anew is a new object.
 ``strict`` a carry container changed in place and not returned at its place is a
 :class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
 
-How: a loop call enters through the lift as every transformation does (``_loop_call``: the
+How: a loop call enters through the lift as every transformation does (``_lift.loop_call``: the
 carry flattened with identity, the body run through the trace's steps, the loop's rules, the
 final write-back by the call's ``CallPlan``). This module runs the JAX loop over it: the JAX
 loop carries the call's distinct leaves (and scans over ``xs``'s), and the functions it traces
@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _lift
-from treeclone._calls import Naming, reporting
-from treeclone._loop_call import (
+from treeclone._lift import Naming, reporting
+from treeclone._lift.loop_call import (
     NAMINGS,
     STAND_INS,
     XS_NAMING,

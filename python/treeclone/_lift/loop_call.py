@@ -1,16 +1,16 @@
-"""One call of ``treeclone.scan``, ``fori_loop`` or ``while_loop`` through the lift, and the
-loop's own rules.
+"""One call of ``treeclone.scan``, ``fori_loop`` or ``while_loop`` through the lift, with the
+loop's own rules: the one place to change how a loop lifts its carry.
 
 The loop's inputs (the carry, with scan's ``xs`` when it is written back: one call ``(init,
-xs)``) are flattened with identity by ``_lift.flatten_call`` (:class:`LoopCall`). At each
-iteration, traced once, the body runs through the trace's steps (``_lift.begin``, then
+xs)``) are flattened with identity by :func:`flatten_call` (:class:`LoopCall`). At each
+iteration, traced once, the body runs through the trace's steps (:func:`begin`, then
 ``call``, ``diff``, ``plan``) on the call rebuilt from the JAX loop's leaves; that records the
 call's native ``CallPlan``, the write-back every transformation uses. Between ``call`` and
 ``diff`` the loop's rules are checked here, at trace time, before the trace's own: the
 carry (and the slice) keeps its structure and types, and each container is the input
 container at its place (updated in place) or a new one (the input container then unchanged).
 So the plan, the same at every iteration, applied once to the final leaves after the loop,
-writes the caller's objects, all or nothing. ``loops`` runs the JAX loops over this.
+writes the caller's objects, all or nothing. ``treeclone.loops`` runs the JAX loops over it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any
 
 import jax
 
-from treeclone import _lift, _trace
-from treeclone._calls import Naming
+from treeclone import _trace
 from treeclone._jax_compat import unflatten_node
+from treeclone._lift.arguments import flatten_call
+from treeclone._lift.naming import Naming
+from treeclone._lift.runner import begin
 from treeclone._native import EntryInfo
 from treeclone._trace import qualname
 from treeclone.policies import Policy
@@ -153,7 +155,7 @@ class LoopCall:
     def __init__(self, api: str, fun: Any, args: tuple, policy: Any, policies: tuple):
         self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
         self.naming = NAMINGS[api]
-        self.call = _lift.flatten_call(self.naming, args, {})
+        self.call = flatten_call(self.naming, args, {})
         self.names = [self.naming.name(i) for i in range(len(args))]
         self.layout = _trace.Layout(len(args), self.names)
         self.info: list[Any] = self.call.sdef.node_info()
@@ -228,7 +230,7 @@ class LoopCall:
         lifted.__module__ = getattr(self.fun, "__module__", None)  # type: ignore[assignment]
         lifted.__wrapped__ = self.fun  # type: ignore[attr-defined]
         sdef = self.call.sdef
-        prepared = _lift.begin(lifted, self.policy, self.naming, sdef, in_leaves, None)
+        prepared = begin(lifted, self.policy, self.naming, sdef, in_leaves, None)
         objs = prepared.objs
         watched = _snapshot(objs, self.info, self.skip)
         # The caller's containers, which the body may reach through a global or a closure
@@ -255,7 +257,7 @@ class LoopCall:
         the structure and types of the call, and each container is the input container at the
         same place (updated in place) or a new one (the input one unchanged). Returns the new
         value of each slot."""
-        after = _lift.flatten_call(self.naming, new, {})
+        after = flatten_call(self.naming, new, {})
         new_info: list[Any] = after.sdef.node_info()
         if not _same_structure(self.info, new_info, self.unstable):
             self._raise_structure(new)
@@ -498,7 +500,7 @@ class SliceWatch:
 
     def __init__(self, tree: Any, mutations: str):
         self.mutations = mutations
-        self.call = _lift.flatten_call(XS_NAMING, (tree,), {})
+        self.call = flatten_call(XS_NAMING, (tree,), {})
         info: list[Any] = self.call.sdef.node_info()
         self.snapshot = _snapshot(self.call.objects, info, {len(info) - 1, info[-1].children[1]})
 
@@ -508,7 +510,7 @@ class SliceWatch:
         if not bad:
             return
         if self.mutations != "shared":
-            reached = {id(o) for o in _lift.flatten_call(XS_NAMING, (returned,), {}).objects}
+            reached = {id(o) for o in flatten_call(XS_NAMING, (returned,), {}).objects}
             bad = [k for k in bad if id(objs[k]) not in reached]
         if bad:
             paths = _trace.Paths(self.call.sdef, objs, _trace.Layout(1, ["xs"])).paths
@@ -578,7 +580,7 @@ def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) ->
     """A container in both ``init`` and ``xs``, given different policies, has no single answer
     (written back for one, left alone for the other): the ValueError jit raises, naming both
     key paths (docs/semantics.md, rule 39)."""
-    both = _lift.flatten_call(NAMINGS["scan"], (init, xs), {})
+    both = flatten_call(NAMINGS["scan"], (init, xs), {})
     info = both.sdef.node_info()
     init_top, xs_top = info[-1].children[:2]
     first = init_top - (info[init_top].size if isinstance(info[init_top], NodeInfo) else 1)
