@@ -551,6 +551,46 @@ def test_a_container_moved_to_another_place_or_a_shared_array_split_is_an_error(
     assert float(out["m"]) == float(out["v"]) == 11.0
 
 
+def test_an_array_in_both_init_and_xs_is_carried_and_scanned_apart():
+    # One array object as the carry and as xs: the loop carries it and scans its rows, as
+    # jax.lax.scan does; a slice changed in place cannot be written back into that array.
+    z = jnp.arange(3.0)
+    out, ys = tc.scan(lambda c, x: (c + x, c.sum()), z, z, policy="alias")
+    want, want_ys = jax.lax.scan(lambda c, x: (c + x, c.sum()), z, z)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(ys, want_ys)
+
+    def body(c, x):
+        x["a"] = x["a"] + 1
+        return c, None
+
+    xs = {"a": z}
+    with pytest.raises(ValueError, match=r"(?s)xs\['a'\]: replaced.*shares an array with init"):
+        tc.scan(body, z, xs, policy="alias")
+    assert xs["a"] is z
+
+
+def test_values_swapped_between_places_reach_only_the_returned_containers():
+    # A functional swap: the caller's list keeps its arrays; an in-place swap writes the
+    # caller's list with the final values, as the Python loop does.
+    init = [jnp.array(0.0), jnp.array(1.0)]
+    before = list(init)
+    out = tc.fori_loop(0, 5, lambda i, c: [c[1], c[0] + c[1]], init, policy="alias")
+    assert [float(v) for v in out] == [5.0, 8.0] and out is not init
+    assert init[0] is before[0] and init[1] is before[1]
+
+    def in_place(i, c):
+        c["p"] = {"x": c["p"]["y"], "y": c["p"]["x"]}  # a new dict of the old one's arrays
+        c["n"] = c["n"] + 1
+        return c
+
+    state = {"p": {"x": jnp.array(1.0), "y": jnp.array(2.0)}, "n": jnp.array(0)}
+    inner = state["p"]
+    assert tc.fori_loop(0, 3, in_place, state, policy="alias") is state
+    assert (float(state["p"]["x"]), float(state["p"]["y"]), int(state["n"])) == (2.0, 1.0, 3)
+    assert (float(inner["x"]), float(inner["y"])) == (1.0, 2.0)  # the replaced dict is left
+
+
 def test_while_condition_changing_the_carry_is_an_error():
     def cond(s):
         s["peeked"] = s["peeked"] + 1

@@ -1,0 +1,599 @@
+"""One call of ``treeclone.scan``, ``fori_loop`` or ``while_loop`` through the lift, with the
+loop's own rules: the one place to change how a loop lifts its carry.
+
+The loop's inputs (the carry, with scan's ``xs`` when it is written back: one call ``(init,
+xs)``) are flattened with identity by :func:`flatten_call` (:class:`LoopCall`). At each
+iteration, traced once, the body runs through the trace's steps (:func:`begin`, then
+``call``, ``diff``, ``plan``) on the call rebuilt from the JAX loop's leaves; that records the
+call's native ``CallPlan``, the write-back every transformation uses. Between ``call`` and
+``diff`` the loop's rules are checked here, at trace time, before the trace's own: the
+carry (and the slice) keeps its structure and types, and each container is the input
+container at its place (updated in place) or a new one (the input container then unchanged).
+So the plan, the same at every iteration, applied once to the final leaves after the loop,
+writes the caller's objects, all or nothing. ``treeclone.loops`` runs the JAX loops over it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from treeclone import _trace
+from treeclone._jax_compat import unflatten_node
+from treeclone._lift.arguments import flatten_call
+from treeclone._lift.naming import Naming
+from treeclone._lift.runner import begin
+from treeclone._native import EntryInfo
+from treeclone._trace import qualname
+from treeclone.policies import Policy
+
+__all__ = [
+    "NAMINGS",
+    "STAND_INS",
+    "XS_NAMING",
+    "LoopCall",
+    "LoopPlan",
+    "SliceWatch",
+    "check_shared",
+]
+
+NodeInfo = EntryInfo.Node
+LeafInfo = EntryInfo.Leaf
+RefInfo = EntryInfo.Ref
+_NoneType: type = type(None)
+
+
+def stand_in(api: str, params: tuple[str, ...]) -> Callable[..., None]:
+    """A function with the given argument names: a policy dict is checked against the loop's,
+    and messages name the loop's inputs by them (``init``, ``xs``, ``init_val``)."""
+
+    def arguments(*args: Any) -> None:
+        return None
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    arguments.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, kind) for name in params]
+    )
+    arguments.__qualname__ = arguments.__name__ = api
+    return arguments
+
+
+STAND_INS = {
+    "scan": stand_in("scan", ("init", "xs")),
+    "fori_loop": stand_in("fori_loop", ("init_val",)),
+    "while_loop": stand_in("while_loop", ("init_val",)),
+}
+NAMINGS = {api: Naming(f) for api, f in STAND_INS.items()}
+XS_NAMING = Naming(stand_in("scan", ("xs",)))
+
+
+_aval = jax.api_util.shaped_abstractify
+
+
+# --- what a body did to a container: a shallow diff, for the loop's own rules --------------------
+
+
+def _state(obj: Any) -> tuple:
+    """What a container holds one level down, by identity: its attributes and items, and the
+    children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
+    attrs, items = _trace.shallow_state(obj)
+    try:
+        children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
+        flat: Any = [_trace.Same(c) for c in children]
+    except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
+        flat = None
+    return attrs, items, flat
+
+
+def _shallow_changes(path: str, obj: Any, before: tuple) -> list[str]:
+    """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
+    attrs, items = before[:2]
+    now_attrs, now_items = _trace.shallow_state(obj)
+    lines = []
+    if isinstance(obj, dict):
+        old, new = dict(items), dict(now_items)
+        added = [k for k in new if k not in old]
+        removed = [k for k in old if k not in new]
+        if added:
+            lines.append(f"{path}: key added: {', '.join(map(repr, added))}")
+        if removed:
+            lines.append(f"{path}: key removed: {', '.join(map(repr, removed))}")
+        lines += [f"{path}[{k!r}]: replaced" for k in old if k in new and old[k] != new[k]]
+    elif isinstance(obj, list):
+        if len(items) != len(now_items):
+            lines.append(f"{path}: list resized from {len(items)} to {len(now_items)}")
+        else:
+            pairs = zip(items, now_items, strict=True)
+            lines += [f"{path}[{i}]: replaced" for i, (a, b) in enumerate(pairs) if a != b]
+    for name in dict.fromkeys([*attrs, *now_attrs]):
+        if attrs.get(name) != now_attrs.get(name):
+            lines.append(f"{path}.{name}: {'replaced' if name in attrs else 'attribute set'}")
+    return lines or [f"{path}: changed in place"]
+
+
+def _containers(info: list, skip: set[int]) -> Iterator[int]:
+    """The nodes of ``info`` that are containers (not None, not in ``skip``)."""
+    for k, e in enumerate(info):
+        if k not in skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType:
+            yield k
+
+
+def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
+    """The shallow state of each mutable container among ``objs`` (a tuple cannot change)."""
+    return {k: _state(objs[k]) for k in _containers(info, skip) if not isinstance(objs[k], tuple)}
+
+
+def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
+    return [k for k, state in snapshot.items() if _state(objs[k]) != state]
+
+
+# --- one loop call -------------------------------------------------------------------------------
+
+
+class LoopPlan:
+    """What the body's trace found, the same at every iteration: the ``CallPlan`` that writes
+    the final state (``plan``), where each of its outputs is among the final leaves and the
+    call's own (``gather``: an index into ``final + call.leaves``), and the ``xs`` leaves the
+    body changed, whose rows scan stacks (``stacked``, slots of the call)."""
+
+    __slots__ = ("gather", "plan", "stacked")
+
+    def __init__(self, plan: Any, gather: tuple[int, ...], stacked: tuple[int, ...]):
+        self.plan, self.gather, self.stacked = plan, gather, stacked
+
+
+class LoopCall:
+    """One loop call under a policy other than ``clone``: its inputs flattened with identity by
+    the lift as one call (``call``: ``(init,)``, or scan's ``(init, xs)`` when ``xs`` is
+    written back), the slots the JAX loop carries (``carried``) and scans over (``scanned``).
+    ``fun``: the user's body (for messages); ``policy``: the lift's; ``policies``: each
+    argument's."""
+
+    def __init__(self, api: str, fun: Any, args: tuple, policy: Any, policies: tuple):
+        self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
+        self.naming = NAMINGS[api]
+        self.call = flatten_call(self.naming, args, {})
+        self.names = [self.naming.name(i) for i in range(len(args))]
+        self.layout = _trace.Layout(len(args), self.names)
+        self.info: list[Any] = self.call.sdef.node_info()
+        self.tops: list[int] = self.info[-1].children[: len(args)]
+        self.skip = {len(self.info) - 1, self.info[-1].children[-1]}
+        self.unstable = _trace.unstable_static_data((*args, {}), self.info)
+        arg_slots = self.call.arg_slots()
+        self.carried, self.scanned = arg_slots[0], arg_slots[1] if len(args) > 1 else []
+        self.record: LoopPlan | None = None  # this call's trace, when JAX did not reuse one
+        self._paths: dict[int, str] | None = None
+        # An array in both init and xs: one slot cannot be both carried and scanned (scan
+        # then leaves xs out of the call; see ``SliceWatch``).
+        self.shared = set(self.carried) & set(self.scanned)
+        self._check_leaves()
+
+    def _check_leaves(self) -> None:
+        scanned = set(self.scanned)
+        avals = []
+        for s, leaf in enumerate(self.call.leaves):
+            try:
+                avals.append(_aval(leaf))
+            except TypeError:
+                raise TypeError(
+                    f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
+                    f"a valid JAX type, cannot be {'scanned' if s in scanned else 'carried'} "
+                    "by a loop"
+                ) from None
+        self.avals = tuple(avals)
+
+    def path(self, n: int) -> str:
+        if self._paths is None:
+            self._paths = _trace.Paths(self.call.sdef, self.call.objects, self.layout).paths
+        return self._paths.get(n, "?") or self.names[0]
+
+    def slot_path(self, s: int) -> str:
+        for n, e in enumerate(self.info):
+            if isinstance(e, LeafInfo) and e.slot == s:
+                return self.path(n)
+        return f"{self.names[0]}<leaf {s}>"
+
+    def argument(self, n: int) -> int:
+        """Which argument (0: the carry, 1: scan's xs) node ``n`` is in."""
+        for a, top in enumerate(self.tops):
+            e = self.info[top]
+            if top - (e.size if isinstance(e, NodeInfo) else 1) < n <= top:
+                return a
+        return 0
+
+    def debug_names(self, params: list[str]) -> list[str]:
+        """Each carried (then scanned) leaf's key path, the arguments named ``params``."""
+        names = self.call.slot_names(Naming(stand_in("body", tuple(params))))
+        return [names[s] for s in (*self.carried, *self.scanned)]
+
+    # -- at trace time, in the JAX loop's body ----------------------------------------------------
+
+    def step(self, carry: list, rows: list, body: Callable[..., tuple], watch: Any = None) -> tuple:
+        """Run ``body`` (the call's arguments -> (their new values, other results)) under the
+        lift on the call rebuilt from the JAX loop's ``carry`` (and ``rows``, scan's slices of
+        ``xs``). Returns the carry's new leaves, the other results and the new rows of the
+        ``xs`` leaves the body changes; records the plan (``record``). ``watch``: scan's slice
+        of an ``xs`` not written back, whose unreturned changes it checks."""
+        in_leaves: list = [None] * len(self.call.leaves)
+        for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
+            in_leaves[s] = leaf
+        found: dict[str, Any] = {}
+
+        def lifted(*args: Any) -> Any:
+            found["new"], found["others"] = body(*args)
+            return found["new"] if len(args) > 1 else found["new"][0]
+
+        lifted.__qualname__ = qualname(self.fun)  # the trace's messages name the body
+        lifted.__module__ = getattr(self.fun, "__module__", None)  # type: ignore[assignment]
+        lifted.__wrapped__ = self.fun  # type: ignore[attr-defined]
+        sdef = self.call.sdef
+        prepared = begin(lifted, self.policy, self.naming, sdef, in_leaves, None)
+        objs = prepared.objs
+        watched = _snapshot(objs, self.info, self.skip)
+        # The caller's containers, which the body may reach through a global or a closure
+        # (rule 25; checked first, as it puts them back).
+        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+        called = prepared.call()
+        _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
+        if watch is not None:
+            watch.check(self.fun, (found["new"], found["others"]))
+        new_slots = self._check(in_leaves, objs, watched, found["new"])
+        traced = called.diff()
+        plan = traced.plan(forced=_forced(traced, in_leaves, new_slots))
+        where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
+        where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
+        stacked = tuple(s for s in self.scanned if new_slots[s] is not in_leaves[s])
+        # An output found in neither is a new value in a container of an argument left alone
+        # (policy clone in a call mixing policies): built fresh and dropped, any value will do.
+        self.record = LoopPlan(plan.plan, tuple(where.get(id(o), 0) for o in plan.outputs), stacked)
+        new_rows = [new_slots[s] for s in stacked]
+        return [new_slots[s] for s in self.carried], found["others"], new_rows
+
+    def _check(self, in_leaves: list, objs: list, watched: dict, new: tuple) -> list:
+        """The loop's rules for what the body returns (``new``, one per argument): it keeps
+        the structure and types of the call, and each container is the input container at the
+        same place (updated in place) or a new one (the input one unchanged). Returns the new
+        value of each slot."""
+        after = flatten_call(self.naming, new, {})
+        new_info: list[Any] = after.sdef.node_info()
+        if not _same_structure(self.info, new_info, self.unstable):
+            self._raise_structure(new)
+        index = {id(objs[k]): k for k in _containers(self.info, self.skip)}
+        kept = set()
+        for n in _containers(new_info, self.skip):
+            k = index.get(id(after.objects[n]))
+            if k is not None and k != n:
+                what = "put the slice's" if self.argument(n) else "returned the carry's"
+                raise ValueError(
+                    f"{qualname(self.fun)} {what} container {self.path(k)} at "
+                    f"the place of {self.path(n)}. A loop carries each container at its place; "
+                    "build a new object there instead, or keep the container where it is."
+                )
+            if k is not None:
+                kept.add(n)
+        changed = _changed(objs, watched)
+        bad = [k for k in changed if k not in kept]
+        if bad:
+            self._raise_unreturned(objs, watched, bad)
+        else:
+            self._check_outside_attributes(objs, watched, changed, new_info, after.objects)
+        return self._new_slots(new_info, after.leaves, in_leaves)
+
+    def _new_slots(self, new_info: list, new_leaves: list, in_leaves: list) -> list:
+        """Each slot's new value (the body's leaf at its place), checked: one array of the
+        call stays one, and keeps its shape and dtype."""
+        values: dict[int, Any] = {}
+        for n, (e_in, e_out) in enumerate(zip(self.info, new_info, strict=True)):
+            if isinstance(e_in, LeafInfo):
+                s, value = e_in.slot, new_leaves[e_out.slot]
+                if s in values and values[s] is not value:
+                    raise ValueError(
+                        f"{qualname(self.fun)} gave different values to {self.slot_path(s)} and "
+                        f"{self.path(n)}, which are one array in {self.names[0]} (the same "
+                        "object at both places). A loop carries that array once; pass two "
+                        "arrays (a copy at one of the places) to let them differ."
+                    )
+                values[s] = value
+        new_slots = [values[s] for s in range(len(self.call.leaves))]
+        scanned = set(self.scanned)
+        for s, (old, new) in enumerate(zip(in_leaves, new_slots, strict=True)):
+            a, b = _aval(old), _aval(new)
+            if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
+                if s in scanned:
+                    raise TypeError(
+                        f"{qualname(self.fun)} put a value of type {b.str_short()} at "
+                        f"{self.slot_path(s)} of its slice, where xs's rows have type "
+                        f"{a.str_short()}: a slice is written back into the stacked xs, row "
+                        "by row, so it must keep its shapes and dtypes"
+                    )
+                raise TypeError(
+                    f"{qualname(self.fun)} returned {self.slot_path(s)} with type "
+                    f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
+                    "carry's types must be the same at every iteration"
+                )
+        return new_slots
+
+    def _check_outside_attributes(
+        self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
+    ) -> None:
+        """An attribute the body set on a custom node of the carry that the node's flatten
+        does not carry cannot reach the caller's object: the ValueError ``jit`` raises."""
+        for k in changed:
+            e = new_info[k]
+            if e.node_type in (list, dict) or not hasattr(objs[k], "__dict__"):
+                continue
+            new_names = [n for n in vars(objs[k]) if n not in watched[k][0]]
+            if not new_names:
+                continue
+            try:
+                after = unflatten_node(e.node_type, e.data, [new_objs[c] for c in e.children])
+            except Exception:  # noqa: BLE001 - cannot tell: leave it to the write-back
+                continue
+            for name in new_names:
+                if not hasattr(after, name):
+                    sdef = self.call.sdef
+                    _trace.raise_outside_attribute(self.fun, k, name, sdef, objs, self.layout)
+
+    def check_untouched(self, fun: Any, slots: Any) -> Any:
+        """Run ``fun`` (while_loop's condition) on the carry rebuilt from ``slots``, which it
+        may not change."""
+        root, objs = self.call.sdef.unflatten_nodes(list(slots))
+        watched = _snapshot(objs, self.info, self.skip)
+        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+        out = fun(root[0])
+        _trace.check_callers(fun, self.call.objects, callers, self.call.sdef, objs, self.layout)
+        bad = _changed(objs, watched)
+        if bad:
+            lines = [x for k in bad for x in _shallow_changes(self.path(k), objs[k], watched[k])]
+            if self.policies[0].mutations == "error":
+                raise _trace.mutation_error(fun, lines, _CONDITION_REMEDY)
+            raise ValueError(
+                f"{qualname(fun)}, the loop's condition, changed the carry in place:\n"
+                + "\n".join(f"  {line}" for line in lines)
+                + "\nA JAX while_loop carries only what the body returns; change the carry in "
+                "the body."
+            )
+        return out
+
+    def _raise_structure(self, new: tuple) -> None:
+        # The slice first: the body's slice of xs is checked before the carry it returns.
+        for a in reversed(range(len(new))):
+            found = _structure_difference(self.names[a], self.call.args[a], new[a])
+            if a and found is not None:
+                raise ValueError(
+                    f"{qualname(self.fun)} changed the structure of its slice of xs: {found}. "
+                    "Under policy 'alias' a slice is written back into the stacked xs, so it "
+                    "must keep xs's structure (keys, list lengths, node types and static data, "
+                    "shared containers); build a new object to return instead. Nothing was "
+                    "written back."
+                )
+            if not a:
+                found = found or (
+                    "a container shared at two places of the carry became two, or the other "
+                    "way round"
+                )
+                raise ValueError(
+                    f"{qualname(self.fun)} returned a carry whose structure differs from "
+                    f"{self.names[0]}'s: {found}. A loop's carry must keep its structure (keys, "
+                    "list lengths, node types and static data, shared containers) at every "
+                    "iteration."
+                )
+
+    def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
+        """The error for containers changed in place and not handed back at their place:
+        the slice's first (it is checked before the carry), each by its argument's policy."""
+        for a in sorted({self.argument(k) for k in bad}, reverse=True):
+            mine = [k for k in bad if self.argument(k) == a]
+            lines = [x for k in mine for x in _shallow_changes(self.path(k), objs[k], watched[k])]
+            policy = self.policies[a]
+            if policy.mutations == "discard":
+                continue  # init left alone while xs is not: the lift reports the lost change
+            if policy.mutations == "error":
+                # Not alias's remedy: under alias this is the ValueError below.
+                raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
+            if a:
+                raise ValueError(
+                    f"{qualname(self.fun)} changed a container of its slice of xs in place, "
+                    "then put a new object at its place in the slice:\n"
+                    + "\n".join(f"  {line}" for line in lines)
+                    + "\nUnder policy 'alias' what the slice holds at the end of the body is "
+                    "written back into xs, so the change to the replaced container would be "
+                    "lost. Keep the container (update it in place) or leave it unchanged. "
+                    "Nothing was written back."
+                )
+            raise ValueError(
+                f"{qualname(self.fun)} changed the carry in place without returning the "
+                "changed container at its place in the carry (it returned a new object there, "
+                "or none):\n"
+                + "\n".join(f"  {line}" for line in lines)
+                + "\nIn a Python loop the caller's object would keep the first iteration's "
+                "change only, which a JAX loop does not reproduce. Return the same container "
+                "(update in place) or leave it unchanged (build a new one). Nothing was written "
+                "back."
+            )
+
+    # -- after the loop ---------------------------------------------------------------------------
+
+    def finish(self, record: LoopPlan, carry: list, rows: list, iterations: int | None) -> Any:
+        """The carry the loop returns, by the plan from its final leaves (``carry``, and the
+        stacked ``rows`` of the ``xs`` leaves the body changes): under ``alias`` written into
+        the caller's objects, all or nothing. ``iterations``: how many times the loop ran,
+        when known before it runs; none is the Python loop that never runs its body, which
+        hands back ``init``."""
+        leaves = self.call.leaves
+        if iterations == 0:
+            return self.call.args[0]
+        final = list(leaves)
+        for s, value in zip((*self.carried, *record.stacked), (*carry, *rows), strict=True):
+            final[s] = value
+        pool = final + leaves
+        out = record.plan.apply(leaves, self.call.objects, [pool[g] for g in record.gather])
+        return out if len(self.call.args) == 1 else out[0]
+
+
+def _forced(traced: _trace.Traced, in_leaves: list, new_slots: list) -> list[bool]:
+    """Which result leaves the loop's plan takes from the computation's outputs. The plan is
+    applied once, after the loop, to the final leaves, so an input leaf (a tracer the body was
+    given) in the result is the caller's own leaf only if the body hands it back at its own
+    place at each iteration; else it is an output, the final leaf at its place. A caller's
+    container the body does not hand back (it built a new one in its place) keeps the caller's
+    leaves: written by no plan, it loses its origin where it holds such an output. (The rest of
+    what the body does not hand back keeps its input leaves: the caller's, unchanged.)"""
+    moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
+    rdef, rleaves, origins = traced.result_def, traced.result_leaves, traced.origins
+    if traced.result_child is None:  # nothing is written: the result is the body's alone
+        return [id(leaf) in moving for leaf in rleaves]
+    info = rdef.node_info()
+    returned = _reachable(info, info[-1].children[traced.result_child])
+    handed_back = {e.slot for n in returned if isinstance(e := info[n], LeafInfo)}
+    forced = [s in handed_back and id(x) in moving for s, x in enumerate(rleaves)]
+    if any(forced):
+        for n, origin in enumerate(origins):
+            if origin is not None and n not in returned:
+                if any(forced[s] for slots in rdef.child_slots(n) for s in slots):
+                    origins[n] = None
+    return forced
+
+
+def _reachable(info: list, top: int) -> set[int]:
+    """The entries of the subtree at ``top``, with those its references lead to."""
+    seen: set[int] = set()
+    agenda = [top]
+    while agenda:
+        n = agenda.pop()
+        size = info[n].size if isinstance(info[n], NodeInfo) else 1
+        for m in set(range(n - size + 1, n + 1)) - seen:
+            seen.add(m)
+            if isinstance(info[m], RefInfo):
+                agenda.append(info[m].target)
+    return seen
+
+
+# What strict's MutationError offers instead, where alias would not apply the change.
+_UNRETURNED_REMEDY = (
+    "Return the changed container at its place in the carry (policy 'alias' then writes the "
+    "final state into the caller's object), or build a new object there without changing the "
+    "old one; under policy 'alias' this body is a ValueError too, and policy='clone' discards "
+    "the change."
+)
+_CONDITION_REMEDY = (
+    "Change the carry in the body: a JAX while_loop carries only what the body returns, so "
+    "under policy 'alias' a condition that changes it is a ValueError too, and "
+    "policy='clone' discards the change."
+)
+_SLICE_REMEDY = (
+    "Return the changed slice (in the carry or in ys), or use policy='alias', which writes "
+    "what the body leaves in each slice back into the stacked xs (row i of each leaf, as "
+    "nnx.scan does for what it scans over axis 0), or policy='clone' to discard the change."
+)
+
+
+class SliceWatch:
+    """Scan's slice of an ``xs`` that is not written back (``strict``, or ``clone`` in a call
+    mixing policies): the containers the body changes in place and does not return are
+    strict's error, or reported as discarded (``mutations`` ``"discard"``). ``"shared"``: an
+    ``alias`` xs that shares an array with ``init``, so that its slice cannot be written back:
+    a change to it is a ValueError."""
+
+    def __init__(self, tree: Any, mutations: str):
+        self.mutations = mutations
+        self.call = flatten_call(XS_NAMING, (tree,), {})
+        info: list[Any] = self.call.sdef.node_info()
+        self.snapshot = _snapshot(self.call.objects, info, {len(info) - 1, info[-1].children[1]})
+
+    def check(self, fun: Any, returned: Any) -> None:
+        objs = self.call.objects
+        bad = _changed(objs, self.snapshot)
+        if not bad:
+            return
+        if self.mutations != "shared":
+            reached = {id(o) for o in flatten_call(XS_NAMING, (returned,), {}).objects}
+            bad = [k for k in bad if id(objs[k]) not in reached]
+        if bad:
+            paths = _trace.Paths(self.call.sdef, objs, _trace.Layout(1, ["xs"])).paths
+            lines = [
+                x
+                for k in bad
+                for x in _shallow_changes(paths.get(k, "?"), objs[k], self.snapshot[k])
+            ]
+            if self.mutations == "shared":
+                raise ValueError(
+                    f"{qualname(fun)} changed its slice of xs in place:\n"
+                    + "\n".join(f"  {line}" for line in lines)
+                    + "\nxs shares an array with init, which the loop carries, so the slice "
+                    "cannot be written back into xs; pass a copy of that array in one of them."
+                )
+            if self.mutations == "discard":  # xs left alone (a policy per argument)
+                _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
+                return
+            raise _trace.mutation_error(fun, lines, _SLICE_REMEDY)
+
+
+def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
+    """Whether two node infos are one structure, leaf sharing aside (a body may give two
+    places one value; that it may not split one array in two is checked by the caller)."""
+    if len(a) != len(b):
+        return False
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, RefInfo):
+            if x.target != y.target:
+                return False
+        elif isinstance(x, NodeInfo):
+            if x.node_type is not y.node_type or x.arity != y.arity:
+                return False
+            if k not in unstable and not _trace.same_data(x.data, y.data):
+                if not _trace.equal_empty_nodes(x, y):
+                    return False
+    return True
+
+
+def _structure_difference(name: str, old: Any, new: Any) -> str | None:
+    """Where ``new`` first differs from ``old`` in structure, in words (None: nowhere but in
+    its sharing)."""
+    try:
+        flat = jax.tree_util.tree_flatten_with_path
+        old_paths = [jax.tree_util.keystr(p) for p, _ in flat(old)[0]]
+        new_paths = [jax.tree_util.keystr(p) for p, _ in flat(new)[0]]
+    except Exception:  # noqa: BLE001 - a description is best effort
+        return "the structures differ"
+    old_set, new_set = set(old_paths), set(new_paths)
+    added = [p for p in new_paths if p not in old_set]
+    removed = [p for p in old_paths if p not in new_set]
+    parts = []
+    if added:
+        parts.append("added " + ", ".join(name + p for p in added[:5]))
+    if removed:
+        parts.append("removed " + ", ".join(name + p for p in removed[:5]))
+    if parts:
+        return "; ".join(parts)
+    old_def: Any = jax.tree_util.tree_structure(old)
+    new_def = jax.tree_util.tree_structure(new)
+    return f"{old_def} became {new_def}" if old_def != new_def else None
+
+
+def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) -> None:
+    """A container in both ``init`` and ``xs``, given different policies, has no single answer
+    (written back for one, left alone for the other): the ValueError jit raises, naming both
+    key paths (docs/semantics.md, rule 39)."""
+    both = flatten_call(NAMINGS["scan"], (init, xs), {})
+    info = both.sdef.node_info()
+    init_top, xs_top = info[-1].children[:2]
+    first = init_top - (info[init_top].size if isinstance(info[init_top], NodeInfo) else 1)
+    for n in range(init_top + 1, xs_top + 1):
+        e = info[n]
+        if isinstance(e, RefInfo) and first < e.target <= init_top:
+            target = info[e.target]
+            if isinstance(target, NodeInfo) and target.node_type is not _NoneType:
+                paths = _trace.Paths(both.sdef, both.objects, _trace.Layout(2, ["init", "xs"]))
+                a, b = (_trace.policy_name(p) for p in policies)
+                raise ValueError(
+                    f"{qualname(f)}: the {type(both.objects[e.target]).__name__} at "
+                    f"{paths.paths.get(e.target)} (policy {a}) is also at {paths.paths.get(n)} "
+                    f"(policy {b}): one container cannot be both written back and left alone. "
+                    "Pass it through one argument, or give both arguments one policy."
+                )
