@@ -218,7 +218,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "treeclone._native",
             "treeclone._jax_compat",
             "treeclone._writeback",
-            "treeclone._bound",
             "treeclone.policies",
             "treeclone.tree_util",
             "treeclone.tree",

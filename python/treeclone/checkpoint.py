@@ -75,7 +75,7 @@ class _Checkpoint(_lift.Wrapper):
         self._naming = Naming(fun)
         self._keep_runners()
 
-    def _make_runner(
+    def make_runner(
         self, policy: Policy | ArgPolicies
     ) -> tuple[_CheckpointRunner, Callable[..., Any]]:
         runner = _CheckpointRunner(self._fun, policy, self._naming, self._traced)

@@ -175,7 +175,7 @@ class _Grad(_lift.Wrapper):
     def name(self) -> str:  # type: ignore[override]
         return "value_and_grad" if self._with_value else "grad"
 
-    def _make_runner(self, policy: Policy | ArgPolicies) -> tuple[_GradRunner, Callable[..., Any]]:
+    def make_runner(self, policy: Policy | ArgPolicies) -> tuple[_GradRunner, Callable[..., Any]]:
         runner = _GradRunner(self._fun, policy, self._naming, self._has_aux)
         vg = jax.value_and_grad(
             runner,

@@ -29,7 +29,6 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _jax_compat, _native
-from treeclone._bound import BoundArguments
 from treeclone._jax_compat import jaxpr_as_fun as _jaxpr_as_fun
 from treeclone._lift import (
     Naming,
@@ -42,6 +41,7 @@ from treeclone._lift import (
 # Public here before the machinery jit shares moved to the lift: still importable from here.
 from treeclone._lift import check_arguments as check_arguments
 from treeclone._lift import is_array as is_array
+from treeclone._lift.bound import BoundArguments
 from treeclone._lift.jit_call import CallShape, JitCall, hash_static
 from treeclone._lift.jit_options import (
     UNSPECIFIED,

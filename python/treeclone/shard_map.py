@@ -293,7 +293,7 @@ class _ShardMap(_lift.Wrapper):
         self._naming = Naming(fun)
         self._keep_runners()
 
-    def _make_runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
+    def make_runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
         runner = _lift.Runner(self._fun, policy, self._naming)
         runner.traced_for = "shard_map"
         return runner

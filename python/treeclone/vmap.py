@@ -142,7 +142,7 @@ class _Vmap(_lift.Wrapper):
         self._naming = Naming(fun)
         self._keep_runners()
 
-    def _make_runner(self, policy: Policy | ArgPolicies) -> _VmapRunner:
+    def make_runner(self, policy: Policy | ArgPolicies) -> _VmapRunner:
         return _VmapRunner(self._fun, policy, self._naming, self._traced)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -36,6 +36,8 @@ from node_kinds import Scaled
 
 # The module, not the function of the same name that ``treeclone.jit_partial`` is.
 partial_module = importlib.import_module("treeclone.jit_partial")
+# Where the bound arguments are flattened and checked.
+bound_module = importlib.import_module("treeclone._lift.bound")
 
 # Whether the snapshot watches the bound arguments (CPython's internals are read here).
 WATCHED = tc._native.cpython_internals()[0] == "on"
@@ -173,13 +175,13 @@ def test_a_flatten_building_a_container_of_its_children_stays_cached(built, monk
     attributes. The bound arguments stay cached (the dict was flattened at every call
     once)."""
     flattens = collections.Counter()
-    original = partial_module._BoundArguments._flatten
+    original = bound_module.BoundArguments._flatten
 
     def counted(self):
         flattens["bound"] += 1
         original(self)
 
-    monkeypatch.setattr(partial_module._BoundArguments, "_flatten", counted)
+    monkeypatch.setattr(bound_module.BoundArguments, "_flatten", counted)
     node = built(jnp.ones(2), jnp.zeros(2))
     p = tc.jit_partial(lambda n, x: (n.w + n.b).sum() * x, node)
     p(1.0), p(1.0)  # the first reads the node's __dict__ first: flattened once more

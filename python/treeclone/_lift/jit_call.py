@@ -189,7 +189,7 @@ class CallShape:
         self, entry: tuple[Any, Any], args: tuple, kwargs: dict, bound: Any = None
     ) -> JitCall:
         """Everything about one call up to running the inner jit (``entry``: the inner function
-        and its ``jax.jit``). With ``bound`` (a ``_bound.BoundArguments``), the first arguments
+        and its ``jax.jit``). With ``bound`` (a ``bound.BoundArguments``), the first arguments
         are ``jit_partial``'s, flattened already: only the others are flattened."""
         if kwargs and self.in_shardings_given:
             raise ValueError("pjit does not support kwargs when in_shardings is specified.")

@@ -15,7 +15,7 @@ class Wrapper:
     """What every lifted transformation's wrapper shares: it binds as a method, as the function
     it wraps does, its repr names the transformation (``name``), the function and the policy,
     and it keeps one runner per policy (:meth:`_runner`, made by the subclass's
-    ``_make_runner``), so that the JAX transformation it hands the runner to finds its cached
+    ``make_runner``), so that the JAX transformation it hands the runner to finds its cached
     trace again at the next call."""
 
     name = "transformation"
@@ -28,7 +28,7 @@ class Wrapper:
         """Start the per-policy runners (in the subclass's ``__init__``)."""
         self._runners, self._lock = {}, threading.Lock()
 
-    def _make_runner(self, policy: Policy | ArgPolicies) -> Any:
+    def make_runner(self, policy: Policy | ArgPolicies) -> Any:
         raise NotImplementedError
 
     def _runner(self, policy: Policy | ArgPolicies) -> Any:
@@ -38,7 +38,7 @@ class Wrapper:
             with self._lock:
                 entry = self._runners.get(policy)
                 if entry is None:
-                    entry = self._runners[policy] = self._make_runner(policy)
+                    entry = self._runners[policy] = self.make_runner(policy)
         return entry
 
     def _policy_now(self) -> Policy | ArgPolicies:

@@ -188,7 +188,7 @@ class Called:
         post = flatten_after(p.root, self.out, p.objs, container_index)
         post_info = post[1].node_info()
         returned = returned_nodes(post_info, post[2], container_index)
-        origin_of, origin_node, mutated = self._containers(post, post_info, container_index)
+        origin_of, origin_node, mutated = self._container_writes(post, post_info, container_index)
         self._check_unreturned(mutated, returned)
         if p.node_policy is not None:  # only alias's containers keep an origin
             for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
@@ -205,7 +205,7 @@ class Called:
                     restore_static_state(obj, state)
             raise_static_mutation(p.req.fun, changed, p.req.sdef, p.objs, p.req.layout)
 
-    def _containers(
+    def _container_writes(
         self, post: tuple, post_info: list, container_index: dict[int, int]
     ) -> tuple[dict[int, Any], dict[int, int], list[tuple[int, list]]]:
         """For each input container found after the call: its ``Origin`` (by result node),

@@ -1,0 +1,99 @@
+"""``jit_partial``'s bound arguments, flattened once (:class:`BoundArguments`): each call
+flattens only its own arguments and joins the two structures (``join``), flattening the bound
+ones again only when their snapshot (``rust/bound``) says they changed, and follows the call's
+write-back into them (``advance``). ``treeclone.jit``'s call path (``CallShape.prepare``)
+calls these two methods.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from treeclone import _native
+from treeclone._lift.arguments import check_cycles
+from treeclone._lift.naming import Naming
+from treeclone._native import EntryInfo, SharedTreeDef, Snapshot, Taker
+
+_SCALARS = (int, float, bool, complex)
+# Joined structures kept per bound state (one per structure of the call's own arguments).
+_JOIN_CACHE_SIZE = 64
+
+
+class BoundArguments:
+    """The bound arguments of a ``jit_partial``, flattened, with what checks them."""
+
+    def __init__(self, args: tuple, naming: Naming):
+        self.args = args
+        self.naming = naming
+        self._flatten()
+
+    def _flatten(self) -> None:
+        previous = getattr(self, "sdef", None)
+        enabled = gc.isenabled()  # paused while the snapshot is taken (module docstring)
+        gc.disable()
+        try:
+            # One native call: no Python code runs between a container's read and its record.
+            flat = Snapshot.flatten_and_take(self.args)
+        except ValueError:
+            # A cycle: the error names the argument (rule 14), as treeclone.jit's does, not
+            # its position in the tuple of bound arguments.
+            check_cycles(self.naming, self.args, {})
+            raise
+        finally:
+            if enabled:
+                gc.enable()
+        self.leaves, self.sdef, self.objects, self.snapshot = flat
+        self.stale = False
+        self.replaced = False  # the last call replaced bound containers: flatten all, as jit
+        # The same structure again (new containers in place of old ones, as after
+        # ``state["params"] = optax.apply_updates(...)``) keeps the joined structures and leaf
+        # takers: only the objects watched change.
+        if previous is None or previous != self.sdef:
+            info = self.sdef.node_info()
+            self.containers = [i for i, e in enumerate(info) if isinstance(e, EntryInfo.Node)]
+            self.joined: dict[Any, SharedTreeDef] = {}
+            self.takers: dict[tuple[int, ...], Taker] = {}
+        # Objects a call's arguments must not share with the bound ones: the containers, and
+        # the leaves as they are now.
+        self.ids = {id(self.objects[i]) for i in self.containers}
+        self.bound_objects = self.objects[:-1]  # without the root, the tuple of the arguments
+
+    def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
+        """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
+        flattening only the others (and the bound ones again if they were changed since)."""
+        if self.replaced:
+            return _native.flatten_shared((*args, kwargs))
+        if not self.snapshot.checkable or not self.snapshot.unchanged():
+            self._flatten()
+        n = len(self.args)
+        leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
+        # Python scalars are values, not tracked (a small int is one object everywhere).
+        given = [o for o in objects if type(o) not in _SCALARS]
+        if not self.ids.isdisjoint(map(id, given)) or _native.any_identical(given, self.leaves):
+            # An argument reachable from the bound ones: one flatten keeps them one object.
+            self.stale = True
+            return _native.flatten_shared((*args, kwargs))
+        joined = self.joined.get(sdef)
+        if joined is None:
+            if len(self.joined) >= _JOIN_CACHE_SIZE:
+                self.joined.clear()
+            joined = self.joined[sdef] = SharedTreeDef.join_tuples(self.sdef, sdef)
+        joined_objects = self.bound_objects + objects[:-1]
+        joined_objects.append((*args, kwargs))  # the root
+        return self.leaves + leaves, joined, joined_objects
+
+    def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
+        """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
+        bound leaves are now among ``leaves + outputs`` and which containers it wrote."""
+        if next_inputs is False:  # containers replaced: the next call flattens all (join)
+            self.replaced = True
+        elif self.stale or self.replaced:
+            self._flatten()
+        elif next_inputs is not None:
+            index, written = next_inputs
+            taker = self.takers.get(index)
+            if taker is None:
+                taker = self.takers[index] = Taker(index[: len(self.leaves)])
+            self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
+            self.snapshot.refresh(written, self.leaves)
