@@ -25,12 +25,15 @@ def describe_changes(
     """What changed in one container: ``(child index or None, description, child now)``s.
 
     ``entries``: all entries before and after (a child replaced by an equal leafless node is
-    no change); ``keys``: a dict's (or dict subclass's) keys before and after, in child order;
+    no change); ``keys``: a dict subclass's keys before and after, in child order (a plain
+    dict's are its static data);
     ``static_comparable``: whether a change of the static data can be told (see
     ``unstable_static_data``)."""
     ty, old, new = pre.node_type, pre.children, post.children
     old_arity, old_data, new_arity, new_data = pre.arity, pre.data, post.arity, post.data
     changes: list[tuple[int | None, str, Any]] = []
+    if ty is dict:
+        keys = (old_data, new_data)
     if keys is not None and len(keys[0]) == old_arity and len(keys[1]) == new_arity:
         old_data, new_data = keys
         new_pos = {k: i for i, k in enumerate(new_data)}

@@ -67,9 +67,8 @@ def run_reporting_discards(
         k = container_index.get(id(post_objs[n]))
         if k is None or k in returned:
             continue
-        keys = (containers[k].data, entry.data) if entry.node_type is dict else None
         changes = describe_changes(
-            containers[k], entry, objs, post_objs, (pre_info, post_info), keys, k not in unstable
+            containers[k], entry, objs, post_objs, (pre_info, post_info), None, k not in unstable
         )
         changes += [
             (None, f"attribute {name!r} set outside the pytree", None)

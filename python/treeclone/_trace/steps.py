@@ -22,7 +22,7 @@ from types import NoneType
 from typing import Any
 
 from treeclone import _native
-from treeclone._native import Origin, Source
+from treeclone._native import Source
 from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
     mutation_lines,
@@ -36,8 +36,6 @@ from treeclone._trace.messages import (
 from treeclone._trace.tree import (
     Layout,
     NodeInfo,
-    equal_empty_nodes,
-    holds_tracer,
     unstable_static_data,
 )
 from treeclone._trace.watch import (
@@ -48,12 +46,7 @@ from treeclone._trace.watch import (
     static_snapshot,
     watch_callers,
 )
-from treeclone._trace.writes import (
-    container_write,
-    next_inputs,
-    node_policies,
-    written_by_attributes,
-)
+from treeclone._trace.writes import container_writes, next_inputs, node_policies
 from treeclone._writeback import write_custom
 from treeclone.policies import Policy
 
@@ -208,55 +201,37 @@ class Called:
     def _container_writes(
         self, post: tuple, post_info: list, container_index: dict[int, int]
     ) -> tuple[dict[int, Any], dict[int, int], list[tuple[int, list]]]:
-        """For each input container found after the call: its ``Origin`` (by result node),
-        the input node of each origin, and what changed, per input node."""
+        """For each input container found after the call: its ``Origin`` (by result node,
+        ``writes.container_writes``), the input node of each origin, and what changed, per
+        input node."""
         p, req = self.prepared, self.prepared.req
-        _, _, post_objs = post
-        origin_of: dict[int, Any] = {}
-        origin_node: dict[int, int] = {}  # result node -> input node
+        post_objs = post[2]
+
+        def traced_static(k: int) -> None:
+            raise_traced_static_data(req.fun, k, req.sdef, p.objs, req.layout)
+
+        writes = container_writes(
+            (p.info, p.objs),
+            (post_info, post_objs),
+            container_index,
+            p.own_attributes,
+            traced_static,
+        )
         mutated: list[tuple[int, list]] = []
-        for n, entry in enumerate(post_info):
-            if not isinstance(entry, NodeInfo) or entry.node_type is NoneType:
-                continue
-            k = container_index.get(id(post_objs[n]))
-            if k is None:
-                continue
-            pre = p.info[k]
-            if written_by_attributes(entry.node_type, post_objs[n]) and holds_tracer(entry.data):
-                raise_traced_static_data(req.fun, k, req.sdef, p.objs, req.layout)
-            own = p.own_attributes.get(k, set())
-            write = container_write(k, pre, entry, post_objs[n], p.objs, post_objs, own)
-            origin_of[n], origin_node[n] = write.origin, k
-            old = pre.children
-            for j, c in enumerate(entry.children):
-                # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
-                # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
-                if (
-                    j < len(old)
-                    and c not in origin_of
-                    and id(post_objs[c]) not in container_index
-                    and equal_empty_nodes(p.info[old[j]], post_info[c])
-                ):
-                    origin_of[c] = Origin(
-                        node=old[j], old_children=[], same_data=True, writable=False
-                    )
-                    origin_node[c] = k
+        entries = (p.info, post_info)
+        for n in writes.found:
+            k = writes.origin_node[n]
+            keys, outside = writes.custom.get(n, (None, ()))
             changes = describe_changes(
-                pre,
-                entry,
-                p.objs,
-                post_objs,
-                (p.info, post_info),
-                write.keys,
-                k not in p.unstable,
+                p.info[k], post_info[n], p.objs, post_objs, entries, keys, k not in p.unstable
             )
-            for name in write.outside:
+            for name in outside:
                 if p.policy_of(k).mutations == "propagate":
                     raise_outside_attribute(req.fun, k, name, req.sdef, p.objs, req.layout)
                 changes.append((None, f"attribute {name!r} set outside the pytree", None))
             if changes:
                 mutated.append((k, changes))
-        return origin_of, origin_node, mutated
+        return writes.origin_of, writes.origin_node, mutated
 
     def _check_unreturned(self, mutated: list[tuple[int, list]], returned: set[int]) -> None:
         """Each argument's own rule for a container changed in place and not returned:

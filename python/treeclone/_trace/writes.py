@@ -4,14 +4,15 @@ object (rule 17: entry by entry; a custom node by its changed attributes), which
 policy each container follows, and where the arguments' leaves are after a call
 (``jit_partial``'s cache).
 
-This is the one place to change "what alias writes back": ``container_origin`` decides it per
+This is the one place to change "what alias writes back": ``container_writes`` decides it per
 container, ``CallPlan`` (``rust/writeback``) carries it out.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from types import NoneType
 from typing import Any
 
 from treeclone import _native
@@ -19,7 +20,14 @@ from treeclone._jax_compat import unflatten_node
 from treeclone._native import EntryInfo, Origin
 from treeclone._trace.diff import reordered
 from treeclone._trace.messages import policy_name, qualname
-from treeclone._trace.tree import Layout, NodeInfo, Paths, equal_empty_nodes, same_data
+from treeclone._trace.tree import (
+    Layout,
+    NodeInfo,
+    Paths,
+    equal_empty_nodes,
+    holds_tracer,
+    same_data,
+)
 from treeclone._writeback import changed_attributes, has_updater, writable
 from treeclone.policies import Policy
 
@@ -172,33 +180,124 @@ def written_by_attributes(ty: type, obj: Any) -> bool:
     return ty not in (list, dict) and writable(obj) and not has_updater(obj)
 
 
-class ContainerWrite:
-    """How the write-back treats one input container the function's result holds (found again
-    after the call): ``origin``, the native ``Origin`` that writes the new contents into the
-    caller's object; ``keys``, a dict's (or dict subclass's) keys before and after, in child
-    order, for describing the change; ``outside``, the attributes the function set on it that
-    its pytree flatten does not carry (no write-back can hand them on)."""
+class Writes:
+    """What ``container_writes`` found: ``origin_of``, the native ``Origin`` of each result node
+    written into a caller's container; ``origin_node``, the input node of each origin;
+    ``found``, the result nodes that are input containers (the function's result holds them
+    again), in order; ``custom``, for those of them that are not a plain list or dict, ``(keys,
+    outside)``: a dict subclass's keys before and after, in child order, for describing the
+    change, and the attributes the function set on it that its pytree flatten does not carry
+    (no write-back can hand them on).
 
-    __slots__ = ("keys", "origin", "outside")
+    Plain lists and dicts get no record of their own (only their result node in ``found``):
+    a trace meets one per container of the arguments, and every object kept alive until the
+    end of the pass is more work for Python's cyclic garbage collector during it."""
 
-    def __init__(self, origin: Any, keys: tuple[Any, Any] | None, outside: list[str]):
-        self.origin, self.keys, self.outside = origin, keys, outside
+    __slots__ = ("custom", "found", "origin_node", "origin_of")
+
+    def __init__(self) -> None:
+        self.origin_of: dict[int, Any] = {}
+        self.origin_node: dict[int, int] = {}  # result node -> input node
+        self.found: list[int] = []
+        self.custom: dict[int, tuple[tuple[Any, Any] | None, list[str]]] = {}
 
 
-def container_write(
-    k: int, pre: NodeInfo, post: NodeInfo, obj: Any, objs: list, post_objs: list, own: set[str]
-) -> ContainerWrite:
-    """The :class:`ContainerWrite` of input container ``k`` (``pre``: its entry before the
-    call), found after the call as ``post``, the object ``obj``; ``objs`` and ``post_objs``
-    are the objects of the flattens before and after, ``own`` the attributes ``obj`` had
-    before the call."""
+def container_writes(
+    before: tuple[list, list],
+    after: tuple[list, list],
+    container_index: dict[int, int],
+    own_attributes: dict[int, set[str]],
+    traced_static: Callable[[int], None],
+) -> Writes:
+    """How the write-back treats each input container the function's result holds: the
+    native ``Origin`` that writes its new contents into the caller's object (:class:`Writes`).
+
+    ``before`` and ``after``: the node info and the objects of the flattens before the call
+    and after it; ``container_index``: input node by ``id`` of its object; ``own_attributes``:
+    the attributes each custom input node had before the call; ``traced_static(k)`` raises
+    for input node ``k`` holding a tracer in its static data.
+
+    One pass over the result, the plain list and dict inline: it runs once per container of
+    the arguments at every trace."""
+    pre_info, objs = before
+    post_info, post_objs = after
+    writes = Writes()
+    origin_of, origin_node = writes.origin_of, writes.origin_node
+    for n, entry in enumerate(post_info):
+        if not isinstance(entry, NodeInfo):
+            continue
+        ty, obj = entry.node_type, post_objs[n]
+        k = container_index.get(id(obj))
+        if k is None or ty is NoneType:
+            continue
+        pre = pre_info[k]
+        old = pre.children  # bound once: each read of ``children`` builds a new list
+        if ty is list:
+            # Rule 17: a list's or dict's items are written entry by entry, those the
+            # function changed only.
+            origin = Origin(
+                node=k,
+                old_children=old,
+                same_data=same_data(pre.data, entry.data),
+                writable=True,
+                reordered=False,
+                by_entry=True,
+            )
+        elif ty is dict:
+            # The function saw the keys sorted, as under jax.jit: the keys it kept keep their
+            # place in the caller's dict (rule 7). ``old_keys``: the keys at call start.
+            origin = Origin(
+                node=k,
+                old_children=old,
+                same_data=same_data(pre.data, entry.data),
+                writable=True,
+                key_order=tuple(obj),
+                reordered=False,
+                by_entry=True,
+                old_keys=tuple(pre.data),
+            )
+        else:
+            if written_by_attributes(ty, obj) and holds_tracer(entry.data):
+                traced_static(k)
+            origin, keys, outside = _custom_write(
+                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, ())
+            )
+            writes.custom[n] = (keys, outside)
+        origin_of[n], origin_node[n] = origin, k
+        writes.found.append(n)
+        for j, c in enumerate(entry.children):
+            # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
+            # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
+            if (
+                j < len(old)
+                and c not in origin_of
+                and id(post_objs[c]) not in container_index
+                and equal_empty_nodes(pre_info[old[j]], post_info[c])
+            ):
+                origin_of[c] = Origin(node=old[j], old_children=[], same_data=True, writable=False)
+                origin_node[c] = k
+    return writes
+
+
+def _custom_write(
+    k: int,
+    pre: NodeInfo,
+    post: NodeInfo,
+    obj: Any,
+    objects: tuple[list, list],
+    own: Collection[str],
+) -> tuple[Any, tuple[Any, Any] | None, list[str]]:
+    """``container_writes`` for a node other than a plain list or dict: ``(origin, keys,
+    outside)``. ``objects``: the objects of the flattens before and after the call; ``own``:
+    the attributes ``obj`` had before the call."""
+    objs, post_objs = objects
     ty = post.node_type
-    attrs, keys, outside, direct = None, (pre.data, post.data) if ty is dict else None, [], None
-    # Rule 17: a list's or dict's items are written entry by entry, those the function
-    # changed only; ``old_keys``: a dict's keys at call start, in child order.
-    by_entry, old_keys = ty in (list, dict), pre.data if ty is dict else None
+    attrs, keys, outside, direct = None, None, [], None
+    by_entry, old_keys = False, None
     if written_by_attributes(ty, obj):
         attrs, keys, after = custom_changes(pre, post, objs, post_objs)
+        # Rule 17: a dict or list subclass whose unflatten keeps its children is written entry
+        # by entry too.
         by_entry, old_keys = entrywise(pre, objs)
         direct = direct_writes(attrs, after, [post_objs[c] for c in post.children])
         outside = [
@@ -207,23 +306,20 @@ def container_write(
             if name not in own and not hasattr(after, name)
         ]
     key_order = tuple(obj) if isinstance(obj, dict) else None
-    # The function saw a dict's (and a defaultdict's) keys sorted, as under jax.jit, not in
-    # the caller's order: the keys it kept keep their place in the caller's dict (rule 7).
-    # Other dict kinds are seen in their own order, which it may change.
-    sorted_view = ty is dict or ty is defaultdict
+    # A defaultdict was seen with its keys sorted (rule 7); other dict kinds in their own
+    # order, which the function may change.
     origin = Origin(
         node=k,
-        # Bound once: each read of ``children`` builds a new list.
         old_children=pre.children,
         same_data=same_data(pre.data, post.data),
-        writable=ty in (list, dict) or writable(obj),
+        writable=writable(obj),
         key_order=key_order,
         reordered=key_order is not None
-        and not sorted_view
+        and ty is not defaultdict
         and reordered(keys and keys[0], key_order),
         attrs=attrs,
         direct=direct,
         by_entry=by_entry,
         old_keys=None if old_keys is None else tuple(old_keys),
     )
-    return ContainerWrite(origin, keys, outside)
+    return origin, keys, outside
