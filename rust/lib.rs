@@ -50,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<call::ResultBox>()?;
     m.add_class::<call::JitCore>()?;
     m.add_class::<call::PartialCore>()?;
+    m.add_class::<call::StaticArguments>()?;
     m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
     m.add_function(wrap_pyfunction!(call::running::running_call, m)?)?;
     m.add_function(wrap_pyfunction!(call::running::swap_running_call, m)?)?;

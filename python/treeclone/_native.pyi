@@ -200,7 +200,7 @@ class LeanCall:
         key_of: Callable[[Any], tuple[Any, ...]],
         tracer: type,
         finish: Callable[[tuple[Any, ...], Any, Any], Any],
-        statics: tuple[frozenset[int], frozenset[str], Callable[[Any], None]] | None = None,
+        statics: StaticArguments | None = None,
     ) -> None: ...
     def call_joined(
         self,
@@ -210,6 +210,23 @@ class LeanCall:
         sdef: Any,
         objects: list[Any],
     ) -> tuple[Any, Any, Any]: ...
+
+class StaticArguments:
+    """How a ``treeclone.jit`` call's static arguments are taken out and keyed, on the lean path
+    and the Python one: ``static_argnums`` (negative ones count from the end),
+    ``static_argnames``, and ``hash_static(value)``, which raises jax.jit's error for a value
+    that cannot be hashed."""
+
+    def __init__(
+        self, nums: frozenset[int], names: frozenset[str], hash_static: Callable[[Any], None]
+    ) -> None: ...
+    def split(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...], tuple[int, ...]]:
+        """``(dynamic args, dynamic kwargs sorted by name, key, positions)``: ``key`` is
+        ``(number of positional arguments, ((position, type, value), ...), ((name, type,
+        value), ...))``; ``positions``, the position of each dynamic positional argument among
+        all of them. The static values are not hashed."""
 
 class Source:
     """Where a result leaf comes from: the caller's input slot or the computation's output."""

@@ -42,7 +42,7 @@ from treeclone._lift import (
 from treeclone._lift import check_arguments as check_arguments
 from treeclone._lift import is_array as is_array
 from treeclone._lift.bound import BoundArguments
-from treeclone._lift.jit_call import CallShape, JitCall, hash_static
+from treeclone._lift.jit_call import CallShape, JitCall
 from treeclone._lift.jit_options import (
     UNSPECIFIED,
     given_options,
@@ -253,9 +253,6 @@ class Jitted(_native.JitCore):
         """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
         ``JitCore`` makes it with this at the first call that takes the lean path."""
         inner, jitted = self._inner_entry(self._policy)
-        statics = None
-        if self._static_nums or self._static_names:
-            statics = (self._static_nums, self._static_names, hash_static)
         return _native.LeanCall(
             inner,
             jitted,
@@ -263,7 +260,7 @@ class Jitted(_native.JitCore):
             inner.key_of,
             Tracer,
             finish_lean,
-            statics,
+            self._shape.statics,  # the static arguments split as the Python path splits them
         )
 
     def _inner_entry(self, policy: Policy | ArgPolicies) -> tuple[Inner, Any]:

@@ -2,7 +2,8 @@
 //! arguments are none donated and every leaf traced, in one native call.
 //!
 //! It does what `Jitted._call_policy` does for such a call, without its Python frames: take
-//! the static arguments out, flatten the others with identity (`flatten_shared`), find the
+//! the static arguments out (with the function's `StaticArguments`, the `CallShape`'s, which
+//! the Python path splits its calls with too), flatten the others with identity (`flatten_shared`), find the
 //! key of their structure (one key object per structure, kept by the inner function, so that
 //! JAX compares it by identity), run the inner `jax.jit` on the distinct leaves
 //! (`jitted(key, None, *leaves)`, the key static) with the call recorded for its debug info,
@@ -14,18 +15,20 @@
 mod core;
 mod partial;
 pub(crate) mod running;
+mod statics;
 
 pub use core::JitCore;
 pub use partial::PartialCore;
+pub use statics::StaticArguments;
+use statics::{keyword_items, sorted_dict};
 
 use crate::sharing::{flatten_shared_sized, Sizes};
-use crate::traverse::keysort::str_order;
 use crate::writeback::CallPlan;
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -77,8 +80,9 @@ pub struct LeanCall {
     tracer: Py<PyType>,
     /// `finish(call, info, outputs) -> result` for results that need Python.
     finish: Py<PyAny>,
-    /// The static arguments, when the function has some.
-    statics: Option<Statics>,
+    /// The static arguments, when the function has some: the `CallShape`'s own, which the
+    /// Python path splits calls with too.
+    statics: Option<Py<StaticArguments>>,
     /// The last structure met (with the static arguments' key) and its key: a training loop
     /// meets one structure call after call, and comparing with it costs less than hashing.
     last: Mutex<Option<Last>>,
@@ -102,55 +106,12 @@ pub struct LeanCall {
 /// call (`hold_inputs`), and its plan.
 type InfoParts = (Py<PyAny>, bool, bool, bool, Py<CallPlan>);
 
-/// `static_argnums` (negative ones count from the end) and `static_argnames`, and
-/// `hash_static(value)`, which raises jax.jit's error for a value that cannot be hashed.
-struct Statics {
-    nums: Py<PyFrozenSet>,
-    names: Py<PyFrozenSet>,
-    hash_static: Py<PyAny>,
-    /// The last call's split: a loop passes the same static values call after call, and
-    /// then the last key serves again (JAX still hashes the values in it at every call).
-    last: Mutex<Option<LastSplit>>,
-}
-
-/// A call's arguments with the static ones taken out, as `Jitted._split_statics` does.
-struct Split<'py> {
-    args: Bound<'py, PyTuple>,
-    /// `(number of positional arguments, ((position, type, value), ...), ((name, type,
-    /// value), ...))`: jax.jit keys a static value with its type (2 and 2.0 trace apart).
-    key: Bound<'py, PyTuple>,
-    values: Vec<Bound<'py, PyAny>>,
-    /// The position of each dynamic positional argument among all of them.
-    positions: Bound<'py, PyTuple>,
-}
-
-/// `(keyword or None, value, type)` of a static value kept by `LastSplit`.
-type StaticValue = (Option<Py<PyAny>>, Py<PyAny>, Py<PyType>);
-
-/// Where a static value was given: its position, or its keyword.
-enum Place<'py> {
-    At(usize),
-    Named(Bound<'py, PyAny>),
-}
-
-/// What a split leaves for the next call: its key serves a call with as many positional
-/// arguments whose static values are the same objects, of the same types, in the same places.
-struct LastSplit {
-    /// The number of positional arguments, and whether each is static.
-    static_at: Vec<bool>,
-    /// Each static value with its type and its keyword (None for a positional one):
-    /// positional ones first, then keywords by name, as in the key.
-    values: Vec<StaticValue>,
-    key: Py<PyTuple>,
-    positions: Py<PyTuple>,
-}
-
 /// `(structure, static arguments' key or None, the call's key)`.
 type Last = (Py<PyAny>, Option<Py<PyAny>>, Py<PyAny>);
 
 #[pymethods]
 impl LeanCall {
-    /// `statics`: `(static_argnums, static_argnames, hash_static)`, or None.
+    /// `statics`: the function's `StaticArguments`, or None.
     #[new]
     #[pyo3(signature = (inner, jitted, keys, key_of, tracer, finish, statics=None))]
     #[allow(clippy::too_many_arguments)]
@@ -161,7 +122,7 @@ impl LeanCall {
         key_of: Py<PyAny>,
         tracer: Py<PyType>,
         finish: Py<PyAny>,
-        statics: Option<(Py<PyFrozenSet>, Py<PyFrozenSet>, Py<PyAny>)>,
+        statics: Option<Py<StaticArguments>>,
     ) -> PyResult<Self> {
         Ok(LeanCall {
             inner,
@@ -170,12 +131,7 @@ impl LeanCall {
             key_of,
             tracer,
             finish,
-            statics: statics.map(|(nums, names, hash_static)| Statics {
-                nums,
-                names,
-                hash_static,
-                last: Mutex::new(None),
-            }),
+            statics,
             last: Mutex::new(None),
             last_info: Mutex::new(None),
             last_entries: AtomicUsize::new(0),
@@ -209,22 +165,7 @@ impl LeanCall {
         visit.call(&self.tracer)?;
         visit.call(&self.finish)?;
         if let Some(statics) = &self.statics {
-            visit.call(&statics.nums)?;
-            visit.call(&statics.names)?;
-            visit.call(&statics.hash_static)?;
-            if let Ok(last) = statics.last.try_lock() {
-                if let Some(last) = last.as_ref() {
-                    for (name, value, ty) in &last.values {
-                        if let Some(name) = name {
-                            visit.call(name)?;
-                        }
-                        visit.call(value)?;
-                        visit.call(ty)?;
-                    }
-                    visit.call(&last.key)?;
-                    visit.call(&last.positions)?;
-                }
-            }
+            visit.call(statics)?;
         }
         if let Ok(last) = self.last.try_lock() {
             if let Some((sdef, statics, key)) = last.as_ref() {
@@ -269,14 +210,12 @@ impl LeanCall {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let mut items = Vec::new();
-        if let Some(kwargs) = kwargs {
-            // Copied out first: a keyword's `__eq__` (a `str` subclass's) runs Python.
-            for item in kwargs.items().iter() {
-                items.push(item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?);
-            }
-        }
-        let split = match &self.statics {
+        let mut items = match kwargs {
+            Some(kwargs) => keyword_items(kwargs)?,
+            None => Vec::new(),
+        };
+        let statics = self.statics.as_ref().map(|statics| statics.get());
+        let split = match statics {
             Some(statics) => Some(statics.split(py, args, &mut items)?),
             None => None,
         };
@@ -302,15 +241,10 @@ impl LeanCall {
             Err(e) => return Err(e),
         };
         let sdef = sdef.into_any();
-        let (key, positions) = match (&split, &self.statics) {
+        let (key, positions) = match (&split, statics) {
             (Some(split), Some(statics)) => {
                 // Hashed after the flatten, as jax.jit orders its errors.
-                let hash_static = statics.hash_static.bind(py);
-                for value in &split.values {
-                    if value.hash().is_err() {
-                        hash_static.call1((value,))?;
-                    }
-                }
+                statics.check_hashable(py, split)?;
                 let key = self.key(py, &sdef, Some(split.key.as_any()))?;
                 (key, split.positions.clone().into_any())
             }
@@ -477,194 +411,4 @@ impl LeanCall {
         }
         Ok((returns_inputs, writes, hold_inputs, plan))
     }
-}
-
-impl Statics {
-    /// Take the static arguments out of a call (see `Split`); the static keywords leave
-    /// `items` (the call's keyword items), the dynamic ones stay.
-    fn split<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        items: &mut Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-    ) -> PyResult<Split<'py>> {
-        let static_at = self.static_at(py, args.len())?;
-        let mut dynamic = Vec::with_capacity(args.len());
-        let mut values = Vec::new();
-        for (i, (arg, &is_static)) in args.iter().zip(&static_at).enumerate() {
-            if is_static {
-                values.push((Place::At(i), arg));
-            } else {
-                dynamic.push(arg);
-            }
-        }
-        let names = self.names.bind(py);
-        let mut named = Vec::new();
-        let mut kept = Vec::with_capacity(items.len());
-        for (name, value) in items.drain(..) {
-            if names.contains(&name)? {
-                named.push((name, value));
-            } else {
-                kept.push((name, value));
-            }
-        }
-        *items = kept;
-        if named.len() > 1 {
-            named = sorted_by_name(py, named)?;
-        }
-        values.extend(
-            named
-                .into_iter()
-                .map(|(name, value)| (Place::Named(name), value)),
-        );
-        let args = PyTuple::new(py, dynamic)?;
-        let (key, positions) = match self.last_key(py, &static_at, &values) {
-            Some(found) => found,
-            None => self.new_key(py, static_at, &values)?,
-        };
-        Ok(Split {
-            args,
-            key,
-            values: values.into_iter().map(|(_, value)| value).collect(),
-            positions,
-        })
-    }
-
-    /// Whether each of `n` positional arguments is static: the last split's answer when it
-    /// had as many.
-    fn static_at(&self, py: Python<'_>, n: usize) -> PyResult<Vec<bool>> {
-        if let Ok(last) = self.last.lock() {
-            if let Some(last) = last.as_ref().filter(|last| last.static_at.len() == n) {
-                return Ok(last.static_at.clone());
-            }
-        }
-        let nums = self.nums.bind(py);
-        let n = n as isize;
-        (0..n)
-            .map(|i| Ok(nums.contains(i)? || nums.contains(i - n)?))
-            .collect()
-    }
-
-    /// The last split's key and positions, when this call's static values are its values
-    /// (identity only: no Python code runs while the lock is held).
-    fn last_key<'py>(
-        &self,
-        py: Python<'py>,
-        static_at: &[bool],
-        values: &[(Place<'py>, Bound<'py, PyAny>)],
-    ) -> Option<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
-        let last = self.last.lock().ok()?;
-        let last = last.as_ref()?;
-        let same = last.static_at == static_at
-            && last.values.len() == values.len()
-            && last
-                .values
-                .iter()
-                .zip(values)
-                .all(|((n0, v0, t0), (n1, v1))| {
-                    v0.is(v1)
-                        && t0.is(v1.get_type())
-                        && match (n0, n1) {
-                            (None, Place::At(_)) => true, // the same places: `static_at`
-                            (Some(a), Place::Named(b)) => a.is(b),
-                            _ => false,
-                        }
-                });
-        same.then(|| (last.key.bind(py).clone(), last.positions.bind(py).clone()))
-    }
-
-    /// The key and positions of a split (see `Split`), kept for the next call.
-    fn new_key<'py>(
-        &self,
-        py: Python<'py>,
-        static_at: Vec<bool>,
-        values: &[(Place<'py>, Bound<'py, PyAny>)],
-    ) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
-        let (mut fixed, mut named) = (Vec::new(), Vec::new());
-        let mut kept = Vec::with_capacity(values.len());
-        for (name, value) in values {
-            let ty = value.get_type();
-            let (place, name) = match name {
-                Place::At(i) => (i.into_pyobject(py)?.into_any(), None),
-                Place::Named(name) => (name.clone(), Some(name.clone().unbind())),
-            };
-            let entry = PyTuple::new(py, [place, ty.clone().into_any(), value.clone()])?;
-            if name.is_some() {
-                named.push(entry);
-            } else {
-                fixed.push(entry);
-            }
-            kept.push((name, value.clone().unbind(), ty.unbind()));
-        }
-        let n = static_at.len();
-        let key = PyTuple::new(
-            py,
-            [
-                n.into_pyobject(py)?.into_any(),
-                PyTuple::new(py, fixed)?.into_any(),
-                PyTuple::new(py, named)?.into_any(),
-            ],
-        )?;
-        let dynamic: Vec<usize> = (0..n).filter(|&i| !static_at[i]).collect();
-        let positions = PyTuple::new(py, dynamic)?;
-        let made = LastSplit {
-            static_at,
-            values: kept,
-            key: key.clone().unbind(),
-            positions: positions.clone().unbind(),
-        };
-        // The old split is dropped after the lock is let go: a finalizer may call back.
-        let old = self
-            .last
-            .lock()
-            .ok()
-            .and_then(|mut last| last.replace(made));
-        drop(old);
-        Ok((key, positions))
-    }
-}
-
-/// Keyword items sorted by name (the names differ): natively for exact `str` names
-/// (`keysort::str_order`), else with Python's sort.
-fn sorted_by_name<'py>(
-    py: Python<'py>,
-    mut items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
-    if let Some(order) = str_order(items.iter().map(|(name, _)| name)) {
-        let mut slots: Vec<_> = items.into_iter().map(Some).collect();
-        return Ok(order
-            .iter()
-            .filter_map(|&i| slots[i as usize].take())
-            .collect());
-    }
-    let pairs = PyList::new(
-        py,
-        items
-            .drain(..)
-            .map(|(k, v)| PyTuple::new(py, [k, v]))
-            .collect::<PyResult<Vec<_>>>()?,
-    )?;
-    pairs.sort()?;
-    pairs
-        .iter()
-        .map(|pair| Ok((pair.get_item(0)?, pair.get_item(1)?)))
-        .collect()
-}
-
-/// The call's own keyword dict, in sorted order: keyword order is not part of a call's
-/// structure, as in jax.jit (keyword names are strings).
-fn sorted_dict<'py>(
-    py: Python<'py>,
-    items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let items = if items.len() > 1 {
-        sorted_by_name(py, items)?
-    } else {
-        items
-    };
-    let dict = PyDict::new(py);
-    for (k, v) in items {
-        dict.set_item(k, v)?;
-    }
-    Ok(dict)
 }

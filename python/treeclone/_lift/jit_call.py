@@ -184,6 +184,10 @@ class CallShape:
         self.donate_nums, self.donate_names = donate
         self.in_shardings_given, self.traced = in_shardings_given, traced
         self.masks: dict[tuple, Donation] = {}
+        # How calls' static arguments are taken out and keyed, on both paths (None: none).
+        self.statics = None
+        if self.static_nums or self.static_names:
+            self.statics = _native.StaticArguments(self.static_nums, self.static_names, hash_static)
 
     def prepare(
         self, entry: tuple[Any, Any], args: tuple, kwargs: dict, bound: Any = None
@@ -196,9 +200,9 @@ class CallShape:
         given = args, kwargs
         statics = None
         positions: Sequence[int] = range(len(args))
-        if self.static_nums or self.static_names:
+        if self.statics is not None:
             args, kwargs, statics, positions = self.split_statics(args, kwargs)
-        if len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
+        elif len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
             kwargs = dict(sorted(kwargs.items()))
         try:
             if bound is None:
@@ -225,20 +229,14 @@ class CallShape:
         inner, jitted = entry
         return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
 
-    def split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, list[int]]:
-        """Take the static arguments out. Each static value is keyed with its type, as jax.jit
-        keys them (``2`` and ``2.0`` are equal but trace differently); ``prepare`` hashes them
-        after the flatten of the others."""
-        n = len(args)
-        static_nums = normalize(self.static_nums, n)
-        static_pos = tuple((i, type(args[i]), args[i]) for i in sorted(static_nums) if i < n)
-        static_kw = tuple(
-            sorted((k, type(v), v) for k, v in kwargs.items() if k in self.static_names)
-        )
-        positions = [i for i in range(n) if i not in static_nums]
-        dyn_args = tuple(args[i] for i in positions)
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
-        return dyn_args, dyn_kwargs, (n, static_pos, static_kw), positions
+    def split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, Sequence[int]]:
+        """Take the static arguments out (``statics``: ``_native.StaticArguments``, which the
+        lean path splits its calls with too): the dynamic arguments (the keywords sorted by
+        name), the statics' key and the dynamic positions. Each static value is keyed with its
+        type, as jax.jit keys them (``2`` and ``2.0`` are equal but trace differently);
+        ``prepare`` hashes them after the flatten of the others."""
+        assert self.statics is not None
+        return self.statics.split(args, kwargs)
 
     def mask(self, sdef: Any, n: int, positions: Sequence[int], kwargs: dict) -> Donation:
         """The donation of a call: worked out once per structure and number of arguments

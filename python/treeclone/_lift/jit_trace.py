@@ -199,7 +199,7 @@ class Inner:
 
     def key_of(self, sdef: Any, statics: tuple | None = None) -> tuple:
         """The key of a call of structure ``sdef`` and static arguments ``statics`` (as
-        ``Jitted._split_statics`` gives them) on the lean path (``_native.LeanCall``), kept
+        ``_native.StaticArguments.split`` gives them) on the lean path (``_native.LeanCall``), kept
         under ``sdef`` or ``(sdef, statics)``."""
         if len(self.keys) >= KEY_CACHE_SIZE:
             self.keys.clear()
