@@ -419,6 +419,65 @@ class Jitted(_native.JitCore):
     def __repr__(self) -> str:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
 
+    def interface(self) -> JitInterface:
+        """What :mod:`treeclone.jit_partial` uses of this function (:class:`JitInterface`)."""
+        return JitInterface(self)
+
+
+class JitInterface:
+    """The package's internal interface of a :class:`Jitted` (``jitted.interface()``), for
+    :func:`treeclone.jit_partial`, which binds the first arguments of a jitted function: what
+    it reads of the function and the calls it makes through it, so that neither module reads
+    the other's private attributes (``tests/test_import_graph.py`` checks it)."""
+
+    __slots__ = ("_jitted",)
+
+    def __init__(self, jitted: Jitted):
+        self._jitted = jitted
+
+    @property
+    def fun(self) -> Callable:
+        """The user's function."""
+        return self._jitted._fun
+
+    @property
+    def naming(self) -> Naming:
+        """How the function's arguments are named in messages."""
+        return self._jitted._naming
+
+    @property
+    def static_nums(self) -> frozenset[int]:
+        """``static_argnums``, completed from ``static_argnames`` as jax.jit does."""
+        return self._jitted._static_nums
+
+    @property
+    def static_names(self) -> frozenset[str]:
+        """``static_argnames``, completed from ``static_argnums`` as jax.jit does."""
+        return self._jitted._static_names
+
+    def policy_now(self) -> Policy | ArgPolicies:
+        """The policy a call made now uses: a ``with treeclone.policy(...)`` block's, or the
+        function's own."""
+        return policy_override.get() or self._jitted._policy
+
+    def lean_for(self, policy: Policy | ArgPolicies) -> _native.LeanCall | None:
+        """The lean path's native call under ``policy`` (None: calls take :meth:`call`)."""
+        return self._jitted._lean_for(policy)
+
+    def call(
+        self, policy: Policy | ArgPolicies, args: tuple, kwargs: dict, bound: BoundArguments
+    ) -> Any:
+        """A call on the general path, the first arguments ``bound``'s."""
+        return self._jitted._call_policy(policy, args, kwargs, bound)
+
+    def check_cycles(self, args: tuple, kwargs: dict) -> None:
+        """The error of a cyclic argument, naming it (every policy's text)."""
+        self._jitted._check_cycles(args, kwargs)
+
+    def cache_size(self) -> int:
+        """The compiled entries calls can reuse (``Jitted._cache_size``)."""
+        return self._jitted._cache_size()
+
 
 # --- the inner function -------------------------------------------------------------------------
 
@@ -555,4 +614,4 @@ def jit(
     return Jitted(fun, policy, given, discarded_mutations, traced)
 
 
-__all__: Sequence[str] = ["Jitted", "argument_names", "jit", "reporting"]
+__all__: Sequence[str] = ["JitInterface", "Jitted", "argument_names", "jit", "reporting"]

@@ -42,7 +42,7 @@ from typing import Any
 from treeclone import _native
 from treeclone._lift.bound import BoundArguments
 from treeclone.jit import Jitted, jit
-from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
+from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec
 
 
 class JitPartial(_native.PartialCore):
@@ -60,14 +60,15 @@ class JitPartial(_native.PartialCore):
     """
 
     def __init__(self, jitted: Jitted, bound: tuple):
-        functools.update_wrapper(self, jitted._fun)
         self._jitted = jitted
-        if jitted._static_nums & set(range(len(bound))):
+        self._jit = jit = jitted.interface()
+        functools.update_wrapper(self, jit.fun)
+        if jit.static_nums & set(range(len(bound))):
             raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
-        self._bound = BoundArguments(bound, jitted._naming)
+        self._bound = BoundArguments(bound, jit.naming)
         # Static arguments among the others keep the general path (_prepare splits them out
         # before the join).
-        self._lean_allowed = not (jitted._static_nums or jitted._static_names)
+        self._lean_allowed = not (jit.static_nums or jit.static_names)
         # The native base's __call__ takes jit's lean path while the bound containers are
         # replaced at every call (nothing cached then), else calls _call_bound.
         self._init_partial(jitted, self._bound.args, self._lean_allowed)
@@ -86,20 +87,20 @@ class JitPartial(_native.PartialCore):
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
         bound arguments; the native base learns whether the call replaced bound containers."""
         try:
-            jitted, bound = self._jitted, self._bound
-            policy = policy_override.get() or jitted._policy
+            jit, bound = self._jit, self._bound
+            policy = jit.policy_now()
             args = (*bound.args, *args)
-            lean = jitted._lean_for(policy) if self._lean_allowed else None
+            lean = jit.lean_for(policy) if self._lean_allowed else None
             if lean is None:
                 _check_policy(policy)
-                return jitted._call_policy(policy, args, kwargs, bound)
+                return jit.call(policy, args, kwargs, bound)
             # The lean path (Jitted's): the bound arguments joined, then one native call.
             if len(kwargs) > 1:  # keyword order is not part of a call's structure (jax.jit)
                 kwargs = dict(sorted(kwargs.items()))
             try:
                 leaves, sdef, objects = bound.join(args, kwargs)
             except ValueError:
-                jitted._check_cycles(args, kwargs)  # names the argument
+                jit.check_cycles(args, kwargs)  # names the argument
                 raise
             out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
             bound.advance(info.next_inputs, leaves, outputs)
@@ -110,7 +111,7 @@ class JitPartial(_native.PartialCore):
     def _resume(self) -> None:
         """After a call on the native path (``PartialCore``) that replaced no bound container:
         flatten the bound arguments again, so that the next call uses the cache."""
-        self._bound._flatten()
+        self._bound.flatten()
         self._set_replaced(False)
 
     def clear_cache(self) -> None:
@@ -134,10 +135,10 @@ class JitPartial(_native.PartialCore):
         >>> total._cache_size()
         2
         """
-        return self._jitted._cache_size()
+        return self._jit.cache_size()
 
     def __repr__(self) -> str:
-        return f"<treeclone.jit_partial of {self._jitted._fun!r} (policy {self.policy!r})>"
+        return f"<treeclone.jit_partial of {self._jit.fun!r} (policy {self.policy!r})>"
 
 
 def _check_policy(policy: Policy | ArgPolicies) -> None:

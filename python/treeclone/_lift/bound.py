@@ -26,9 +26,10 @@ class BoundArguments:
     def __init__(self, args: tuple, naming: Naming):
         self.args = args
         self.naming = naming
-        self._flatten()
+        self.flatten()
 
-    def _flatten(self) -> None:
+    def flatten(self) -> None:
+        """Flatten the bound arguments (again) and take their snapshot."""
         previous = getattr(self, "sdef", None)
         enabled = gc.isenabled()  # paused while the snapshot is taken (module docstring)
         gc.disable()
@@ -65,7 +66,7 @@ class BoundArguments:
         if self.replaced:
             return _native.flatten_shared((*args, kwargs))
         if not self.snapshot.checkable or not self.snapshot.unchanged():
-            self._flatten()
+            self.flatten()
         n = len(self.args)
         leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
         # Python scalars are values, not tracked (a small int is one object everywhere).
@@ -89,7 +90,7 @@ class BoundArguments:
         if next_inputs is False:  # containers replaced: the next call flattens all (join)
             self.replaced = True
         elif self.stale or self.replaced:
-            self._flatten()
+            self.flatten()
         elif next_inputs is not None:
             index, written = next_inputs
             taker = self.takers.get(index)
