@@ -315,13 +315,8 @@ def test_every_allowed_exception_is_still_needed() -> None:
 # own; a name no class of the package defines (``jax._src``, a namedtuple's ``_fields``) is not
 # the package's to police.
 
-# (reading module, attribute) -> why it cannot be avoided.
-ALLOWED_PRIVATE_ATTRIBUTES: Mapping[tuple[str, str], str] = {
-    ("treeclone.jit", "_lean_for"): (
-        "Jitted's own method, defined by its native base class (_native.JitCore), read by "
-        "Jitted's interface object in the same module"
-    ),
-}
+# (reading module, attribute) -> why it cannot be avoided. Empty: keep it so.
+ALLOWED_PRIVATE_ATTRIBUTES: Mapping[tuple[str, str], str] = {}
 
 
 def class_private_names(tree: ast.Module) -> set[str]:

@@ -42,7 +42,7 @@ from typing import Any
 from treeclone import _native
 from treeclone._lift.bound import BoundArguments
 from treeclone.jit import Jitted, jit
-from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec
+from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
 
 class JitPartial(_native.PartialCore):
@@ -88,7 +88,7 @@ class JitPartial(_native.PartialCore):
         bound arguments; the native base learns whether the call replaced bound containers."""
         try:
             jit, bound = self._jit, self._bound
-            policy = jit.policy_now()
+            policy = policy_override.get() or jit.policy
             args = (*bound.args, *args)
             lean = jit.lean_for(policy) if self._lean_allowed else None
             if lean is None:
@@ -106,7 +106,63 @@ class JitPartial(_native.PartialCore):
             bound.advance(info.next_inputs, leaves, outputs)
             return out
         finally:
-            self._set_replaced(self._bound.replaced)
+            self._after_call()
+
+    def _after_call(self) -> None:
+        """Tell the native base whether the last call replaced bound containers."""
+        self._set_replaced(self._bound.replaced)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun`` lowered for the bound arguments and these (see
+        :meth:`treeclone.Jitted.lower`): compiled, it is called with the remaining arguments
+        and writes back into the bound ones as a call does.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> def accumulate(state, x):
+        ...     state["total"] = state["total"] + x
+        ...     return state["total"]
+        >>> state = {"total": jnp.zeros(())}
+        >>> compiled = treeclone.jit_partial(accumulate, state).lower(1.0).compile()
+        >>> compiled(1.0), compiled(2.0)
+        (Array(1., dtype=float32), Array(3., dtype=float32))
+        >>> state
+        {'total': Array(3., dtype=float32)}
+        """
+        return self._stage("lower", args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun`` traced for the bound arguments and these (see :meth:`lower`).
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> total = treeclone.jit_partial(lambda s, x: s["w"].sum() * x, {"w": jnp.ones(2)})
+        >>> total.trace(3.0).out_info
+        ShapeDtypeStruct(shape=(), dtype=float32)
+        """
+        return self._stage("trace", args, kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The shapes of ``fun``'s outputs for the bound arguments and these; nothing is
+        written back.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> def push(state, x):
+        ...     state["xs"].append(x)
+        ...     return x * 2
+        >>> state = {"xs": []}
+        >>> treeclone.jit_partial(push, state).eval_shape(jnp.ones(3))
+        ShapeDtypeStruct(shape=(3,), dtype=float32)
+        >>> state
+        {'xs': []}
+        """
+        return self._stage("eval_shape", args, kwargs)
+
+    def _stage(self, method: str, args: tuple, kwargs: dict) -> Any:
+        _check_policy(policy_override.get() or self._jit.policy)
+        bound = self._bound
+        try:
+            return self._jit.stage(method, (*bound.args, *args), kwargs, bound, self._after_call)
+        finally:
+            self._after_call()
 
     def _resume(self) -> None:
         """After a call on the native path (``PartialCore``) that replaced no bound container:

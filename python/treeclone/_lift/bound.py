@@ -2,12 +2,15 @@
 flattens only its own arguments and joins the two structures (``join``), flattening the bound
 ones again only when their snapshot (``rust/bound``) says they changed, and follows the call's
 write-back into them (``advance``). ``treeclone.jit``'s call path (``CallShape.prepare``)
-calls these two methods.
+calls these two methods. And what ``jit_partial`` uses of the jitted function it binds
+(:class:`JitInterface`, made by ``Jitted.interface()``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+from collections.abc import Callable
 from typing import Any
 
 from treeclone import _native
@@ -98,3 +101,27 @@ class BoundArguments:
                 taker = self.takers[index] = Taker(index[: len(self.leaves)])
             self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
             self.snapshot.refresh(written, self.leaves)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JitInterface:
+    """What ``jit_partial`` uses of a ``treeclone.Jitted`` (``Jitted.interface()``), so that
+    neither module reads the other's private attributes (``tests/test_import_graph.py``):
+    the user's ``fun``; how its arguments are ``naming``-ed; ``static_nums`` and
+    ``static_names`` (each completed from the other, as jax.jit does); the function's own
+    ``policy``; and its calls: ``lean_for(policy)``, the lean path's native call (None: the
+    general path), ``call(policy, args, kwargs, bound)``, the general path,
+    ``check_cycles(args, kwargs)``, the error naming a cyclic argument, ``cache_size()``, and
+    ``stage(method, args, kwargs, bound, after)``, the ahead-of-time stages (``lower``,
+    ``trace``, ``eval_shape``), ``after`` run after each call of a stage."""
+
+    fun: Callable[..., Any]
+    naming: Naming
+    static_nums: frozenset[int]
+    static_names: frozenset[str]
+    policy: Any
+    lean_for: Callable[[Any], Any]
+    call: Callable[..., Any]
+    check_cycles: Callable[[tuple, dict], None]
+    cache_size: Callable[[], int]
+    stage: Callable[..., Any]
