@@ -36,11 +36,13 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from treeclone import _native
 from treeclone._lift.bound import BoundArguments
+from treeclone._lift.jit_options import parameters
 from treeclone.jit import Jitted, jit
 from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
@@ -210,7 +212,7 @@ def jit_partial(
     fun: Callable[..., Any],
     /,
     *bound: Any,
-    policy: PolicySpec = "alias",
+    policy: PolicySpec | None = None,
     **jit_options: Any,
 ) -> JitPartial:
     """``treeclone.jit(fun, policy=..., ...)`` with ``bound`` as its first arguments, flattened
@@ -219,10 +221,15 @@ def jit_partial(
     ``jit_options`` are :func:`treeclone.jit`'s, checked by it (argument numbers count the
     bound arguments).
 
-    Changes made to the bound objects between calls are seen (docs/semantics.md,
-    "jit_partial"); the policy must preserve identity (``alias``, the default, or ``strict``).
-    A dict gives a policy per argument, as for :func:`treeclone.jit`; the arguments it does
-    not name are ``alias`` (this function's default) unless its ``...`` says otherwise.
+    By default the bound arguments are ``alias`` and the call's own arguments ``clone``: a
+    step updates its model and optimizer in place, and what it changes in place in a batch it
+    is given is discarded, with a :class:`treeclone.MutationWarning` at the trace (as
+    ``nnx.jit_partial`` propagates only what it binds), so the caller's batch is never
+    rewritten without a word. A policy (``"alias"``, ``"strict"``) applies to every argument,
+    as for :func:`treeclone.jit`. A dict gives a policy per argument; of the arguments it does
+    not name, the bound ones are ``alias`` and the others ``clone``, unless its ``...`` says
+    otherwise. The policy must preserve identity (not ``clone`` for all). Changes made to the
+    bound objects between calls are seen (docs/semantics.md, "jit_partial").
 
     >>> import jax.numpy as jnp, treeclone
     >>> def accumulate(state, x):
@@ -237,10 +244,49 @@ def jit_partial(
     >>> state["total"] = jnp.zeros(())  # changed outside: the next call sees it
     >>> add(5.0)
     Array(5., dtype=float32)
+    >>> add.policy
+    ArgPolicies({0: 'alias', 'state': 'alias', ...: 'clone'})
     """
-    chosen = as_policy_spec(policy, fun, default="alias")
+    chosen = partial_policy(policy, fun, len(bound))
     _check_policy(chosen)
     return JitPartial(jit(fun, policy=chosen, **jit_options), bound)
 
 
-__all__ = ["JitPartial", "jit_partial"]
+def partial_policy(
+    policy: PolicySpec | None, fun: Callable[..., Any], num_bound: int
+) -> Policy | ArgPolicies:
+    """``jit_partial``'s ``policy=`` made canonical for ``num_bound`` bound arguments: None,
+    the bound ones ``alias`` and the others ``clone``; a dict without ``...``, the same for the
+    arguments it does not name; a policy, or a dict with ``...``, as :func:`treeclone.jit`
+    reads it.
+
+    >>> from treeclone.jit_partial import partial_policy
+    >>> def step(model, optimizer, batch):
+    ...     pass
+    >>> partial_policy(None, step, 2)
+    ArgPolicies({0: 'alias', 1: 'alias', 'model': 'alias', 'optimizer': 'alias', ...: 'clone'})
+    >>> partial_policy({"batch": "strict"}, step, 1)
+    ArgPolicies({0: 'alias', 2: 'strict', 'batch': 'strict', 'model': 'alias', ...: 'clone'})
+    >>> partial_policy("alias", step, 2)
+    Policy.alias
+    """
+    if policy is None:
+        policy = {}
+    if not isinstance(policy, Mapping) or Ellipsis in policy:
+        return as_policy_spec(policy, fun)
+    params = parameters(fun)
+    if params is None:  # unknown signature: every bound position
+        names: list[str | None] = [None] * num_bound
+    else:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [p.name for p in params if p.kind in kinds]
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+            names += [None] * max(0, num_bound - len(names))
+    spec: dict[Any, str | Policy] = dict(policy)
+    for i, name in enumerate(names[:num_bound]):
+        if i not in policy and name not in policy:
+            spec[i] = "alias"
+    return as_policy_spec(spec, fun, default="clone")
+
+
+__all__ = ["JitPartial", "jit_partial", "partial_policy"]
