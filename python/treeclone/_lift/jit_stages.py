@@ -184,7 +184,7 @@ class StagedCall:
         info = self.info
         if info.out_sources is None:
             return None
-        outputs = list(stage.out_info.leaves)
+        outputs = [_as_shape(x) for x in stage.out_info.leaves]
         for i, value in info.static_outputs:
             outputs[i] = value
         slots = self.slots(stage, "in_avals")
@@ -198,6 +198,15 @@ class StagedCall:
             for kind, i in info.out_sources
         ]
         return jax.tree_util.tree_unflatten(info.out_tree, result)
+
+
+def _as_shape(x: Any) -> Any:
+    """An output's description as a ``jax.ShapeDtypeStruct`` (JAX before 0.7 describes a
+    traced stage's outputs with its own ``OutInfo``)."""
+    if x is None or isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    weak_type = getattr(x, "weak_type", False)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=weak_type)
 
 
 class _Stage:
