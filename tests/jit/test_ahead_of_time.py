@@ -218,6 +218,7 @@ def test_introspection_is_jax_s_in_the_user_s_structure(policy: str) -> None:
     assert ours.out_tree == theirs.out_tree
     assert ours.in_tree == theirs.in_tree
     assert ours.args_info == theirs.args_info
+    assert ours.in_avals == theirs.in_avals
     compiled = ours.compile()
     assert compiled.out_tree == theirs.compile().out_tree
     assert compiled.memory_analysis() is not None and compiled.cost_analysis() is not None
@@ -236,6 +237,8 @@ def test_donation_is_reported_on_the_user_s_argument() -> None:
     lowered = tc.jit(f, policy="alias", donate_argnums=0).lower({"w": jnp.ones(3)}, jnp.ones(3))
     (state, x), _ = lowered.args_info
     assert state["w"].donated and not x.donated
+    theirs = jax.jit(f, donate_argnums=0).lower({"w": jnp.ones(3)}, jnp.ones(3))
+    assert lowered.donate_argnums == theirs.donate_argnums == (0,)
 
 
 # --- a call of another structure, sharing or static value --------------------------------------

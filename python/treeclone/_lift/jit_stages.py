@@ -172,10 +172,10 @@ class StagedCall:
         donation, static = self.key[2], self.key[3]
         return from_jit_order(kept, donated, None if donation is None else donation.keep, static)
 
-    def args_info(self, stage: Any) -> Any:
+    def args_info(self, stage: Any, of: str = "args_info") -> Any:
         """``(args, kwargs)`` of the dynamic arguments (those after the bound ones), each leaf
-        its ``ArgInfo`` (a static leaf as it is)."""
-        root = self.key[0].unflatten(self.slots(stage))
+        its ``ArgInfo`` (``of="in_avals"``: its aval), a static leaf as it is."""
+        root = self.key[0].unflatten(self.slots(stage, of))
         return tuple(root[self.num_bound : self.num_args]), root[self.num_args]
 
     def out_info(self, stage: Any) -> Any:
@@ -212,7 +212,9 @@ def _as_shape(x: Any) -> Any:
 class _Stage:
     """What every stage has: the user's view of its arguments and result; everything else is
     the stage of the inner ``jax.jit`` (``as_text``, ``cost_analysis``, ``compiler_ir``,
-    ``memory_analysis``, ``jaxpr``, ...), passed through."""
+    ``memory_analysis``, ``jaxpr``, ...), passed through, in the inner computation's own
+    terms where it has a structure (``input_shardings``: its parameters are the distinct
+    leaves, the donated ones first)."""
 
     __slots__ = ("_made", "_stage")
 
@@ -228,6 +230,17 @@ class _Stage:
     def in_tree(self) -> Any:
         """The structure of ``(args, kwargs)``, the static arguments left out."""
         return jax.tree_util.tree_structure(self.args_info)
+
+    @property
+    def in_avals(self) -> Any:
+        """The arguments' avals, in their structure."""
+        return self._made.args_info(self._stage, "in_avals")
+
+    @property
+    def donate_argnums(self) -> tuple[int, ...]:
+        """The donated leaves' indices among ``in_tree``'s leaves."""
+        leaves = jax.tree_util.tree_leaves(self.args_info)
+        return tuple(i for i, x in enumerate(leaves) if getattr(x, "donated", False))
 
     @property
     def out_tree(self) -> Any:
