@@ -279,3 +279,14 @@ def test_another_static_value_is_a_type_error_saying_what_differs() -> None:
     _same(fixed(jnp.ones(2)), jnp.full(2, 3.0))
     with pytest.raises(TypeError, match="static argument 'n' was fixed"):
         fixed(jnp.ones(2), n=3)
+
+
+def test_a_stage_called_with_too_few_arguments_says_what_differs() -> None:
+    def scaled(x: jax.Array, n: int, y: jax.Array) -> jax.Array:
+        return x * n + y
+
+    compiled = tc.jit(scaled, policy="alias", static_argnums=1)
+    compiled = compiled.lower(jnp.ones(2), 3, jnp.ones(2)).compile()
+    _same(compiled(jnp.ones(2), jnp.ones(2)), jnp.full(2, 4.0))
+    with pytest.raises(TypeError, match="(?s)scaled was traced.*not static"):
+        compiled(jnp.ones(2))

@@ -128,8 +128,9 @@ class StagedCall:
                     "the stage was made; call it with the other arguments only (as jax.jit's)"
                 )
         fixed = {i: v for i, _, v in positional}
-        given = iter(args)
-        full = [fixed[i] if i in fixed else next(given) for i in range(len(args) + len(fixed))]
+        given, full = list(args), list[Any]()
+        while given or len(full) in fixed:  # (fewer arguments: the key differs, said then)
+            full.append(fixed[len(full)] if len(full) in fixed else given.pop(0))
         return tuple(full), {**kwargs, **{k: v for k, _, v in keyword}}
 
     def _mismatch(self, call: JitCall) -> str:
@@ -187,22 +188,19 @@ class StagedCall:
         outputs = [_as_shape(x) for x in stage.out_info.leaves]
         for i, value in info.static_outputs:
             outputs[i] = value
-        slots = self.slots(stage, "in_avals")
-        static = self.key[3]
-        result = [
-            outputs[i]
-            if kind == "out"
-            else slots[i]  # a static leaf, returned as it is
-            if static is not None and i in static.slots
-            else jax.ShapeDtypeStruct(slots[i].shape, slots[i].dtype, weak_type=slots[i].weak_type)
-            for kind, i in info.out_sources
-        ]
+        inputs = self.slots(stage, "in_avals")
+        static = () if self.key[3] is None else self.key[3].slots
+        for s, aval in enumerate(inputs):
+            if s not in static:  # (a static leaf is returned as it is)
+                inputs[s] = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+        result = [(outputs if kind == "out" else inputs)[i] for kind, i in info.out_sources]
         return jax.tree_util.tree_unflatten(info.out_tree, result)
 
 
 def _as_shape(x: Any) -> Any:
     """An output's description as a ``jax.ShapeDtypeStruct`` (JAX before 0.7 describes a
-    traced stage's outputs with its own ``OutInfo``)."""
+    traced stage's outputs with its own ``OutInfo``); None (a static output's place) as it
+    is."""
     if x is None or isinstance(x, jax.ShapeDtypeStruct):
         return x
     weak_type = getattr(x, "weak_type", False)
