@@ -7,8 +7,9 @@ imported) after the ones below it: the shared call machinery (``_calls``) below 
 ``jit_partial`` and the lifted transformations, ``policies`` below them all.
 
 A name with a leading underscore is private to the module that defines it: no module imports
-one from another treeclone module (``from treeclone.jit import _Naming``) or reaches for one
-through a module it imported (``_trace._Paths``). What modules share has a public name in the
+one from another treeclone module (``from treeclone.jit import _Naming``), reaches for one
+through a module it imported (``_trace._Paths``) or reads one of another module's classes on
+an object (``jitted._fun``). What modules share has a public name in the
 module that owns it; a private *module* (``_native``, ``_trace``, ``_calls``) is imported as
 any other, its public names being its API inside the package.
 """
@@ -303,6 +304,135 @@ def test_every_allowed_exception_is_still_needed() -> None:
         (name, where.split(": ", 1)[1]) for name, (_, private) in FOUND.items() for where in private
     }
     assert set(ALLOWED_PRIVATE) <= used, set(ALLOWED_PRIVATE) - used
+
+
+# --- private attributes -------------------------------------------------------------------------
+
+# A class's private attributes (``_fun``, ``_call_policy``: a leading underscore, not a dunder)
+# belong to the module that defines the class. Another module reads none of them, on any
+# object (``jitted._fun``, ``self._bound._flatten()``): what modules share goes through a public
+# name or an interface object (``Jitted.interface()``). ``self._x`` and ``cls._x`` are a class's
+# own; a name no class of the package defines (``jax._src``, a namedtuple's ``_fields``) is not
+# the package's to police.
+
+# (reading module, attribute) -> why it cannot be avoided. Empty: keep it so.
+ALLOWED_PRIVATE_ATTRIBUTES: Mapping[tuple[str, str], str] = {}
+
+
+def class_private_names(tree: ast.Module) -> set[str]:
+    """The private attributes the classes of a module define: their methods, class-level
+    names, ``__slots__`` entries and the attributes their methods set on ``self``/``cls``."""
+    names: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
+                names.add(node.attr)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if not isinstance(target, ast.Name):
+                        continue
+                    names.add(target.id)
+                    if target.id == "__slots__" and node.value is not None:
+                        names |= {
+                            c.value
+                            for c in ast.walk(node.value)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                        }
+    return {name for name in names if _private(name)}
+
+
+def foreign_attributes(tree: ast.Module, own: set[str], package: set[str]) -> list[str]:
+    """Each read of a private attribute that a class of the package defines (``package``) but
+    no class of this module does (``own``), on an object other than ``self``/``cls``, as
+    ``"line N: x._name"``."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        if node.attr in package and node.attr not in own:
+            found.append((node.lineno, f"line {node.lineno}: {ast.unparse(node)}"))
+    return [where for _, where in sorted(found)]
+
+
+def read_attributes(package: Path) -> dict[str, list[str]]:
+    """For each Python module of the package: the private attributes of other modules' classes
+    it reads. The native module's classes are read from its stub (``_native.pyi``)."""
+    trees = {
+        name: ast.parse(path.read_text(encoding="utf-8"))
+        for name, path in source_files(package).items()
+    }
+    owned = {name: class_private_names(tree) for name, tree in trees.items()}
+    stub = package / "_native.pyi"
+    everyone = set().union(
+        class_private_names(ast.parse(stub.read_text(encoding="utf-8"))), *owned.values()
+    )
+    return {name: foreign_attributes(tree, owned[name], everyone) for name, tree in trees.items()}
+
+
+ATTRIBUTES = read_attributes(PACKAGE)
+
+
+def _attribute(where: str) -> str:
+    return "_" + where.rsplit("._", 1)[1]
+
+
+def test_no_module_reads_another_modules_private_attributes() -> None:
+    found = [
+        f"{name} {where}"
+        for name, reads in sorted(ATTRIBUTES.items())
+        for where in reads
+        if (name, _attribute(where)) not in ALLOWED_PRIVATE_ATTRIBUTES
+    ]
+    assert not found, (
+        "private attributes of another module's class read (give what is shared a public "
+        "name, or an interface object, in the module that owns it):\n" + "\n".join(found)
+    )
+
+
+def test_every_allowed_attribute_is_still_needed() -> None:
+    used = {(name, _attribute(where)) for name, reads in ATTRIBUTES.items() for where in reads}
+    assert set(ALLOWED_PRIVATE_ATTRIBUTES) <= used, set(ALLOWED_PRIVATE_ATTRIBUTES) - used
+
+
+_OWNER = """
+class Jitted:
+    __slots__ = ("_slot",)
+    _level = 1
+    def __init__(self):
+        self._fun = None
+    def _call(self):
+        return self._fun
+"""
+
+
+def test_the_private_names_of_a_module_s_classes_are_read() -> None:
+    assert class_private_names(ast.parse(_OWNER)) == {"_slot", "_level", "_fun", "_call"}
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("jitted._fun", ["line 1: jitted._fun"]),
+        ("self._bound._call()", ["line 1: self._bound._call"]),
+        ("f(x)._level", ["line 1: f(x)._level"]),
+        ("self._fun\ncls._call()", []),  # a class's own
+        ("x._own", []),  # defined in this module
+        ("x.__dict__\nx._fields\njax._src", []),  # a dunder; names no class of ours defines
+    ],
+)
+def test_the_attribute_scan(source: str, found: list[str]) -> None:
+    package = class_private_names(ast.parse(_OWNER)) | {"_own"}
+    assert foreign_attributes(ast.parse(source), {"_own"}, package) == found
 
 
 # --- the checker itself -------------------------------------------------------------------------

@@ -242,8 +242,6 @@ trace_ctx = internal("jax._src.core", "trace_ctx")
 flatten_axes = internal("jax.api_util", "flatten_axes") or internal(
     "jax._src.api_util", "flatten_axes"
 )
-# jit's ahead-of-time stages under alias/strict evaluate the inner trace's jaxpr (public).
-jaxpr_as_fun = internal("jax.extend.core", "jaxpr_as_fun")
 # Retracing explanations (_retrace) read JAX's own switch as JAX does (a context-aware state).
 explain_cache_misses = internal("jax._src.config", "explain_cache_misses")
 
@@ -359,7 +357,6 @@ __all__ = [
     "flatten_one_level_with_keys",
     "internal",
     "is_unspecified",
-    "jaxpr_as_fun",
     "keystr",
     "prefix_errors",
     "registry",

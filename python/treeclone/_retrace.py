@@ -317,6 +317,31 @@ class Record:
         return self.after is not None and self.after != (self.key[0], self.avals)
 
 
+def record_of(key: tuple, leaves: list, layout: Layout) -> Record:
+    """The record of a call outside a trace (its leaves concrete values, each described by
+    its JAX type), for :func:`call_differences`."""
+    avals = []
+    for x in leaves:
+        aval = getattr(x, "aval", None)
+        if aval is None:
+            try:
+                aval = jax.typeof(x)
+            except Exception:  # noqa: BLE001 - a leaf JAX has no type for (a static one)
+                aval = None
+        avals.append(aval)
+    return Record(key, tuple(avals), layout, None)
+
+
+def call_differences(old: Record, new: Record, name: Callable[[int], str]) -> list[tuple[str, str]]:
+    """``(key path or argument, what changed)`` from the call ``old`` to ``new``: the static
+    arguments, the structure, sharing and types of the others, their donation."""
+    return [
+        *static_differences(old.key[1], new.key[1], name),
+        *differences(old.where, new.where),
+        *_donation_differences(old, new),
+    ]
+
+
 class History:
     """The traces of one function under one policy (``jit._Inner``), and what they say."""
 
@@ -362,11 +387,7 @@ class History:
         self.records.append(record)
 
     def _differences(self, old: Record, new: Record) -> list[tuple[str, str]]:
-        return [
-            *static_differences(old.key[1], new.key[1], self.name),
-            *differences(old.where, new.where),
-            *_donation_differences(old, new),
-        ]
+        return call_differences(old, new, self.name)
 
     def _explanation(self, changes: list[tuple[str, str]]) -> str:
         lines = [

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 import jax
 from jax.core import Tracer
 
-from treeclone import _jax_compat, _native
-from treeclone._jax_compat import jaxpr_as_fun as _jaxpr_as_fun
+from treeclone import _native
 from treeclone._lift import (
     Naming,
     argument_names,
@@ -41,7 +39,7 @@ from treeclone._lift import (
 # Public here before the machinery jit shares moved to the lift: still importable from here.
 from treeclone._lift import check_arguments as check_arguments
 from treeclone._lift import is_array as is_array
-from treeclone._lift.bound import BoundArguments
+from treeclone._lift.bound import BoundArguments, JitInterface
 from treeclone._lift.jit_call import CallShape, JitCall
 from treeclone._lift.jit_options import (
     UNSPECIFIED,
@@ -50,15 +48,8 @@ from treeclone._lift.jit_options import (
     inner_cache,
     resolve_arguments,
 )
-from treeclone._lift.jit_trace import (
-    Inner,
-    TraceInfo,
-    end_of_call,
-    finish_lean,
-    fun_name,
-    make_inner,
-    specified,
-)
+from treeclone._lift.jit_stages import StageSource, run, trace
+from treeclone._lift.jit_trace import Inner, finish_lean, make_inner, specified
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -231,23 +222,7 @@ class Jitted(_native.JitCore):
         kwargs: dict,
         bound: BoundArguments | None = None,
     ) -> Any:
-        call = self._prepare(policy, args, kwargs, bound)
-        # While the inner jit runs, its debug info can name the arguments.
-        saved = _native.swap_running_call(call)
-        try:
-            result = call.jitted(call.key, call.donated, *call.kept)
-        finally:
-            _native.swap_running_call(saved)
-        info = result.info
-        outputs = result.leaves
-        if info.static_outputs:  # what the function made that is static under ``traced``
-            outputs = list(outputs)
-            for i, value in info.static_outputs:
-                outputs[i] = value
-        out = end_of_call(self._fun, lambda: call, info, call.leaves, call.objects, outputs)
-        if bound is not None:
-            bound.advance(result.info.next_inputs, call.leaves, outputs)
-        return out
+        return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
 
     def _lean_call(self) -> _native.LeanCall:
         """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
@@ -285,28 +260,32 @@ class Jitted(_native.JitCore):
     # --- the rest of jax.jit's interface --------------------------------------------------------
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(fun).lower(...)``: the computation of ``fun`` itself (nothing written
-        back); a call with the same arguments afterwards does not trace again.
+        """``jax.jit(fun).lower(...)``. Under a policy other than ``clone`` (or with
+        ``traced=``), the computation that runs (with what is written back); compiled, its
+        call does what the jitted call does (docs/semantics.md, "ahead of time").
 
         >>> import jax.numpy as jnp, treeclone
         >>> def push(stack, x):
         ...     stack.append(x)
         ...     return x * 2
-        >>> lowered = treeclone.jit(push, policy="alias").lower([], jnp.ones(2))
-        >>> lowered.compile()([], jnp.ones(2))
+        >>> stack = []
+        >>> compiled = treeclone.jit(push, policy="alias").lower(stack, jnp.ones(2)).compile()
+        >>> compiled(stack, jnp.ones(2))
         Array([2., 2.], dtype=float32)
+        >>> stack
+        [Array([1., 1.], dtype=float32)]
         """
-        return self._ahead_of_time("lower", args, kwargs)
+        return self._stage("lower", args, kwargs)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(fun).trace(...)`` (see :meth:`lower`).
 
         >>> import jax.numpy as jnp, treeclone
         >>> traced = treeclone.jit(jnp.negative, policy="alias").trace(jnp.ones(2))
-        >>> traced.jaxpr
-        { lambda ; a:f32[2]. let b:f32[2] = neg a in (b,) }
+        >>> traced.out_info
+        ShapeDtypeStruct(shape=(2,), dtype=float32)
         """
-        return self._ahead_of_time("trace", args, kwargs)
+        return self._stage("trace", args, kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(fun).eval_shape(...)``: shapes of the outputs; nothing is written back.
@@ -321,63 +300,34 @@ class Jitted(_native.JitCore):
         >>> stack
         []
         """
-        return self._ahead_of_time("eval_shape", args, kwargs)
+        return self._stage("eval_shape", args, kwargs)
 
-    def _ahead_of_time(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """Under clone, jax.jit's. Under another policy, the function is traced once, as the
-        call would trace it (so the call that follows finds that trace in the cache), and the
-        stage returned is that of a stand-in for ``fun`` (its name, signature and options)
-        which evaluates that trace and rebuilds ``fun``'s own result: the same computation as
-        ``jax.jit(fun)``'s, without running ``fun`` a second time."""
-        if self._traced is not None:
-            # jax.jit's stages take only arrays; a stand-in that keeps static leaves out of
-            # them is not built yet.
-            raise NotImplementedError(
-                f"treeclone.jit(..., traced=...).{method} is not supported: call the function "
-                "(it traces and compiles as jax.jit does), or use eqx.filter_jit's stages"
-            )
+    def _stage(
+        self,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        bound: BoundArguments | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> Any:
+        """Under clone, jax.jit's stage. Under another policy (or with ``traced=``), the inner
+        function traced for this call as the call would trace it (so a call with the same
+        arguments afterwards finds the trace cached), in treeclone's stages (``jit_stages``);
+        ``bound`` and ``after``: ``jit_partial``'s (:class:`StageSource`)."""
         policy = policy_override.get() or self._policy
-        if policy is not CLONE and _jaxpr_as_fun:  # (a JAX without it: jax.jit's stages)
-            call = self._prepare(policy, args, kwargs)
-            slots = call.slots_of_jax_leaves()
-            if slots is not None:
-                saved = _native.swap_running_call(call)
-                try:
-                    traced = call.jitted.trace(call.key, call.donated, *call.kept)
-                finally:
-                    _native.swap_running_call(saved)
-                info = _jax_compat.traced_out_tree(traced).node_data()[1]
-                if isinstance(info, TraceInfo) and info.out_sources is not None:
-                    stand_in = self._stand_in(call, traced, info, slots)
-                    return getattr(stand_in, method)(*args, **kwargs)
-        return getattr(self._jax_jitted, method)(*args, **kwargs)
-
-    def _stand_in(self, call: JitCall, traced: Any, info: TraceInfo, slots: list[int]) -> Any:
-        """A jax.jit, with ``fun``'s options, of a function that looks like ``fun`` and
-        computes what the inner function's trace ``traced`` computes."""
-        evaluate = _jaxpr_as_fun(traced.jaxpr)
-        donation, num_slots = call.donation, len(call.leaves)
-
-        def stand_in(*args: Any, **kwargs: Any) -> Any:
-            if self._static_nums or self._static_names:
-                args, kwargs, *_ = self._shape.split_statics(args, kwargs)
-            flat = jax.tree_util.tree_leaves((args, dict(sorted(kwargs.items()))))
-            values: list[Any] = [None] * num_slots
-            for x, s in zip(flat, slots, strict=True):
-                if values[s] is None:
-                    values[s] = x
-            if donation is None:
-                outputs = evaluate(*values)
-            else:  # the inner function's inputs: the donated leaves, then the kept ones
-                outputs = evaluate(*donation.donated(values), *donation.kept(values))
-            result = [outputs[i] if kind == "out" else values[i] for kind, i in info.out_sources]
-            return jax.tree_util.tree_unflatten(info.out_tree, result)
-
-        functools.update_wrapper(stand_in, self._fun)  # signature, name and source of fun
-        stand_in.__name__ = fun_name(self._fun)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # jax.jit warned already
-            return jax.jit(stand_in, **self._kwargs)
+        if policy is CLONE and self._traced is None and bound is None:
+            return getattr(self._jax_jitted, method)(*args, **kwargs)
+        entry = self._inner_entry(policy)
+        source = StageSource(self._fun, self._shape, entry, bound, after)
+        traced = trace(source, args, kwargs)
+        if method == "lower":
+            return traced.lower()
+        if method == "eval_shape":
+            out = traced.out_info
+            if out is None and bound is None:  # leaves that could not be told apart
+                return self._jax_jitted.eval_shape(*args, **kwargs)
+            return out
+        return traced
 
     def clear_cache(self) -> None:
         """Empty the compiled-code caches of every policy (``jax.jit(fun).clear_cache()``).
@@ -415,6 +365,32 @@ class Jitted(_native.JitCore):
 
     def __repr__(self) -> str:
         return f"<treeclone.jit of {self._fun!r} (policy {self._policy!r})>"
+
+    def interface(self) -> JitInterface:
+        """What :func:`treeclone.jit_partial` uses of this function: a
+        :class:`~treeclone._lift.bound.JitInterface` (the package's own interface between the
+        two modules, so that neither reads the other's private attributes).
+
+        >>> import treeclone
+        >>> def scale(x, n):
+        ...     return x * n
+        >>> jitted = treeclone.jit(scale, policy="alias", static_argnums=1)
+        >>> interface = jitted.interface()
+        >>> interface.fun is scale, interface.policy, interface.static_names
+        (True, Policy.alias, frozenset({'n'}))
+        """
+        return JitInterface(
+            fun=self._fun,
+            naming=self._naming,
+            static_nums=self._static_nums,
+            static_names=self._static_names,
+            policy=self._policy,
+            lean_for=self._lean_for,
+            call=self._call_policy,
+            check_cycles=self._check_cycles,
+            cache_size=self._cache_size,
+            stage=self._stage,
+        )
 
 
 # --- the inner function -------------------------------------------------------------------------

@@ -36,11 +36,13 @@ What keeps the cached leaves right (docs/semantics.md, "jit_partial"):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from treeclone import _native
 from treeclone._lift.bound import BoundArguments
+from treeclone._lift.jit_options import parameters
 from treeclone.jit import Jitted, jit
 from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
@@ -60,14 +62,15 @@ class JitPartial(_native.PartialCore):
     """
 
     def __init__(self, jitted: Jitted, bound: tuple):
-        functools.update_wrapper(self, jitted._fun)
         self._jitted = jitted
-        if jitted._static_nums & set(range(len(bound))):
+        self._jit = jit = jitted.interface()
+        functools.update_wrapper(self, jit.fun)
+        if jit.static_nums & set(range(len(bound))):
             raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
-        self._bound = BoundArguments(bound, jitted._naming)
+        self._bound = BoundArguments(bound, jit.naming)
         # Static arguments among the others keep the general path (_prepare splits them out
         # before the join).
-        self._lean_allowed = not (jitted._static_nums or jitted._static_names)
+        self._lean_allowed = not (jit.static_nums or jit.static_names)
         # The native base's __call__ takes jit's lean path while the bound containers are
         # replaced at every call (nothing cached then), else calls _call_bound.
         self._init_partial(jitted, self._bound.args, self._lean_allowed)
@@ -86,31 +89,87 @@ class JitPartial(_native.PartialCore):
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
         bound arguments; the native base learns whether the call replaced bound containers."""
         try:
-            jitted, bound = self._jitted, self._bound
-            policy = policy_override.get() or jitted._policy
+            jit, bound = self._jit, self._bound
+            policy = policy_override.get() or jit.policy
             args = (*bound.args, *args)
-            lean = jitted._lean_for(policy) if self._lean_allowed else None
+            lean = jit.lean_for(policy) if self._lean_allowed else None
             if lean is None:
                 _check_policy(policy)
-                return jitted._call_policy(policy, args, kwargs, bound)
+                return jit.call(policy, args, kwargs, bound)
             # The lean path (Jitted's): the bound arguments joined, then one native call.
             if len(kwargs) > 1:  # keyword order is not part of a call's structure (jax.jit)
                 kwargs = dict(sorted(kwargs.items()))
             try:
                 leaves, sdef, objects = bound.join(args, kwargs)
             except ValueError:
-                jitted._check_cycles(args, kwargs)  # names the argument
+                jit.check_cycles(args, kwargs)  # names the argument
                 raise
             out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
             bound.advance(info.next_inputs, leaves, outputs)
             return out
         finally:
-            self._set_replaced(self._bound.replaced)
+            self._after_call()
+
+    def _after_call(self) -> None:
+        """Tell the native base whether the last call replaced bound containers."""
+        self._set_replaced(self._bound.replaced)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun`` lowered for the bound arguments and these (see
+        :meth:`treeclone.Jitted.lower`): compiled, it is called with the remaining arguments
+        and writes back into the bound ones as a call does.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> def accumulate(state, x):
+        ...     state["total"] = state["total"] + x
+        ...     return state["total"]
+        >>> state = {"total": jnp.zeros(())}
+        >>> compiled = treeclone.jit_partial(accumulate, state).lower(1.0).compile()
+        >>> compiled(1.0), compiled(2.0)
+        (Array(1., dtype=float32), Array(3., dtype=float32))
+        >>> state
+        {'total': Array(3., dtype=float32)}
+        """
+        return self._stage("lower", args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``fun`` traced for the bound arguments and these (see :meth:`lower`).
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> total = treeclone.jit_partial(lambda s, x: s["w"].sum() * x, {"w": jnp.ones(2)})
+        >>> total.trace(3.0).out_info
+        ShapeDtypeStruct(shape=(), dtype=float32)
+        """
+        return self._stage("trace", args, kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The shapes of ``fun``'s outputs for the bound arguments and these; nothing is
+        written back.
+
+        >>> import jax.numpy as jnp, treeclone
+        >>> def push(state, x):
+        ...     state["xs"].append(x)
+        ...     return x * 2
+        >>> state = {"xs": []}
+        >>> treeclone.jit_partial(push, state).eval_shape(jnp.ones(3))
+        ShapeDtypeStruct(shape=(3,), dtype=float32)
+        >>> state
+        {'xs': []}
+        """
+        return self._stage("eval_shape", args, kwargs)
+
+    def _stage(self, method: str, args: tuple, kwargs: dict) -> Any:
+        _check_policy(policy_override.get() or self._jit.policy)
+        bound = self._bound
+        try:
+            return self._jit.stage(method, (*bound.args, *args), kwargs, bound, self._after_call)
+        finally:
+            self._after_call()
 
     def _resume(self) -> None:
         """After a call on the native path (``PartialCore``) that replaced no bound container:
         flatten the bound arguments again, so that the next call uses the cache."""
-        self._bound._flatten()
+        self._bound.flatten()
         self._set_replaced(False)
 
     def clear_cache(self) -> None:
@@ -134,10 +193,10 @@ class JitPartial(_native.PartialCore):
         >>> total._cache_size()
         2
         """
-        return self._jitted._cache_size()
+        return self._jit.cache_size()
 
     def __repr__(self) -> str:
-        return f"<treeclone.jit_partial of {self._jitted._fun!r} (policy {self.policy!r})>"
+        return f"<treeclone.jit_partial of {self._jit.fun!r} (policy {self.policy!r})>"
 
 
 def _check_policy(policy: Policy | ArgPolicies) -> None:
@@ -153,7 +212,7 @@ def jit_partial(
     fun: Callable[..., Any],
     /,
     *bound: Any,
-    policy: PolicySpec = "alias",
+    policy: PolicySpec | None = None,
     **jit_options: Any,
 ) -> JitPartial:
     """``treeclone.jit(fun, policy=..., ...)`` with ``bound`` as its first arguments, flattened
@@ -162,10 +221,15 @@ def jit_partial(
     ``jit_options`` are :func:`treeclone.jit`'s, checked by it (argument numbers count the
     bound arguments).
 
-    Changes made to the bound objects between calls are seen (docs/semantics.md,
-    "jit_partial"); the policy must preserve identity (``alias``, the default, or ``strict``).
-    A dict gives a policy per argument, as for :func:`treeclone.jit`; the arguments it does
-    not name are ``alias`` (this function's default) unless its ``...`` says otherwise.
+    By default the bound arguments are ``alias`` and the call's own arguments ``clone``: a
+    step updates its model and optimizer in place, and what it changes in place in a batch it
+    is given is discarded, with a :class:`treeclone.MutationWarning` at the trace (as
+    ``nnx.jit_partial`` propagates only what it binds), so the caller's batch is never
+    rewritten without a word. A policy (``"alias"``, ``"strict"``) applies to every argument,
+    as for :func:`treeclone.jit`. A dict gives a policy per argument; of the arguments it does
+    not name, the bound ones are ``alias`` and the others ``clone``, unless its ``...`` says
+    otherwise. The policy must preserve identity (not ``clone`` for all). Changes made to the
+    bound objects between calls are seen (docs/semantics.md, "jit_partial").
 
     >>> import jax.numpy as jnp, treeclone
     >>> def accumulate(state, x):
@@ -180,10 +244,49 @@ def jit_partial(
     >>> state["total"] = jnp.zeros(())  # changed outside: the next call sees it
     >>> add(5.0)
     Array(5., dtype=float32)
+    >>> add.policy
+    ArgPolicies({0: 'alias', 'state': 'alias', ...: 'clone'})
     """
-    chosen = as_policy_spec(policy, fun, default="alias")
+    chosen = partial_policy(policy, fun, len(bound))
     _check_policy(chosen)
     return JitPartial(jit(fun, policy=chosen, **jit_options), bound)
 
 
-__all__ = ["JitPartial", "jit_partial"]
+def partial_policy(
+    policy: PolicySpec | None, fun: Callable[..., Any], num_bound: int
+) -> Policy | ArgPolicies:
+    """``jit_partial``'s ``policy=`` made canonical for ``num_bound`` bound arguments: None,
+    the bound ones ``alias`` and the others ``clone``; a dict without ``...``, the same for the
+    arguments it does not name; a policy, or a dict with ``...``, as :func:`treeclone.jit`
+    reads it.
+
+    >>> from treeclone.jit_partial import partial_policy
+    >>> def step(model, optimizer, batch):
+    ...     pass
+    >>> partial_policy(None, step, 2)
+    ArgPolicies({0: 'alias', 1: 'alias', 'model': 'alias', 'optimizer': 'alias', ...: 'clone'})
+    >>> partial_policy({"batch": "strict"}, step, 1)
+    ArgPolicies({0: 'alias', 2: 'strict', 'batch': 'strict', 'model': 'alias', ...: 'clone'})
+    >>> partial_policy("alias", step, 2)
+    Policy.alias
+    """
+    if policy is None:
+        policy = {}
+    if not isinstance(policy, Mapping) or Ellipsis in policy:
+        return as_policy_spec(policy, fun)
+    params = parameters(fun)
+    if params is None:  # unknown signature: every bound position
+        names: list[str | None] = [None] * num_bound
+    else:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [p.name for p in params if p.kind in kinds]
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+            names += [None] * max(0, num_bound - len(names))
+    spec: dict[Any, str | Policy] = dict(policy)
+    for i, name in enumerate(names[:num_bound]):
+        if i not in policy and name not in policy:
+            spec[i] = "alias"
+    return as_policy_spec(spec, fun, default="clone")
+
+
+__all__ = ["JitPartial", "jit_partial", "partial_policy"]

@@ -175,13 +175,13 @@ def test_a_flatten_building_a_container_of_its_children_stays_cached(built, monk
     attributes. The bound arguments stay cached (the dict was flattened at every call
     once)."""
     flattens = collections.Counter()
-    original = bound_module.BoundArguments._flatten
+    original = bound_module.BoundArguments.flatten
 
     def counted(self):
         flattens["bound"] += 1
         original(self)
 
-    monkeypatch.setattr(bound_module.BoundArguments, "_flatten", counted)
+    monkeypatch.setattr(bound_module.BoundArguments, "flatten", counted)
     node = built(jnp.ones(2), jnp.zeros(2))
     p = tc.jit_partial(lambda n, x: (n.w + n.b).sum() * x, node)
     p(1.0), p(1.0)  # the first reads the node's __dict__ first: flattened once more

@@ -204,11 +204,19 @@ def test_donation_with_static_leaves() -> None:
     assert out["name"] == "x"
 
 
-def test_the_ahead_of_time_stages_are_refused_clearly() -> None:
-    jitted = tc.jit(lambda c, x: c["act"](x), policy="alias", traced="arrays")
-    for method in ("lower", "trace", "eval_shape"):
-        with pytest.raises(NotImplementedError, match=f"traced=...\\).{method} is not supported"):
-            getattr(jitted, method)({"act": jnp.tanh}, jnp.ones(2))
+def test_the_ahead_of_time_stages_keep_the_static_leaves() -> None:
+    """``traced=`` with ``lower``/``trace``/``eval_shape``: the stages trace the arrays only;
+    the static leaves reach the function as they are (tests/jit/test_ahead_of_time.py has the
+    rest, against eqx.filter_jit's stages)."""
+    jitted = tc.jit(lambda c, x: (c["act"](x), c["name"]), policy="alias", traced="arrays")
+    model = {"act": jnp.tanh, "name": "m"}
+    out, name = jitted.lower(model, jnp.ones(2)).compile()(model, jnp.ones(2))
+    np.testing.assert_allclose(out, np.tanh(np.ones(2)), rtol=1e-6)
+    assert name == "m"
+    out, name = jitted.trace(model, jnp.ones(2))(model, jnp.ones(2))
+    assert name == "m"
+    shapes, name = jitted.eval_shape(model, jnp.ones(2))
+    assert shapes.shape == (2,) and name == "m"
 
 
 def _consuming_step():

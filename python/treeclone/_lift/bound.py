@@ -2,12 +2,15 @@
 flattens only its own arguments and joins the two structures (``join``), flattening the bound
 ones again only when their snapshot (``rust/bound``) says they changed, and follows the call's
 write-back into them (``advance``). ``treeclone.jit``'s call path (``CallShape.prepare``)
-calls these two methods.
+calls these two methods. And what ``jit_partial`` uses of the jitted function it binds
+(:class:`JitInterface`, made by ``Jitted.interface()``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+from collections.abc import Callable
 from typing import Any
 
 from treeclone import _native
@@ -26,9 +29,10 @@ class BoundArguments:
     def __init__(self, args: tuple, naming: Naming):
         self.args = args
         self.naming = naming
-        self._flatten()
+        self.flatten()
 
-    def _flatten(self) -> None:
+    def flatten(self) -> None:
+        """Flatten the bound arguments (again) and take their snapshot."""
         previous = getattr(self, "sdef", None)
         enabled = gc.isenabled()  # paused while the snapshot is taken (module docstring)
         gc.disable()
@@ -65,7 +69,7 @@ class BoundArguments:
         if self.replaced:
             return _native.flatten_shared((*args, kwargs))
         if not self.snapshot.checkable or not self.snapshot.unchanged():
-            self._flatten()
+            self.flatten()
         n = len(self.args)
         leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
         # Python scalars are values, not tracked (a small int is one object everywhere).
@@ -89,7 +93,7 @@ class BoundArguments:
         if next_inputs is False:  # containers replaced: the next call flattens all (join)
             self.replaced = True
         elif self.stale or self.replaced:
-            self._flatten()
+            self.flatten()
         elif next_inputs is not None:
             index, written = next_inputs
             taker = self.takers.get(index)
@@ -97,3 +101,27 @@ class BoundArguments:
                 taker = self.takers[index] = Taker(index[: len(self.leaves)])
             self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
             self.snapshot.refresh(written, self.leaves)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JitInterface:
+    """What ``jit_partial`` uses of a ``treeclone.Jitted`` (``Jitted.interface()``), so that
+    neither module reads the other's private attributes (``tests/test_import_graph.py``):
+    the user's ``fun``; how its arguments are ``naming``-ed; ``static_nums`` and
+    ``static_names`` (each completed from the other, as jax.jit does); the function's own
+    ``policy``; and its calls: ``lean_for(policy)``, the lean path's native call (None: the
+    general path), ``call(policy, args, kwargs, bound)``, the general path,
+    ``check_cycles(args, kwargs)``, the error naming a cyclic argument, ``cache_size()``, and
+    ``stage(method, args, kwargs, bound, after)``, the ahead-of-time stages (``lower``,
+    ``trace``, ``eval_shape``), ``after`` run after each call of a stage."""
+
+    fun: Callable[..., Any]
+    naming: Naming
+    static_nums: frozenset[int]
+    static_names: frozenset[str]
+    policy: Any
+    lean_for: Callable[[Any], Any]
+    call: Callable[..., Any]
+    check_cycles: Callable[[tuple, dict], None]
+    cache_size: Callable[[], int]
+    stage: Callable[..., Any]

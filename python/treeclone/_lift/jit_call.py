@@ -11,8 +11,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
 from treeclone import _native
 from treeclone._lift.arguments import StaticLeaves, check_cycles, normalize
 from treeclone._lift.boxes import take
@@ -124,22 +122,6 @@ class JitCall:
     def slot_names(self, naming: Naming) -> list[str]:
         """For each distinct leaf, its key path as jax.jit names it (the first place it is in)."""
         return name_slots(self.named_arguments(naming), self.leaves)
-
-    def slots_of_jax_leaves(self) -> list[int] | None:
-        """The distinct leaf of each leaf of the arguments as jax flattens them, or None when
-        they do not correspond (a node whose flatten makes new leaves each time)."""
-        where: dict[int, list[int]] = {}
-        for s, leaf in enumerate(self.leaves):
-            where.setdefault(id(leaf), []).append(s)
-        seen: dict[int, int] = {}
-        slots = []
-        for leaf in jax.tree_util.tree_leaves((self.args, self.kwargs)):
-            candidates = where.get(id(leaf))
-            if candidates is None:
-                return None
-            k = seen[id(leaf)] = seen.get(id(leaf), -1) + 1
-            slots.append(candidates[min(k, len(candidates) - 1)])
-        return slots if len(set(slots)) == len(self.leaves) else None
 
 
 def lean_call_record(call: tuple) -> JitCall:

@@ -1,0 +1,291 @@
+"""The end of every ``treeclone.jit`` call under a policy (:func:`run`), and its ahead-of-time
+stages: ``jitted.trace(...)``, ``.lower(...)`` and ``.compile()`` give :class:`Traced`,
+:class:`Lowered` and :class:`Compiled`, each holding the stage of the inner ``jax.jit`` made
+for one call (:class:`StagedCall`).
+
+A stage is the computation that runs, so it is traced, lowered and compiled once: calling a
+traced or compiled stage is the jitted call with the stage in place of the inner jit (the
+same ``CallShape.prepare``, the same :func:`run`: the plan's write-back, strict's arrays, the
+static leaves put back, ``jit_partial``'s cache followed), for arguments of the structure,
+sharing, static values and static leaves it was made for (another is a TypeError saying what
+differs). JAX's introspection (``as_text``, ``cost_analysis``, ``memory_analysis``,
+``compiler_ir``, ``jaxpr``, ...) is that of the stage; ``args_info``, ``in_tree``,
+``out_tree`` and ``out_info`` are in the user's structure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from treeclone import _jax_compat, _native, _retrace, _trace
+from treeclone._lift.bound import BoundArguments
+from treeclone._lift.jit_call import CallShape, JitCall, from_jit_order
+from treeclone._lift.jit_trace import Inner, TraceInfo, end_of_call, fun_name
+
+
+def run(
+    fun: Callable, call: JitCall, bound: BoundArguments | None = None, stage: Any = None
+) -> Any:
+    """Run a prepared call (``CallShape.prepare``) and end it: its inner jit, or ``stage`` (a
+    traced or compiled stage of that jit made for a call like it), then the plan
+    (:func:`end_of_call`) with the static outputs put back, and ``bound``'s cache advanced."""
+    # While the inner jit runs, its debug info can name the arguments.
+    saved = _native.swap_running_call(call)
+    try:
+        if stage is None:
+            result = call.jitted(call.key, call.donated, *call.kept)
+        else:
+            result = stage(call.donated, *call.kept)
+    finally:
+        _native.swap_running_call(saved)
+    info = result.info
+    outputs = result.leaves
+    if info.static_outputs:  # what the function made that is static under ``traced``
+        outputs = list(outputs)
+        for i, value in info.static_outputs:
+            outputs[i] = value
+    out = end_of_call(fun, lambda: call, info, call.leaves, call.objects, outputs)
+    if bound is not None:
+        bound.advance(info.next_inputs, call.leaves, outputs)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageSource:
+    """What the stages of a jitted function under one policy need: the user's ``fun``, how
+    its calls are taken apart (``shape``), its inner function and ``jax.jit`` (``entry``); for
+    ``jit_partial``, the ``bound`` arguments and what to do after each call (``after``)."""
+
+    fun: Callable
+    shape: CallShape
+    entry: tuple[Inner, Any]
+    bound: BoundArguments | None = None
+    after: Callable[[], None] | None = None
+
+
+def trace(source: StageSource, args: tuple, kwargs: dict) -> Traced:
+    """``jitted.trace(*args, **kwargs)``: the inner jit traced for this call, as the call
+    would trace it (so a call with the same arguments afterwards finds the trace cached)."""
+    call = source.shape.prepare(source.entry, args, kwargs, source.bound)
+    saved = _native.swap_running_call(call)
+    try:
+        traced = call.jitted.trace(call.key, call.donated, *call.kept)
+    finally:
+        _native.swap_running_call(saved)
+    info = _jax_compat.traced_out_tree(traced).node_data()[1]
+    assert isinstance(info, TraceInfo)
+    return Traced(StagedCall(source, call, info), traced)
+
+
+def _layout(call: JitCall, naming: Any) -> _trace.Layout:
+    return _trace.Layout(len(call.args), [naming.name(i) for i in call.positions], call.positions)
+
+
+class StagedCall:
+    """The call a stage was made for: its key (structure with sharing, static arguments,
+    donation, static leaves), what its trace recorded (``info``), and a record of its
+    arguments' types by key path (``_retrace``) for the error of a call that differs. Holds
+    none of the caller's objects or arrays."""
+
+    __slots__ = ("info", "key", "num_args", "num_bound", "record", "source")
+
+    def __init__(self, source: StageSource, call: JitCall, info: TraceInfo):
+        self.source, self.key, self.info = source, call.key, info
+        self.num_args = len(call.args)
+        self.num_bound = 0 if source.bound is None else len(source.bound.args)
+        self.record = _retrace.record_of(call.key, call.leaves, _layout(call, source.shape.naming))
+
+    def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
+        """The jitted call, with ``stage`` computing: ``args`` and ``kwargs`` are the dynamic
+        arguments (the static ones were fixed when the stage was made, as under jax.jit)."""
+        source = self.source
+        try:
+            if source.bound is not None:
+                args = (*source.bound.args, *args)
+            args, kwargs = self._with_statics(args, kwargs)
+            call = source.shape.prepare(source.entry, args, kwargs, source.bound)
+            if call.key != self.key:
+                raise TypeError(self._mismatch(call))
+            return run(source.fun, call, source.bound, stage)
+        finally:
+            if source.after is not None:
+                source.after()
+
+    def _with_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call's arguments with the static ones the stage was made for put back."""
+        statics = self.key[1]
+        if statics is None:
+            return args, kwargs
+        _, positional, keyword = statics
+        for k, *_ in keyword:
+            if k in kwargs:
+                raise TypeError(
+                    f"{fun_name(self.source.fun)}: the static argument {k!r} was fixed when "
+                    "the stage was made; call it with the other arguments only (as jax.jit's)"
+                )
+        fixed = {i: v for i, _, v in positional}
+        given, full = list(args), list[Any]()
+        while given or len(full) in fixed:  # (fewer arguments: the key differs, said then)
+            full.append(fixed[len(full)] if len(full) in fixed else given.pop(0))
+        return tuple(full), {**kwargs, **{k: v for k, _, v in keyword}}
+
+    def _mismatch(self, call: JitCall) -> str:
+        """What differs between the call the stage was made for and ``call``."""
+        naming = self.source.shape.naming
+        new = _retrace.record_of(call.key, call.leaves, _layout(call, naming))
+        changes = _retrace.call_differences(self.record, new, naming.name)
+        old_static, new_static = self.key[3], call.key[3]
+        if self.key[0] == call.key[0] and old_static != new_static:
+            before = {} if old_static is None else {s: v for s, _, v in old_static.entries}
+            after = {} if new_static is None else {s: v for s, _, v in new_static.entries}
+            changes += [
+                (new.slot_paths[s], f"static leaf changed from {before.get(s)!r} to {v!r}")
+                for s, v in after.items()
+                if s not in before or not _trace.same_data(before[s], v)
+            ]
+        lines = [
+            f"{fun_name(self.source.fun)} was traced, lowered and compiled ahead of time for "
+            "arguments that differ from these (their structure, sharing, static values and "
+            "static leaves are part of the compiled code, as the structure is under jax.jit):"
+        ]
+        lines += [f"  * {p}: {text}" if p else f"  * {text}" for p, text in changes] or [
+            "  * the arguments' structure"
+        ]
+        lines.append(
+            "Lower and compile again for these arguments, or call the jitted function itself "
+            "(it traces and compiles for new arguments as needed)."
+        )
+        if self.key[1] is not None:
+            lines.append(
+                "A stage takes the arguments that are not static (static_argnums, "
+                "static_argnames), as jax.jit's stages do."
+            )
+        return "\n".join(lines)
+
+    def slots(self, stage: Any, of: str = "args_info") -> list:
+        """Per distinct leaf: the stage's ``ArgInfo`` (``of="in_avals"``: its aval), the
+        static leaves as they are."""
+        (donated, *kept), _ = getattr(stage, of)
+        donation, static = self.key[2], self.key[3]
+        return from_jit_order(kept, donated, None if donation is None else donation.keep, static)
+
+    def args_info(self, stage: Any, of: str = "args_info") -> Any:
+        """``(args, kwargs)`` of the dynamic arguments (those after the bound ones), each leaf
+        its ``ArgInfo`` (``of="in_avals"``: its aval), a static leaf as it is."""
+        root = self.key[0].unflatten(self.slots(stage, of))
+        return tuple(root[self.num_bound : self.num_args]), root[self.num_args]
+
+    def out_info(self, stage: Any) -> Any:
+        """The function's result, each array a ``jax.ShapeDtypeStruct`` (None: not worked out
+        for this result)."""
+        info = self.info
+        if info.out_sources is None:
+            return None
+        outputs = [_as_shape(x) for x in stage.out_info.leaves]
+        for i, value in info.static_outputs:
+            outputs[i] = value
+        inputs = self.slots(stage, "in_avals")
+        static = () if self.key[3] is None else self.key[3].slots
+        for s, aval in enumerate(inputs):
+            if s not in static:  # (a static leaf is returned as it is)
+                inputs[s] = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+        result = [(outputs if kind == "out" else inputs)[i] for kind, i in info.out_sources]
+        return jax.tree_util.tree_unflatten(info.out_tree, result)
+
+
+def _as_shape(x: Any) -> Any:
+    """An output's description as a ``jax.ShapeDtypeStruct`` (JAX before 0.7 describes a
+    traced stage's outputs with its own ``OutInfo``); None (a static output's place) as it
+    is."""
+    if x is None or isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    weak_type = getattr(x, "weak_type", False)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=weak_type)
+
+
+class _Stage:
+    """What every stage has: the user's view of its arguments and result; everything else is
+    the stage of the inner ``jax.jit`` (``as_text``, ``cost_analysis``, ``compiler_ir``,
+    ``memory_analysis``, ``jaxpr``, ...), passed through, in the inner computation's own
+    terms where it has a structure (``input_shardings``: its parameters are the distinct
+    leaves, the donated ones first)."""
+
+    __slots__ = ("_made", "_stage")
+
+    def __init__(self, made: StagedCall, stage: Any):
+        self._made, self._stage = made, stage
+
+    @property
+    def args_info(self) -> Any:
+        """The arguments' ``jax.stages.ArgInfo`` (shape, dtype, donated), in their structure."""
+        return self._made.args_info(self._stage)
+
+    @property
+    def in_tree(self) -> Any:
+        """The structure of ``(args, kwargs)``, the static arguments left out."""
+        return jax.tree_util.tree_structure(self.args_info)
+
+    @property
+    def in_avals(self) -> Any:
+        """The arguments' avals, in their structure."""
+        return self._made.args_info(self._stage, "in_avals")
+
+    @property
+    def donate_argnums(self) -> tuple[int, ...]:
+        """The donated leaves' indices among ``in_tree``'s leaves."""
+        leaves = jax.tree_util.tree_leaves(self.args_info)
+        return tuple(i for i, x in enumerate(leaves) if getattr(x, "donated", False))
+
+    @property
+    def out_tree(self) -> Any:
+        """The structure of the function's result."""
+        return self._made.info.out_tree
+
+    @property
+    def out_info(self) -> Any:
+        """The function's result as ``jax.ShapeDtypeStruct``s (``jitted.eval_shape``'s)."""
+        return self._made.out_info(self._stage)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in _Stage.__slots__:  # not set yet (a copy)
+            raise AttributeError(name)
+        return getattr(self._stage, name)
+
+    def __repr__(self) -> str:
+        return f"<treeclone {type(self).__name__} of {fun_name(self._made.source.fun)}>"
+
+
+class Traced(_Stage):
+    """``jitted.trace(...)``: :meth:`lower` it; called, it evaluates the trace as the jitted
+    call (write-back included), as ``jax.stages.Traced``'s call evaluates its jaxpr."""
+
+    __slots__ = ()
+
+    def lower(self, **kwargs: Any) -> Lowered:
+        return Lowered(self._made, self._stage.lower(**kwargs))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._made.call(self._stage, args, kwargs)
+
+
+class Lowered(_Stage):
+    """``jitted.lower(...)``: :meth:`compile` it."""
+
+    __slots__ = ()
+
+    def compile(self, *args: Any, **kwargs: Any) -> Compiled:
+        return Compiled(self._made, self._stage.compile(*args, **kwargs))
+
+
+class Compiled(_Stage):
+    """``jitted.lower(...).compile()``: called, it is the jitted call (write-back, strict's
+    checks, static leaves, identity) running this executable."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._made.call(self._stage, args, kwargs)
