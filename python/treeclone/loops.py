@@ -42,15 +42,8 @@ import jax
 
 from treeclone import _lift
 from treeclone._lift import Naming, reporting
-from treeclone._lift.loop_call import (
-    NAMINGS,
-    STAND_INS,
-    XS_NAMING,
-    LoopCall,
-    LoopPlan,
-    SliceWatch,
-    check_shared,
-)
+from treeclone._lift.loop_call import LoopCall, LoopPlan
+from treeclone._lift.loop_rules import NAMINGS, STAND_INS, XS_NAMING, SliceWatch, check_shared
 from treeclone._trace import qualname
 from treeclone.policies import (
     CLONE,
