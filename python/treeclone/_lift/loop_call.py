@@ -29,9 +29,11 @@ from treeclone._lift.loop_rules import (
     UNRETURNED_REMEDY,
     changed,
     containers,
+    not_a_jax_type,
     same_structure,
     shallow_changes,
     snapshot,
+    split_static,
     stand_in,
     structure_difference,
 )
@@ -70,12 +72,25 @@ class LoopCall:
     the lift as one call (``call``: ``(init,)``, or scan's ``(init, xs)`` when ``xs`` is
     written back), the slots the JAX loop carries (``carried``) and scans over (``scanned``).
     ``fun``: the user's body (for messages); ``policy``: the lift's; ``policies``: each
-    argument's."""
+    argument's; ``traced``: the ``traced=`` rule (resolved): the leaves it rejects
+    (``call.static``) are the loop's constants, as ``eqx.partition``'s static part closed
+    over a JAX loop: the JAX loop carries None in their place, and the body must leave each
+    as it is (an equal value, of the same type) at every iteration."""
 
-    def __init__(self, api: str, fun: Any, args: tuple, policy: Any, policies: tuple):
+    def __init__(
+        self,
+        api: str,
+        fun: Any,
+        args: tuple,
+        policy: Any,
+        policies: tuple,
+        traced: Callable[[Any], bool] | None = None,
+    ):
         self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
-        self.naming = NAMINGS[api]
-        self.call = flatten_call(self.naming, args, {})
+        self.naming, self.traced = NAMINGS[api], traced
+        self.call = flatten_call(self.naming, args, {}, traced=traced)
+        static = self.call.static
+        self.static: frozenset[int] = frozenset() if static is None else static.slots
         self.names = [self.naming.name(i) for i in range(len(args))]
         self.layout = _trace.Layout(len(args), self.names)
         self.info: list[Any] = self.call.sdef.node_info()
@@ -88,21 +103,21 @@ class LoopCall:
         self._paths: dict[int, str] | None = None
         # An array in both init and xs: one slot cannot be both carried and scanned (scan
         # then leaves xs out of the call; see ``SliceWatch``).
-        self.shared = set(self.carried) & set(self.scanned)
+        self.shared = set(self.carried) & set(self.scanned) - self.static
         self._check_leaves()
 
     def _check_leaves(self) -> None:
         scanned = set(self.scanned)
-        avals = []
+        avals: list[Any] = []
         for s, leaf in enumerate(self.call.leaves):
+            if s in self.static:
+                avals.append(None)  # the key has it: ``call.static``
+                continue
             try:
                 avals.append(_aval(leaf))
             except TypeError:
-                raise TypeError(
-                    f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
-                    f"a valid JAX type, cannot be {'scanned' if s in scanned else 'carried'} "
-                    "by a loop"
-                ) from None
+                where, verb = self.slot_path(s), "scanned" if s in scanned else "carried"
+                raise TypeError(not_a_jax_type(where, leaf, verb, self.traced)) from None
         self.avals = tuple(avals)
 
     def path(self, n: int) -> str:
@@ -127,7 +142,7 @@ class LoopCall:
     def debug_names(self, params: list[str]) -> list[str]:
         """Each carried (then scanned) leaf's key path, the arguments named ``params``."""
         names = self.call.slot_names(Naming(stand_in("body", tuple(params))))
-        return [names[s] for s in (*self.carried, *self.scanned)]
+        return [names[s] for s in (*self.carried, *self.scanned) if s not in self.static]
 
     # -- at trace time, in the JAX loop's body ----------------------------------------------------
 
@@ -137,9 +152,7 @@ class LoopCall:
         ``xs``). Returns the carry's new leaves, the other results and the new rows of the
         ``xs`` leaves the body changes; records the plan (``record``). ``watch``: scan's slice
         of an ``xs`` not written back, whose unreturned changes it checks."""
-        in_leaves: list = [None] * len(self.call.leaves)
-        for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
-            in_leaves[s] = leaf
+        in_leaves = self._in_leaves(carry, rows)
         found: dict[str, Any] = {}
 
         def lifted(*args: Any) -> Any:
@@ -160,23 +173,45 @@ class LoopCall:
         _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
         if watch is not None:
             watch.check(self.fun, (found["new"], found["others"]))
-        new_slots = self._check(in_leaves, objs, watched, found["new"])
+        kept_static: dict[int, int] = {}  # the body's static leaf (by id) -> the slot it keeps
+        new_slots = self._check(in_leaves, objs, watched, found["new"], kept_static)
         traced = called.diff()
         plan = traced.plan(forced=_forced(traced, in_leaves, new_slots))
         where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
         where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
+        where.update({k: len(new_slots) + s for k, s in kept_static.items()})
         stacked = tuple(s for s in self.scanned if new_slots[s] is not in_leaves[s])
         # An output found in neither is a new value in a container of an argument left alone
         # (policy clone in a call mixing policies): built fresh and dropped, any value will do.
         self.record = LoopPlan(plan.plan, tuple(where.get(id(o), 0) for o in plan.outputs), stacked)
         new_rows = [new_slots[s] for s in stacked]
-        return [new_slots[s] for s in self.carried], found["others"], new_rows
+        others = found["others"]
+        if self.traced is not None and others is not None:
+            others = split_static(others, self.traced)
+        return self.inputs_of(new_slots, self.carried), others, new_rows
 
-    def _check(self, in_leaves: list, objs: list, watched: dict, new: tuple) -> list:
+    def _in_leaves(self, carry: Any, rows: Any) -> list:
+        """The call's leaves rebuilt from the JAX loop's ``carry`` and ``rows`` (scan's
+        slices of ``xs``), the static ones (``traced=``) back in their slots."""
+        in_leaves: list = [None] * len(self.call.leaves)
+        for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
+            in_leaves[s] = leaf
+        for s in self.static:
+            in_leaves[s] = self.call.leaves[s]
+        return in_leaves
+
+    def inputs_of(self, values: list, slots: list[int]) -> list:
+        """``values`` (one per slot) of ``slots``, as the JAX loop carries them: None for a
+        static one."""
+        return [None if s in self.static else values[s] for s in slots]
+
+    def _check(
+        self, in_leaves: list, objs: list, watched: dict, new: tuple, kept_static: dict
+    ) -> list:
         """The loop's rules for what the body returns (``new``, one per argument): it keeps
         the structure and types of the call, and each container is the input container at the
         same place (updated in place) or a new one (the input one unchanged). Returns the new
-        value of each slot."""
+        value of each slot (see :meth:`_new_slots` for ``kept_static``)."""
         after = flatten_call(self.naming, new, {})
         new_info: list[Any] = after.sdef.node_info()
         if not same_structure(self.info, new_info, self.unstable):
@@ -200,11 +235,15 @@ class LoopCall:
             self._raise_unreturned(objs, watched, bad)
         else:
             self._check_outside_attributes(objs, watched, touched, new_info, after.objects)
-        return self._new_slots(new_info, after.leaves, in_leaves)
+        return self._new_slots(new_info, after.leaves, in_leaves, kept_static)
 
-    def _new_slots(self, new_info: list, new_leaves: list, in_leaves: list) -> list:
+    def _new_slots(
+        self, new_info: list, new_leaves: list, in_leaves: list, kept_static: dict
+    ) -> list:
         """Each slot's new value (the body's leaf at its place), checked: one array of the
-        call stays one, and keeps its shape and dtype."""
+        call stays one, and keeps its shape and dtype; a static leaf (``traced=``) stays equal
+        and is the call's own (the body's equal object is put in ``kept_static``: its id ->
+        the slot)."""
         values: dict[int, Any] = {}
         for n, (e_in, e_out) in enumerate(zip(self.info, new_info, strict=True)):
             if isinstance(e_in, LeafInfo):
@@ -217,9 +256,17 @@ class LoopCall:
                         "arrays (a copy at one of the places) to let them differ."
                     )
                 values[s] = value
+        for s in self.static:
+            value = values[s]
+            if value is not in_leaves[s]:
+                self._check_static(s, in_leaves[s], value)
+                kept_static[id(value)] = s
+                values[s] = in_leaves[s]
         new_slots = [values[s] for s in range(len(self.call.leaves))]
         scanned = set(self.scanned)
         for s, (old, new) in enumerate(zip(in_leaves, new_slots, strict=True)):
+            if s in self.static:
+                continue
             a, b = _aval(old), _aval(new)
             if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
                 if s in scanned:
@@ -235,6 +282,21 @@ class LoopCall:
                     "carry's types must be the same at every iteration"
                 )
         return new_slots
+
+    def _check_static(self, s: int, old: Any, new: Any) -> None:
+        """A static leaf of the call (``traced=``) that the body changed: a ValueError naming
+        its key path (a JAX loop's constants are the same at every iteration)."""
+        try:
+            same = type(new) is type(old) and bool(new == old)
+        except Exception:  # noqa: BLE001 - not comparable: not the same value
+            same = False
+        if not same:
+            raise ValueError(
+                f"{qualname(self.fun)} changed {self.slot_path(s)} from {old!r} to {new!r}: a "
+                "leaf that traced= leaves static is a constant of the loop, the same at every "
+                "iteration (as eqx.partition's static part closed over a JAX loop). Make it an "
+                "array (traced), or keep it and return another value apart from the carry."
+            )
 
     def _check_outside_attributes(
         self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
@@ -260,7 +322,7 @@ class LoopCall:
     def check_untouched(self, fun: Any, slots: Any) -> Any:
         """Run ``fun`` (while_loop's condition) on the carry rebuilt from ``slots``, which it
         may not change."""
-        root, objs = self.call.sdef.unflatten_nodes(list(slots))
+        root, objs = self.call.sdef.unflatten_nodes(self._in_leaves(slots, []))
         watched = snapshot(objs, self.info, self.skip)
         callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
         out = fun(root[0])
@@ -348,7 +410,8 @@ class LoopCall:
             return self.call.args[0]
         final = list(leaves)
         for s, value in zip((*self.carried, *record.stacked), (*carry, *rows), strict=True):
-            final[s] = value
+            if s not in self.static:
+                final[s] = value
         pool = final + leaves
         out = record.plan.apply(leaves, self.call.objects, [pool[g] for g in record.gather])
         return out if len(self.call.args) == 1 else out[0]

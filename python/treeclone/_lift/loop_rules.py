@@ -12,10 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+from jax.core import Tracer
 
 from treeclone import _trace
-from treeclone._lift.arguments import flatten_call
+from treeclone._lift.arguments import StaticLeaves, flatten_call
+from treeclone._lift.boxes import ArgsBox, Out, Record, StaticOut
 from treeclone._lift.naming import Naming
+from treeclone._lift.runner import with_static
 from treeclone._native import EntryInfo
 from treeclone._trace import qualname
 from treeclone.policies import Policy
@@ -31,9 +34,15 @@ __all__ = [
     "changed",
     "check_shared",
     "containers",
+    "join_static",
+    "not_a_jax_type",
+    "raise_not_a_jax_type",
     "same_structure",
     "shallow_changes",
+    "slice_of",
     "snapshot",
+    "split_static",
+    "split_xs",
     "stand_in",
     "structure_difference",
 ]
@@ -250,3 +259,76 @@ def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) ->
                     f"(policy {b}): one container cannot be both written back and left alone. "
                     "Pass it through one argument, or give both arguments one policy."
                 )
+
+
+# --- traced=: the leaves a loop leaves static ----------------------------------------------------
+
+
+def not_a_jax_type(where: str, leaf: Any, verb: str, traced: Any) -> str:
+    """The message for a leaf at ``where`` that is not a JAX type, ``verb`` (carried or
+    scanned) by a loop; without a ``traced=`` rule, it names the one that leaves it static.
+
+    >>> from treeclone._lift.loop_rules import not_a_jax_type
+    >>> not_a_jax_type("init.act", abs, "carried", None)[:60]
+    'init.act: a value of type builtin_function_or_method, which '
+    """
+    text = (
+        f"{where}: a value of type {type(leaf).__name__}, which is not a valid JAX type, "
+        f"cannot be {verb} by a loop"
+    )
+    if traced is None:
+        text += (
+            '. Pass traced="arrays" to the loop to leave every leaf that is not an array '
+            "static, a constant of the loop (as eqx.partition around a JAX loop does)"
+        )
+    return text
+
+
+def raise_not_a_jax_type(error: TypeError, names: tuple[str, ...], args: tuple) -> None:
+    """Under ``clone`` (JAX's own loop): when ``error`` is JAX's for a leaf of ``args`` (named
+    ``names``) that is not a JAX type, the TypeError :func:`not_a_jax_type` words, naming
+    its key path; else nothing (the caller raises ``error``)."""
+    for name, arg in zip(names, args, strict=True):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            try:
+                jax.api_util.shaped_abstractify(leaf)
+            except TypeError:
+                where = name + jax.tree_util.keystr(path)
+                verb = "scanned" if name == "xs" else "carried"
+                raise TypeError(not_a_jax_type(where, leaf, verb, None)) from error
+
+
+def split_static(tree: Any, traced: Any) -> Out:
+    """A loop's result ``tree`` (scan's ``y``) in an :class:`Out`: the leaves ``traced``
+    rejects are kept in its record as they are, out of JAX's sight (never stacked, as
+    ``eqx.filter_vmap`` returns a static output); :func:`join_static` rebuilds the tree."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    kept = [x if isinstance(x, Tracer) or traced(x) else StaticOut(x) for x in leaves]
+    return Out(Record(None, treedef), kept)
+
+
+def join_static(out: Out) -> Any:
+    """The tree :func:`split_static` split, its static leaves back."""
+    return out.record.extra.unflatten(out.leaves)
+
+
+def split_xs(xs: Any, traced: Any) -> ArgsBox:
+    """Scan's ``xs`` (not written back) as the JAX loop scans it: its leaves, each that
+    ``traced`` rejects None (the same in every slice, never sliced), in an :class:`ArgsBox`
+    keyed on the structure and the static leaves (hashed, as ``jit`` hashes them; an
+    unhashable one is the TypeError naming its key path); :func:`slice_of` rebuilds a slice."""
+    leaves, treedef = jax.tree_util.tree_flatten(xs)
+    static = StaticLeaves.of(leaves, traced, (xs,), {}, XS_NAMING)
+    kept = (
+        leaves
+        if static is None
+        else [None if s in static.slots else x for s, x in enumerate(leaves)]
+    )
+    return ArgsBox(kept, (treedef, static))
+
+
+def slice_of(box: ArgsBox) -> Any:
+    """The slice of ``xs`` the body is given, from the JAX loop's slice of :func:`split_xs`'s
+    box."""
+    treedef, static = box.key
+    return treedef.unflatten(with_static(box.leaves, static))

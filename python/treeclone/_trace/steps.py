@@ -26,6 +26,7 @@ from treeclone._native import Source
 from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
     mutation_lines,
+    policy_name,
     raise_mutation_error,
     raise_outside_attribute,
     raise_static_mutation,
@@ -245,7 +246,7 @@ class Called:
         if lost and not report_off(None):
             lines = mutation_lines(lost, req.sdef, p.objs, req.layout)
             if p.node_policy is None:
-                report_discarded(req.fun, lines, None, repr(req.policy))
+                report_discarded(req.fun, lines, None, policy_name(req.policy))
             else:
                 report_discarded(req.fun, lines, None, "'clone' (chosen for these arguments)")
 
