@@ -23,6 +23,7 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._native import Source
+from treeclone._trace.consumed import take_successors
 from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
     mutation_lines,
@@ -179,9 +180,20 @@ class Called:
             for k, (o, e) in enumerate(zip(p.objs, p.info, strict=True))
             if isinstance(e, NodeInfo) and e.node_type is not NoneType
         }
-        post = flatten_after(p.root, self.out, p.objs, container_index)
+        try:
+            post = flatten_after(p.root, self.out, p.objs, container_index)
+            handed_over = None
+        except Exception:
+            # An input the function consumed (equinox's State once set): it takes its
+            # successor's contents (``consumed``), then everything reads again.
+            handed_over = take_successors(p, self.out, container_index)
+            if handed_over is None:
+                raise
+            post = flatten_after(p.root, self.out, p.objs, container_index)
         post_info = post[1].node_info()
         returned = returned_nodes(post_info, post[2], container_index)
+        if handed_over:
+            returned |= handed_over  # a successor returned returns the input it replaced
         origin_of, origin_node, mutated = self._container_writes(post, post_info, container_index)
         self._check_unreturned(mutated, returned)
         if p.node_policy is not None:  # only alias's containers keep an origin
