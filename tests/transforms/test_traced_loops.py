@@ -342,3 +342,51 @@ def test_a_static_leaf_that_changes_between_calls_is_a_new_trace(policy):
     assert float(relu["w"]) == float(again["w"]) == 0.0
     np.testing.assert_allclose(tanh["w"], np.tanh(np.tanh(-1.0) - 1.0), rtol=1e-6)
     assert len(traces) > count
+
+
+class _Counter(eqx.Module):
+    """A StateIndex counter: it sets its State itself (``state.set`` consumes the old one)."""
+
+    index: eqx.nn.StateIndex
+    name: str
+
+    def __init__(self) -> None:
+        self.index = eqx.nn.StateIndex(jnp.zeros((), jnp.int32))
+        self.name = "counter"
+
+    def __call__(self, x: jax.Array, state: eqx.nn.State) -> tuple[jax.Array, eqx.nn.State]:
+        n = state.get(self.index) + 1
+        return x * n, state.set(self.index, n)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("traced", [None, "arrays"])
+def test_a_body_that_consumes_an_equinox_state_in_its_carry_is_jax_lax_scans(policy, traced):
+    """The body threads an ``eqx.nn.State`` a layer sets (the old State left unreadable):
+    a new State at its place, the caller's State left as it was and readable (rule L3), the
+    results ``jax.lax.scan``'s (the State holds arrays only) under every policy."""
+    counter, state = eqx.nn.make_with_state(_Counter)()
+
+    def body(carry: tuple, x: jax.Array) -> tuple[tuple, jax.Array]:
+        total, state = carry
+        y, state = counter(x, state)
+        return (total + y, state), y
+
+    init = (jnp.zeros(()), state)
+    (want_total, want_state), want_ys = jax.lax.scan(body, init, jnp.arange(1.0, 4.0))
+    (total, new), ys = tc.scan(
+        body, init, jnp.arange(1.0, 4.0), policy=_policy(policy, "scan"), traced=traced
+    )
+    np.testing.assert_allclose(ys, want_ys)
+    np.testing.assert_allclose(total, want_total)
+    assert int(new.get(counter.index)) == int(want_state.get(counter.index)) == 3
+    assert int(state.get(counter.index)) == 0  # the caller's: as it was, readable
+
+    def fori_body(i: Any, carry: tuple) -> tuple:
+        return body(carry, i.astype(jnp.float32))[0]
+
+    total, new = tc.fori_loop(0, 4, fori_body, init, policy=_policy(policy, "fori"), traced=traced)
+    assert int(new.get(counter.index)) == 4 and float(total) == float(
+        sum(i * (i + 1) for i in range(4))
+    )
+    assert int(state.get(counter.index)) == 0

@@ -171,6 +171,10 @@ class LoopCall:
         callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
         called = prepared.call()
         _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
+        # A carry container the body consumed (equinox's State once set) and replaced by its
+        # successor: a new object at its place, the input as it was (rule L3).
+        index = {id(objs[k]): k for k in containers(self.info, self.skip)}
+        _trace.take_successors(prepared, found["new"], index, before=watched)
         if watch is not None:
             watch.check(self.fun, (found["new"], found["others"]))
         kept_static: dict[int, int] = {}  # the body's static leaf (by id) -> the slot it keeps

@@ -22,6 +22,7 @@ computation must output. One module per concern:
 This module is the package's API for the rest of treeclone.
 """
 
+from treeclone._trace.consumed import take_successors
 from treeclone._trace.discards import ReportingDiscards, reporting_discards
 from treeclone._trace.messages import (
     mutation_error,
@@ -74,6 +75,7 @@ __all__ = [
     "run",
     "same_data",
     "shallow_state",
+    "take_successors",
     "unstable_static_data",
     "watch_callers",
 ]

@@ -14,6 +14,11 @@ returning the consumed input (``strict`` accepts it). Without one successor: ``c
 the input as it was (``jax.jit`` accepts the step: its copy was consumed), ``strict`` raises
 its ``MutationError`` (the change is not returned) and ``alias`` a ``ValueError`` (the change
 cannot reach the caller's object), each naming the key path.
+
+A loop carries a new object at the place of a consumed carry container (``before``: the
+carry's shallow state before the body ran): the consumed input is then put back as it was
+(rule L3: the body built a new object there, and the input is unchanged), as
+``eqx.partition`` around ``jax.lax.scan`` leaves the caller's State.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from treeclone import _native
 from treeclone._jax_compat import unflatten_node
 from treeclone._trace.messages import qualname, raise_mutation_error
 from treeclone._trace.tree import Paths, same_data
+from treeclone._trace.watch import restore_shallow_state
 from treeclone._writeback import write_custom
 
 _PLAIN = (list, dict, tuple, type(None))
@@ -52,12 +58,16 @@ def _flattens(obj: Any) -> bool:
     return True
 
 
-def take_successors(p: Any, out: Any, container_index: dict[int, int]) -> set[int] | None:
+def take_successors(
+    p: Any, out: Any, container_index: dict[int, int], before: dict[int, tuple] | None = None
+) -> set[int] | None:
     """Give each input container of ``p`` (the trace's ``Prepared``: ``objs``, ``info``,
     ``root``, ``policy_of``, ``req``) that the function consumed (it no longer
     flattens) its successor's contents, or (``clone``, none found) its own from before the
     call; see the module docstring. Returns the input nodes whose successor ``out`` (the
-    result) holds; None when no input was consumed (the caller raises its own error)."""
+    result) holds; None when no input was consumed (the caller raises its own error).
+    ``before``: each input's shallow state before the call (a loop's carry): one with a
+    successor is put back as it was there."""
     objs, info = p.objs, p.info
     consumed = [
         k
@@ -81,13 +91,15 @@ def take_successors(p: Any, out: Any, container_index: dict[int, int]) -> set[in
             for x, r in candidates.values()
             if type(x) is e.node_type and same_data(_node_data(x), e.data)
         ]
-        if len(found) == 1:
+        if len(found) == 1 and before is not None and k in before:
+            restore_shallow_state(objs[k], before[k][:2])
+        elif len(found) == 1:
             write_custom(objs[k], found[0][0], None)
             if found[0][1]:
                 returned.add(k)
         elif p.policy_of(k).mutations == "discard":
-            before = unflatten_node(e.node_type, e.data, [objs[c] for c in e.children])
-            write_custom(objs[k], before, None)
+            old = unflatten_node(e.node_type, e.data, [objs[c] for c in e.children])
+            write_custom(objs[k], old, None)
         else:
             _raise_lost(p, k, len(found))
     return returned
