@@ -372,8 +372,9 @@ class _ShardMap(_lift.Wrapper):
     def _slot_specs(
         self, call: _lift.Call, in_specs: Any, places: _Places
     ) -> tuple[list, list[str]]:
-        """The in_spec of each distinct leaf of the call, and where it is (its first place).
-        An array at several places is one input: they must have the same in_spec."""
+        """The in_spec of each distinct leaf of the call, and where each leaf JAX is given is
+        (its first place; a static one, ``traced=``, is not given). An array at several places
+        is one input: they must have the same in_spec."""
         found: dict[int, list[tuple[tuple, Any]]] = {}
 
         def visit(path: tuple, spec: Any, subtree: Any) -> None:
@@ -391,9 +392,8 @@ class _ShardMap(_lift.Wrapper):
         static = frozenset() if call.static is None else call.static.slots
         for s, leaf in enumerate(call.leaves):
             at = found[id(leaf)]
-            if s in static:  # not mapped: JAX sees None there, any spec will do
+            if s in static:  # not mapped: JAX sees None there (no input to name), any spec
                 specs.append(PartitionSpec())
-                names.append(places.name(at[0][0]))
                 continue
             k = used[id(leaf)]
             used[id(leaf)] += 1
