@@ -190,6 +190,10 @@ def eqx_accumulate(carry, batch):
 
 ref_carry, ref_losses = jax.lax.scan(eqx_accumulate, dynamic, (micro_x, micro_y))
 ref_total = eqx.combine(ref_carry, static)[1]
+(kept, total), losses = treeclone.scan(
+    accumulate, (model, zeros), (micro_x, micro_y), traced="arrays"
+)
+assert kept.activation is model.activation and np.allclose(losses, ref_losses, rtol=1e-5)
 for policy in ("clone", "alias", "strict"):
     (kept_model, total), losses = treeclone.scan(
         accumulate, (model, zeros), (micro_x, micro_y), policy=policy, traced="arrays"
