@@ -390,3 +390,19 @@ def test_a_body_that_consumes_an_equinox_state_in_its_carry_is_jax_lax_scans(pol
         sum(i * (i + 1) for i in range(4))
     )
     assert int(state.get(counter.index)) == 0
+
+
+def test_a_condition_that_changes_the_carry_is_reported_under_clone_with_traced():
+    """As ``jax.lax.while_loop`` under clone: the condition's change to its copy is discarded
+    and reported (alias's ValueError and strict's MutationError are the loop's rule L8)."""
+
+    def cond(c: dict) -> jax.Array:
+        c["seen"] = c["n"]
+        return c["n"] < 3
+
+    init = {"n": jnp.zeros(()), "seen": jnp.zeros(()), "act": jnp.tanh}
+    with pytest.warns(tc.MutationWarning, match=r"init_val\['seen'\]"):
+        out = tc.while_loop(cond, lambda c: {**c, "n": c["n"] + 1}, init, traced="arrays")
+    assert float(out["n"]) == 3.0 and float(init["n"]) == 0.0
+    with pytest.raises(ValueError, match="the loop's condition, changed the carry"):
+        tc.while_loop(cond, lambda c: c, init, policy="alias", traced="arrays")

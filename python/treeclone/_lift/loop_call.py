@@ -336,6 +336,9 @@ class LoopCall:
             lines = [x for k in bad for x in shallow_changes(self.path(k), objs[k], watched[k])]
             if self.policies[0].mutations == "error":
                 raise _trace.mutation_error(fun, lines, CONDITION_REMEDY)
+            if self.policies[0].mutations == "discard":  # clone (with traced=): reported
+                _trace.report_discarded(fun, lines, None, "'clone'")
+                return out
             raise ValueError(
                 f"{qualname(fun)}, the loop's condition, changed the carry in place:\n"
                 + "\n".join(f"  {line}" for line in lines)
