@@ -11,7 +11,8 @@ every policy, tracing once. Without it, split the Module with ``eqx.partition`` 
 arrays (traced) and the rest (a hashable static argument), and ``eqx.combine`` them inside
 the step. ``treeclone.vmap`` and ``treeclone.checkpoint`` take the same rule: an ensemble
 built and run with them, and its gradient through a checkpoint, equal ``eqx.filter_vmap``'s
-and ``eqx.filter_checkpoint``'s.
+and ``eqx.filter_checkpoint``'s; ``treeclone.scan(..., traced="arrays")`` accumulates gradients
+over micro-batches with the Module in its carry, as ``eqx.partition`` around ``jax.lax.scan``.
 """
 
 import re
@@ -164,4 +165,43 @@ for policy in ("clone", "alias", "strict"):
         f"ensemble, {policy}: same as eqx.filter_vmap / filter_checkpoint: {same}, "
         f"activation kept: {kept}"
     )
+    assert same and kept
+
+# Gradient accumulation over micro-batches: a scan whose carry holds the Module and the summed
+# gradients. treeclone.scan(..., traced="arrays") carries the whole Module (its activation a
+# constant of the loop); equinox's idiom splits it with eqx.partition around jax.lax.scan.
+micro_x, micro_y = x.reshape(4, 2, 3), y.reshape(4, 2, 2)
+
+
+def accumulate(carry, batch):
+    model, total = carry
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, *batch)
+    return (model, jax.tree.map(jnp.add, total, grads)), loss
+
+
+zeros = jax.tree.map(jnp.zeros_like, eqx.filter(model, eqx.is_array))
+dynamic, static = eqx.partition((model, zeros), eqx.is_array)
+
+
+def eqx_accumulate(carry, batch):
+    new, loss = accumulate(eqx.combine(carry, static), batch)
+    return eqx.partition(new, eqx.is_array)[0], loss
+
+
+ref_carry, ref_losses = jax.lax.scan(eqx_accumulate, dynamic, (micro_x, micro_y))
+ref_total = eqx.combine(ref_carry, static)[1]
+(kept, total), losses = treeclone.scan(
+    accumulate, (model, zeros), (micro_x, micro_y), traced="arrays"
+)
+assert kept.activation is model.activation and np.allclose(losses, ref_losses, rtol=1e-5)
+for policy in ("clone", "alias", "strict"):
+    (kept_model, total), losses = treeclone.scan(
+        accumulate, (model, zeros), (micro_x, micro_y), policy=policy, traced="arrays"
+    )
+    same = np.allclose(losses, ref_losses, rtol=1e-5) and all(
+        np.allclose(a, b, rtol=1e-5, atol=1e-7)
+        for a, b in zip(jax.tree.leaves(total), jax.tree.leaves(ref_total), strict=True)
+    )
+    kept = kept_model.activation is model.activation
+    print(f"scan, {policy}: same as eqx.partition around jax.lax.scan: {same}, kept: {kept}")
     assert same and kept

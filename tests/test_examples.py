@@ -63,6 +63,9 @@ EXPECTED = {
         "traced='arrays', clone: same as eqx.filter_jit: True, activation kept: True",
         "traced='arrays', alias: same as eqx.filter_jit: True, activation kept: True",
         "traced='arrays', strict: same as eqx.filter_jit: True, activation kept: True",
+        "scan, clone: same as eqx.partition around jax.lax.scan: True, kept: True",
+        "scan, alias: same as eqx.partition around jax.lax.scan: True, kept: True",
+        "scan, strict: same as eqx.partition around jax.lax.scan: True, kept: True",
     ],
     "equinox_port.py": [
         "clone: same as equinox: True, static fields kept: True, compiled 1 time(s)",

@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 from treeclone import _lift, _trace
 from treeclone._jax_compat import (
@@ -40,7 +41,7 @@ from treeclone._jax_compat import (
     fun_sourceinfo,
     is_ref,
 )
-from treeclone._lift import Naming, as_jit_outputs, reporting
+from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
 from treeclone._native import EntryInfo
 from treeclone._trace.join import (
     BranchRecord,
@@ -122,6 +123,7 @@ def cond(
     *operands: Any,
     operand: Any = _NO_OPERAND,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Any:
     """``jax.lax.cond(pred, true_fun, false_fun, *operands)`` with a policy.
 
@@ -140,6 +142,12 @@ def cond(
     may write different leaves, but a key one adds and the other does not is a ``ValueError``
     naming the key path. Under ``strict`` a branch that mutates an operand without returning
     it is a :class:`~treeclone.MutationError`, whichever branch is taken.
+
+    ``traced`` decides leaf by leaf what is traced, as for :func:`treeclone.jit`
+    (``"arrays"``: equinox's rule); the other leaves of the operands (an equinox Module's
+    activation, a string) reach the branches as they are, and one a branch leaves in the
+    operands or returns comes back as it is: every branch must leave the same value (of the
+    same type) there, or it is a ``ValueError`` naming the key path.
 
     >>> import jax.numpy as jnp, treeclone
     >>> def hit(state):
@@ -173,17 +181,20 @@ def cond(
                 x_true,
                 x_false,
                 policy=chosen,
+                traced=traced,
             )
         raise TypeError("lax.cond: true_fun and false_fun arguments should be callable.")
     operands = _operands(operands, operand)
-    if chosen is CLONE:
+    rule = leaf_rule(traced)
+    if chosen is CLONE and rule is None:
         _lift.check_call(Naming(true_fun), operands, {})  # a cycle: rule 14's ValueError
         return jax.lax.cond(pred, reporting(true_fun), reporting(false_fun), *operands)
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
-    call = _lift.flatten_call(Naming(true_fun), operands, {})
-    lifted = _lifted("cond", [false_fun, true_fun], ["false_fun", "true_fun"], call, chosen)
+    call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule)
+    names = ["false_fun", "true_fun"]
+    lifted = _lifted("cond", [false_fun, true_fun], names, call, chosen, rule)
     return lifted.run(
         call,
         lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves),
@@ -197,6 +208,7 @@ def switch(
     *operands: Any,
     operand: Any = _NO_OPERAND,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Any:
     """``jax.lax.switch(index, branches, *operands)`` with a policy.
 
@@ -208,8 +220,8 @@ def switch(
     with the rules of :func:`cond`: every branch is traced and must leave the operands with
     the same structure (writing different leaves is fine); the taken one's mutations reach
     the caller; under ``strict`` any branch that mutates an operand it does not return is a
-    :class:`~treeclone.MutationError`. A single branch is called directly, as JAX does, under
-    the policy's rules (``treeclone.call``).
+    :class:`~treeclone.MutationError`; ``traced`` as for :func:`cond`. A single branch is
+    called directly, as JAX does, under the policy's rules (``treeclone.call``).
 
     >>> import jax.numpy as jnp, treeclone
     >>> def scale(p):
@@ -224,7 +236,8 @@ def switch(
     first = next(iter(branches), None) if isinstance(branches, (list, tuple)) else None
     chosen = _operand_policies(policy, first)
     operands = _operands(operands, operand)
-    if chosen is CLONE:
+    rule = leaf_rule(traced)
+    if chosen is CLONE and rule is None:
         if all(callable(b) for b in branches) and len(branches):
             _lift.check_call(Naming(branches[0]), operands, {})
         # ``branches`` stays bound: the reporting functions hold the branches weakly.
@@ -240,8 +253,8 @@ def switch(
     if not all(callable(b) for b in branches) or not branches:
         return jax.lax.switch(index, branches)  # jax's error
     names = [f"branch {i}" for i in range(len(branches))]
-    call = _lift.flatten_call(Naming(branches[0]), operands, {})
-    lifted = _lifted("switch", list(branches), names, call, chosen)
+    call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule)
+    lifted = _lifted("switch", list(branches), names, call, chosen, rule)
     return lifted.run(
         call,
         lambda ws, leaves: jax.lax.switch(index, ws, *leaves),
@@ -277,24 +290,25 @@ class _Branch:
             return None
         try:
             if self.names is None:
-                self.names = self.lifted.call.slot_names(self.naming)
+                self.names = self.lifted.call.input_names(self.naming)
             return DebugInfo(
                 self.traced_for,
                 fun_sourceinfo(self.__wrapped__),
-                tuple(self.names),
+                tuple(self.names or ()),
                 INITIAL_RESULT_PATHS,
             )
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
 
-    def __call__(self, *leaves: Any) -> list:
+    def __call__(self, *given: Any) -> list:
         lifted, call = self.lifted, self.lifted.call
+        leaves = with_static(given, call.static)  # the static ones (traced=) back
         prepared = _lift.begin(
             self.__wrapped__,
             lifted.spec,
             self.naming,
             call.sdef,
-            list(leaves),
+            leaves,
             None,
             caller_objects=call.objects,
         )
@@ -306,14 +320,20 @@ class _Branch:
         inputs = [slot_of.get(id(x)) for x in columns]
         refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
         record = BranchRecord(traced, inputs, [aval_of(x) for x in columns], refs)
+        rule = lifted.traced
+        if rule is not None:
+            record.statics = {
+                p: x for p, x in enumerate(columns) if not isinstance(x, Tracer) and not rule(x)
+            }
         for p in refs:
             if inputs[p] is None:
                 raise self._foreign_ref_error(record, p)
         lifted.record(self.index, record)
-        if refs:
+        if refs or record.statics:
             # A Ref stays where it is, the operand's own: JAX passes it in and never returns
-            # it (the plans read it from the operands, as jit's plan hands back an input).
-            dropped = set(refs)
+            # it (the plans read it from the operands, as jit's plan hands back an input). A
+            # static leaf is not JAX's: the plans take it from the record.
+            dropped = {*refs, *record.statics}
             return [x for p, x in enumerate(columns) if p not in dropped]
         return columns
 
@@ -343,8 +363,10 @@ class _Lifted:
         names: list[str],
         num_operands: int,
         policy: Policy | ArgPolicies,
+        traced: Callable[[Any], bool] | None,
     ):
         self.api, self.branches, self.names, self.spec = api, branches, names, policy
+        self.traced = traced  # the traced= rule: what it rejects is static
         # The operands' policies (a policy per operand: each its own, the call under their
         # combination, as for jit).
         self.policy, self.arg_policies = for_call(policy, range(num_operands), [])
@@ -386,17 +408,21 @@ class _Lifted:
         saved = getattr(self.local, "call", None)
         self.local.call = call
         try:
-            columns = bind(self.wrappers, call.leaves)
+            columns = bind(self.wrappers, call.traced_leaves())
         finally:
             self.local.call = saved
         if any(r is None for r in self.records):  # JAX traces every branch; a guard
             raise RuntimeError(f"treeclone.{self.api}: a branch was not traced")
         first: BranchRecord = self.records[0]  # type: ignore[assignment]
-        if first.refs:
+        if first.refs or first.statics:
             # The Refs' positions were not output (every branch has them at the same places,
-            # each the same operand's: check()); the plans read them from the operands.
-            dropped, given = set(first.refs), iter(columns)
-            columns = [None if p in dropped else next(given) for p in range(len(first.slots))]
+            # each the same operand's: check()); the plans read them from the operands. Nor
+            # were the static leaves', equal in every branch (check()).
+            dropped, given = {*first.refs, *first.statics}, iter(columns)
+            columns = [
+                first.statics.get(p) if p in dropped else next(given)
+                for p in range(len(first.slots))
+            ]
         taken = taken_branch()  # after JAX has checked the predicate (index)
         plan = self.plans.get(taken)
         if plan is None:
@@ -409,7 +435,8 @@ class _Lifted:
         if self.policy.mutations != "propagate":
             # strict gives jax.lax.cond's results: an operand handed back is a jax.Array
             # (rule C13; alias keeps plain Python's, the caller's own object).
-            leaves = as_jit_outputs(leaves, range(len(leaves)))
+            static = () if call.static is None else call.static.slots
+            leaves = as_jit_outputs(leaves, [s for s in range(len(leaves)) if s not in static])
         return plan.apply(leaves, call.objects, list(columns))
 
     # --- checks, once every branch is traced ---
@@ -493,20 +520,23 @@ def _lifted(
     names: list[str],
     call: _lift.Call,
     policy: Policy | ArgPolicies,
+    traced: Callable[[Any], bool] | None = None,
 ) -> _Lifted:
-    """The :class:`_Lifted` for this call structure, from the last ``_LIFTED_SIZE`` used (a
-    fresh one when a branch cannot be a dict key)."""
-    key = (api, tuple(branches), policy, call.sdef, tuple(_aval_key(x) for x in call.leaves))
+    """The :class:`_Lifted` for this call structure (with the ``traced=`` rule and the leaves
+    it leaves static), from the last ``_LIFTED_SIZE`` used (a fresh one when a branch cannot
+    be a dict key)."""
+    avals = tuple(_aval_key(x) for x in call.traced_leaves())
+    key = (api, tuple(branches), policy, call.sdef, avals, traced, call.static)
     try:
         hash(key)
     except TypeError:
-        return _Lifted(api, branches, names, len(call.args), policy)
+        return _Lifted(api, branches, names, len(call.args), policy, traced)
     with _LIFTED_LOCK:
         found = _LIFTED.get(key)
         if found is not None:
             _LIFTED.move_to_end(key)
             return found
-        found = _LIFTED[key] = _Lifted(api, branches, names, len(call.args), policy)
+        found = _LIFTED[key] = _Lifted(api, branches, names, len(call.args), policy, traced)
         if len(_LIFTED) > _LIFTED_SIZE:
             _LIFTED.popitem(last=False)
         return found

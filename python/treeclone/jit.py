@@ -138,11 +138,6 @@ class Jitted(_native.JitCore):
         )
         self._in_shardings_given = specified(jit_kwargs.get("in_shardings"))
         self._traced = leaf_rule(traced)
-        if self._traced is not None and self._in_shardings_given:
-            raise ValueError(
-                "treeclone.jit: in_shardings with traced= is not supported (a static leaf has "
-                "no sharding); give the arrays their shardings with jax.device_put instead"
-            )
         options = hashable_options(self._kwargs)
         self._inner, self._shared = inner_cache(
             fun, None if options is None else (options, self._traced)

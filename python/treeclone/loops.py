@@ -41,15 +41,18 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _lift
-from treeclone._lift import Naming, reporting
-from treeclone._lift.loop_call import (
+from treeclone._lift import Naming, leaf_rule, reporting
+from treeclone._lift.loop_call import LoopCall, LoopPlan
+from treeclone._lift.loop_rules import (
     NAMINGS,
     STAND_INS,
     XS_NAMING,
-    LoopCall,
-    LoopPlan,
     SliceWatch,
     check_shared,
+    join_static,
+    raise_not_a_jax_type,
+    slice_of,
+    split_xs,
 )
 from treeclone._trace import qualname
 from treeclone.policies import (
@@ -213,8 +216,24 @@ def _pair(f: Any, out: Any) -> tuple[Any, Any]:
 
 
 def _kind(loop: LoopCall) -> tuple:
-    """The call's part of a cache key: its structure, policies and leaf types."""
-    return loop.call.sdef, loop.policies, loop.avals
+    """The call's part of a cache key: its structure, policies, leaf types, ``traced=`` rule
+    and the leaves it leaves static (the body's trace holds them as constants)."""
+    return loop.call.sdef, loop.policies, loop.avals, loop.traced, loop.call.static
+
+
+def _clone(run: Callable[[], Any], names: tuple[str, ...], args: tuple) -> Any:
+    """``run()``, JAX's own loop (policy ``clone``, no ``traced=``); JAX's TypeError for a
+    leaf that is not a JAX type is said again naming its key path and ``traced=``."""
+    try:
+        return run()
+    except TypeError as error:
+        raise_not_a_jax_type(error, names, args)
+        raise
+
+
+def _ys(ys: Any) -> Any:
+    """Scan's stacked results, the static ones (``traced=``) back."""
+    return join_static(ys) if isinstance(ys, _lift.Out) else ys
 
 
 # --- the loops -----------------------------------------------------------------------------------
@@ -230,6 +249,7 @@ def scan(
     _split_transpose: bool = False,
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> tuple[Carry, Y]:
     """``jax.lax.scan(f, init, xs, length, reverse, unroll)`` with a policy.
 
@@ -243,6 +263,13 @@ def scan(
     ``jax.lax.scan``. Under ``strict`` a carry container (or slice) changed in place and not
     returned is a :class:`~treeclone.MutationError`, and nothing is written back.
 
+    ``traced`` decides leaf by leaf what the loop traces, as for :func:`treeclone.jit`
+    (``"arrays"``: equinox's rule); the others (an equinox Module's activation, a string) are
+    the loop's constants, as ``eqx.partition``'s static part closed over ``jax.lax.scan``:
+    the carry must keep each at every iteration (a changed one is a ValueError naming its key
+    path), a slice of ``xs`` holds it as it is, and one in ``y`` comes back as it is, not
+    stacked.
+
     >>> import jax.numpy as jnp, treeclone
     >>> def body(state, x):
     ...     state["total"] = state["total"] + x  # in place
@@ -253,30 +280,43 @@ def scan(
     (True, {'total': Array(6., dtype=float32)}, Array([0., 2., 4., 6.], dtype=float32))
     """
     spec, (chosen, xs_policy) = _loop_policies(policy, "scan")
+    rule = leaf_rule(traced)
     mixed = chosen is not xs_policy
     extra = {"_split_transpose": True} if _split_transpose else {}
-    if chosen is CLONE and not mixed:
+    if chosen is CLONE and not mixed and rule is None:
         _lift.check_call(NAMINGS["scan"], (init, xs), {})
-        return jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra)
+        return _clone(
+            lambda: jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra),
+            ("init", "xs"),
+            (init, xs),
+        )
     options = (length, reverse, unroll, _split_transpose)
     # What the body does to its slice of xs in place and does not return: strict's error, or
-    # (xs left alone in a call mixing policies) clone's report.
-    xs_mode = "error" if xs_policy.mutations == "error" else "discard" if mixed else None
-    if xs is not None and xs_policy.mutations == "propagate":
-        both = LoopCall("scan", f, (init, xs), spec, (chosen, xs_policy))
+    # (xs left alone: clone) clone's report.
+    mutations = xs_policy.mutations
+    xs_mode = "error" if mutations == "error" else "discard" if mutations == "discard" else None
+    if xs is not None and mutations == "propagate":
+        both = LoopCall("scan", f, (init, xs), spec, (chosen, xs_policy), rule)
         if not both.shared:
             return _scan_both(f, both, options)
         xs_mode = "shared"  # an array in init and xs: the slice cannot be written back
-    loop = LoopCall("scan", f, (init,), chosen, (chosen,))
+    loop = LoopCall("scan", f, (init,), chosen, (chosen,), rule)
     _lift.check_call(XS_NAMING, (xs,), {})
     if mixed:
         check_shared(f, init, xs, (chosen, xs_policy))
-    xs_key = _key_of(xs)
+    boxed = rule is not None and xs is not None  # xs's static leaves are not scanned
+    scanned: Any = split_xs(xs, rule) if boxed else xs
+    xs_key = _key_of(scanned)
 
     def make(entry: _Entry) -> tuple:
-        xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
+        if boxed:  # the names of the leaves scanned: not the static ones
+            xs_paths = scanned.key[0].unflatten([None if x is None else 0 for x in scanned.leaves])
+        else:
+            xs_paths = [] if xs_key is None else xs_key[0].unflatten([0] * len(xs_key[1]))
 
         def body(loop: LoopCall, carry: list, x: Any) -> tuple[list, Any]:
+            if boxed:
+                x = slice_of(x)
             watch = None if xs_mode is None else SliceWatch(x, xs_mode)
 
             def run(c: Any) -> tuple:
@@ -293,14 +333,15 @@ def scan(
 
     key = None if xs_key is None else ("scan", f, *_kind(loop), xs_key, xs_policy, options)
     entry = _entry(key, make)
+    carried = loop.inputs_of(loop.call.leaves, loop.carried)
     (final, ys), record = _run(
         entry,
         loop,
-        lambda body: jax.lax.scan(body, loop.call.leaves, xs, length, reverse, unroll, **extra),
+        lambda body: jax.lax.scan(body, carried, scanned, length, reverse, unroll, **extra),
     )
     if length is None:
-        length = next((len(x) for x in jax.tree_util.tree_leaves(xs)), None)
-    return loop.finish(record, list(final), [], length), ys
+        length = next((len(x) for x in jax.tree_util.tree_leaves(scanned)), None)
+    return loop.finish(record, list(final), [], length), _ys(ys)
 
 
 def _tree_names(root: str, tree: Any) -> list[str]:
@@ -334,16 +375,16 @@ def _scan_both(f: Callable[..., Any], loop: LoopCall, options: tuple) -> tuple[A
         return (_LoopBody(body, f, "scan", names),)
 
     entry = _entry(("scan", f, *_kind(loop), options), make)
-    carried = [loop.call.leaves[s] for s in loop.carried]
-    scanned = [loop.call.leaves[s] for s in loop.scanned]
+    carried = loop.inputs_of(loop.call.leaves, loop.carried)
+    scanned = loop.inputs_of(loop.call.leaves, loop.scanned)
     (final, (ys, rows)), record = _run(
         entry,
         loop,
         lambda body: jax.lax.scan(body, carried, scanned, length, reverse, unroll, **extra),
     )
     if length is None:
-        length = next((len(x) for x in scanned), None)
-    return loop.finish(record, list(final), list(rows), length), ys
+        length = next((len(x) for x in scanned if x is not None), None)
+    return loop.finish(record, list(final), list(rows), length), _ys(ys)
 
 
 def fori_loop(
@@ -354,11 +395,12 @@ def fori_loop(
     *,
     unroll: int | bool | None = None,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Carry:
     """``jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)`` with a policy.
 
     Under ``alias`` the call is ``for i in range(lower, upper): val = body_fun(i, val)`` on the
-    caller's ``init_val`` (see :func:`scan` for the carry's rules).
+    caller's ``init_val`` (see :func:`scan` for the carry's rules and ``traced``).
 
     >>> import jax.numpy as jnp, treeclone
     >>> def body(i, acc):
@@ -369,10 +411,15 @@ def fori_loop(
     (True, [Array(10, dtype=int32)])
     """
     _, (chosen,) = _loop_policies(policy, "fori_loop")
-    if chosen is CLONE:
+    rule = leaf_rule(traced)
+    if chosen is CLONE and rule is None:
         _lift.check_call(NAMINGS["fori_loop"], (init_val,), {})
-        return jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll)
-    loop = LoopCall("fori_loop", body_fun, (init_val,), chosen, (chosen,))
+        return _clone(
+            lambda: jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll),
+            ("init_val",),
+            (init_val,),
+        )
+    loop = LoopCall("fori_loop", body_fun, (init_val,), chosen, (chosen,), rule)
 
     def make(entry: _Entry) -> tuple:
         def body(loop: LoopCall, i: Any, slots: list) -> list:
@@ -386,10 +433,11 @@ def fori_loop(
     bounds = _key_of((lower, upper))
     kinds = (type(lower), type(upper), unroll)
     key = ("fori_loop", body_fun, *_kind(loop), bounds, kinds)
+    carried = loop.inputs_of(loop.call.leaves, loop.carried)
     final, record = _run(
         _entry(None if bounds is None else key, make),
         loop,
-        lambda body: jax.lax.fori_loop(lower, upper, body, loop.call.leaves, unroll=unroll),
+        lambda body: jax.lax.fori_loop(lower, upper, body, carried, unroll=unroll),
     )
     return loop.finish(record, list(final), [], _count(lower, upper))
 
@@ -400,12 +448,13 @@ def while_loop(
     init_val: Carry,
     *,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Carry:
     """``jax.lax.while_loop(cond_fun, body_fun, init_val)`` with a policy.
 
     Under ``alias`` the call is ``while cond_fun(val): val = body_fun(val)`` on the caller's
-    ``init_val`` (see :func:`scan` for the carry's rules); ``cond_fun`` may not change the
-    carry in place (an error: JAX's loop carries only what the body returns).
+    ``init_val`` (see :func:`scan` for the carry's rules and ``traced``); ``cond_fun`` may not
+    change the carry in place (an error: JAX's loop carries only what the body returns).
 
     >>> import jax.numpy as jnp, treeclone
     >>> def body(state):
@@ -417,10 +466,15 @@ def while_loop(
     (True, {'n': Array(128, dtype=int32)})
     """
     _, (chosen,) = _loop_policies(policy, "while_loop")
-    if chosen is CLONE:
+    rule = leaf_rule(traced)
+    if chosen is CLONE and rule is None:
         _lift.check_call(NAMINGS["while_loop"], (init_val,), {})
-        return jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val)
-    loop = LoopCall("while_loop", body_fun, (init_val,), chosen, (chosen,))
+        return _clone(
+            lambda: jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val),
+            ("init_val",),
+            (init_val,),
+        )
+    loop = LoopCall("while_loop", body_fun, (init_val,), chosen, (chosen,), rule)
 
     def make(entry: _Entry) -> tuple:
         def cond(loop: LoopCall, slots: list) -> Any:
@@ -441,6 +495,8 @@ def while_loop(
     final, record = _run(
         _entry(key, make),
         loop,
-        lambda cond, body: jax.lax.while_loop(cond, body, loop.call.leaves),
+        lambda cond, body: jax.lax.while_loop(
+            cond, body, loop.inputs_of(loop.call.leaves, loop.carried)
+        ),
     )
     return loop.finish(record, list(final), [], None)

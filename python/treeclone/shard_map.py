@@ -25,15 +25,16 @@ import inspect
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Set
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import jax
 import jax.numpy as jnp
+from jax.core import Tracer
 from jax.sharding import PartitionSpec
 
 from treeclone import _lift
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
-from treeclone._lift import Naming, jit_keystr, reporting
+from treeclone._lift import Naming, StaticLeaves, StaticOut, jit_keystr, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -137,23 +138,26 @@ class _Body:
     returns ``(result, written)``: the function's own result, mapped with the user's
     ``out_specs``, and the values written into inputs, each with its input's in_spec (put in
     ``written_specs``, the second half of the out_specs ``jax.shard_map`` was given, before
-    ``jax.shard_map`` reads them). ``record``: the plan and where each of its outputs is."""
+    ``jax.shard_map`` reads them). ``record``: the plan, where each of its outputs is and the
+    outputs the ``traced=`` rule leaves static (never mapped: they come back as they are).
+    ``static``: the call's leaves the rule leaves static, given back to the function."""
 
     def __init__(
         self,
         runner: _lift.Runner,
-        sdef: Any,
+        call: _lift.Call,
         places: _Places,
         out_specs: Any,
         check_vma: bool,
         written_specs: list,
     ):
-        self.runner, self.sdef, self.places = runner, sdef, places
+        self.runner, self.sdef, self.places = runner, call.sdef, places
+        self.static: StaticLeaves | None = call.static
         self.out_specs, self.check_vma, self.written_specs = out_specs, check_vma, written_specs
         self.__name__ = runner.__name__
         self.__qualname__ = getattr(runner.fun, "__qualname__", runner.__name__)
         self.started = False
-        self.record: tuple[Any, list[tuple[str, int]]] | None = None
+        self.record: tuple[Any, list[tuple[str, int]], list] | None = None
 
     @property
     def __fun_debug_info__(self) -> Any:
@@ -161,12 +165,18 @@ class _Body:
 
     def __call__(self, leaves: list) -> tuple[Any, list]:
         self.started = True
-        prepared = self.runner.begin(self.sdef, list(leaves))
+        prepared = self.runner.begin(self.sdef, list(leaves), static=self.static)
         containers = _containers(prepared.args)
         called = prepared.call()
         out = called.out
         traced_plan = called.diff().plan()
         plan, outputs = traced_plan.plan, self.runner.outputs(traced_plan)
+        rule = self.runner.traced
+        if rule is not None:  # the result jax.shard_map maps: its static leaves left out
+            flat, out_def = jax.tree_util.tree_flatten(out)
+            out = cast(Any, out_def).unflatten(
+                [x if isinstance(x, Tracer) or rule(x) else None for x in flat]
+            )
         out_index: dict[int, int] = {}
         for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
             out_index.setdefault(id(leaf), i)
@@ -188,7 +198,12 @@ class _Body:
         sources: list[tuple[str, int]] = []
         written: list[Any] = []
         specs: list[PartitionSpec] = []
+        statics: list[Any] = []
         for leaf in outputs:
+            if type(leaf) is StaticOut:  # traced= leaves it static: as it is, never mapped
+                sources.append(("static", len(statics)))
+                statics.append(leaf.value)
+                continue
             returned = out_specs_of.get(id(leaf), [])
             for (first, spec), (other, other_spec) in zip(returned, returned[1:], strict=False):
                 if other_spec != spec:
@@ -223,7 +238,7 @@ class _Body:
             written.append(leaf)
             specs.append(spec)
         self.written_specs[:] = specs
-        self.record = (plan, sources)
+        self.record = (plan, sources, statics)
         return out, written
 
     def _written_spec(self, leaf: Any, at: list[tuple]) -> PartitionSpec:
@@ -282,25 +297,31 @@ class _ShardMap(_lift.Wrapper):
     name = "shard_map"
 
     def __init__(
-        self, fun: Callable[..., Any], policy: PolicySpec | ArgPolicies, options: dict[str, Any]
+        self,
+        fun: Callable[..., Any],
+        policy: PolicySpec | ArgPolicies,
+        options: dict[str, Any],
+        traced: str | Callable[[Any], bool] | None = None,
     ):
         if not callable(fun):
             jax.shard_map(fun, **options)  # jax's own TypeError
         functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
         self._fun, self._options = fun, options
+        self._traced = leaf_rule(traced)
         self._policy = as_policy_spec(policy, fun)
         self._jax = jax.shard_map(reporting(fun), **options)
         self._naming = Naming(fun)
         self._keep_runners()
 
     def make_runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
-        runner = _lift.Runner(self._fun, policy, self._naming)
+        runner = _lift.Runner(self._fun, policy, self._naming, self._traced)
         runner.traced_for = "shard_map"
         return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
-        if policy is CLONE or kwargs:  # jax.shard_map takes no keyword arguments: its error
+        lifted = policy is not CLONE or self._traced is not None
+        if not lifted or kwargs:  # jax.shard_map takes no keyword arguments: its error
             _lift.check_call(self._naming, args, kwargs)
             return self._jax(*args, **kwargs)
         in_specs = self._options["in_specs"]
@@ -308,15 +329,16 @@ class _ShardMap(_lift.Wrapper):
             raise TypeError(
                 f"treeclone.shard_map with policy {policy!r} needs in_specs: the in_spec of "
                 "each input is the out_spec a value written into it is written back with "
-                "(in_specs inferred from the arguments' shardings is policy='clone' only)"
+                "(in_specs inferred from the arguments' shardings is policy='clone' without "
+                "traced= only)"
             )
-        call = _lift.flatten_call(self._naming, args, {})
+        call = _lift.flatten_call(self._naming, args, {}, traced=self._traced)
         places = _Places(self._naming, in_specs)
         slot_specs, slot_names = self._slot_specs(call, in_specs, places)
         written_specs: list = []
         body = _Body(
             self._runner(policy),
-            call.sdef,
+            call,
             places,
             self._options["out_specs"],
             bool(self._options["check_vma"]),
@@ -333,7 +355,7 @@ class _ShardMap(_lift.Wrapper):
         mapped = jax.shard_map(body, **options)
         try:
             with body.runner.calling(call.objects, slot_names):
-                result, written = mapped(list(call.leaves))
+                result, written = mapped(call.traced_leaves())
         except (ValueError, TypeError) as err:
             if not body.started:  # an input's spec: jax's message on the user's arguments
                 self._raise_jax_input_error(args)
@@ -343,16 +365,16 @@ class _ShardMap(_lift.Wrapper):
                 raise type(err)(_OUT_SPECS_PREFIX.sub("out_specs", str(err))) from None
             raise
         assert body.record is not None
-        plan, sources = body.record
-        result_leaves = jax.tree_util.tree_leaves(result)
-        outputs = [result_leaves[i] if kind == "result" else written[i] for kind, i in sources]
-        return plan.apply(call.leaves, call.objects, outputs)
+        plan, sources, statics = body.record
+        given = {"result": jax.tree_util.tree_leaves(result), "written": written, "static": statics}
+        return plan.apply(call.leaves, call.objects, [given[kind][i] for kind, i in sources])
 
     def _slot_specs(
         self, call: _lift.Call, in_specs: Any, places: _Places
     ) -> tuple[list, list[str]]:
-        """The in_spec of each distinct leaf of the call, and where it is (its first place).
-        An array at several places is one input: they must have the same in_spec."""
+        """The in_spec of each distinct leaf of the call, and where each leaf JAX is given is
+        (its first place; a static one, ``traced=``, is not given). An array at several places
+        is one input: they must have the same in_spec."""
         found: dict[int, list[tuple[tuple, Any]]] = {}
 
         def visit(path: tuple, spec: Any, subtree: Any) -> None:
@@ -367,8 +389,12 @@ class _ShardMap(_lift.Wrapper):
         count = Counter(id(x) for x in call.leaves)
         used: Counter[int] = Counter()
         specs, names = [], []
-        for leaf in call.leaves:
+        static = frozenset() if call.static is None else call.static.slots
+        for s, leaf in enumerate(call.leaves):
             at = found[id(leaf)]
+            if s in static:  # not mapped: JAX sees None there (no input to name), any spec
+                specs.append(PartitionSpec())
+                continue
             k = used[id(leaf)]
             used[id(leaf)] += 1
             if count[id(leaf)] == len(at):  # a Python scalar: each place is its own input
@@ -420,6 +446,7 @@ def shard_map(
     axis_names: Set[Any] = frozenset(),
     check_vma: bool = True,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any]: ...
 @overload
 def shard_map(
@@ -432,6 +459,7 @@ def shard_map(
     axis_names: Set[Any] = frozenset(),
     check_vma: bool = True,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def shard_map(
     f: Callable[..., Any] | None = None,
@@ -443,6 +471,7 @@ def shard_map(
     axis_names: Set[Any] = frozenset(),
     check_vma: bool = True,
     policy: PolicySpec | ArgPolicies = "clone",
+    traced: str | Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)`` with a policy.
 
@@ -462,6 +491,12 @@ def shard_map(
       the input's key path, with the caller untouched;
     * under ``strict`` an input mutated and not returned is a
       :class:`~treeclone.MutationError` naming it.
+
+    ``traced`` decides leaf by leaf what is traced, as for :func:`treeclone.jit`
+    (``"arrays"``: equinox's rule, as ``eqx.partition`` around ``jax.shard_map``): the other
+    leaves reach the function as they are, never split by ``in_specs``, and one it returns
+    comes back as it is, whatever ``out_specs`` says; with ``traced=`` every policy needs
+    ``in_specs``.
 
     >>> import jax, jax.numpy as jnp, numpy as np, treeclone
     >>> from jax.sharding import Mesh, PartitionSpec as P
@@ -494,8 +529,9 @@ def shard_map(
         "axis_names": axis_names,
         "check_vma": check_vma,
     }
+    leaf_rule(traced)  # an unknown rule: an error now, not when the decorator is applied
     if not isinstance(policy, (Mapping, ArgPolicies)):
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     if f is None:
-        return lambda g: _ShardMap(g, policy, options)
-    return _ShardMap(f, policy, options)
+        return lambda g: _ShardMap(g, policy, options, traced)
+    return _ShardMap(f, policy, options, traced)

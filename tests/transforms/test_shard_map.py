@@ -574,10 +574,12 @@ def test_signature_is_jax_shard_maps_plus_policy() -> None:
 
     ours = inspect.signature(tc.shard_map).parameters
     theirs = inspect.signature(jax.shard_map).parameters
-    assert set(ours) == {*theirs, "policy"}  # all keyword-only but f (their order: jax's)
+    # All keyword-only but f (their order: jax's), with treeclone's policy and traced.
+    assert set(ours) == {*theirs, "policy", "traced"}
     for name, param in theirs.items():
         assert ours[name].kind == param.kind and ours[name].default == param.default, name
     assert ours["policy"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert ours["traced"].kind == inspect.Parameter.KEYWORD_ONLY
 
 
 def test_alias_and_strict_need_in_specs() -> None:

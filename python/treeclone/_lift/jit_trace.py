@@ -240,7 +240,8 @@ class Inner:
         leaves = from_jit_order(kept, donated, keep, static)
         if self._in_shardings is not None:
             num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
-            leaves = constrain_inputs(sdef, leaves, num_args, self._in_shardings)
+            skip = frozenset() if static is None else static.slots
+            leaves = constrain_inputs(sdef, leaves, num_args, self._in_shardings, skip)
         static_args = None
         if statics is not None:
             total, static_pos, static_kw = statics
@@ -486,15 +487,21 @@ def _shardings_by_leaf(prefix: Any, tree: Any) -> dict[int, Any]:
     return found
 
 
-def constrain_inputs(sdef: Any, leaves: list, num_args: int, in_shardings: Any) -> list:
-    """Apply ``in_shardings`` (a prefix of the positional arguments) to the input leaves."""
+def constrain_inputs(
+    sdef: Any, leaves: list, num_args: int, in_shardings: Any, static: frozenset[int] = frozenset()
+) -> list:
+    """Apply ``in_shardings`` (a prefix of the positional arguments) to the input leaves; the
+    slots ``static`` (the leaves ``traced=`` leaves static) have no sharding and are left as
+    they are: a sharding given for an argument applies to its traced leaves."""
     args = sdef.unflatten(leaves)[:num_args]
     if not isinstance(in_shardings, (tuple, list)):
         in_shardings = (in_shardings,) * num_args
     by_leaf = _shardings_by_leaf(tuple(in_shardings), tuple(args))
     return [
-        x if by_leaf.get(id(x)) is None else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
-        for x in leaves
+        x
+        if s in static or by_leaf.get(id(x)) is None
+        else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
+        for s, x in enumerate(leaves)
     ]
 
 

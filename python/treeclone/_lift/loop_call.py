@@ -15,8 +15,7 @@ writes the caller's objects, all or nothing. ``treeclone.loops`` runs the JAX lo
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,110 +23,33 @@ import jax
 from treeclone import _trace
 from treeclone._jax_compat import unflatten_node
 from treeclone._lift.arguments import flatten_call
+from treeclone._lift.loop_rules import (
+    CONDITION_REMEDY,
+    NAMINGS,
+    UNRETURNED_REMEDY,
+    changed,
+    containers,
+    not_a_jax_type,
+    same_structure,
+    shallow_changes,
+    snapshot,
+    split_static,
+    stand_in,
+    structure_difference,
+)
 from treeclone._lift.naming import Naming
 from treeclone._lift.runner import begin
 from treeclone._native import EntryInfo
 from treeclone._trace import qualname
-from treeclone.policies import Policy
 
-__all__ = [
-    "NAMINGS",
-    "STAND_INS",
-    "XS_NAMING",
-    "LoopCall",
-    "LoopPlan",
-    "SliceWatch",
-    "check_shared",
-]
+__all__ = ["LoopCall", "LoopPlan"]
 
 NodeInfo = EntryInfo.Node
 LeafInfo = EntryInfo.Leaf
 RefInfo = EntryInfo.Ref
-_NoneType: type = type(None)
-
-
-def stand_in(api: str, params: tuple[str, ...]) -> Callable[..., None]:
-    """A function with the given argument names: a policy dict is checked against the loop's,
-    and messages name the loop's inputs by them (``init``, ``xs``, ``init_val``)."""
-
-    def arguments(*args: Any) -> None:
-        return None
-
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    arguments.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(name, kind) for name in params]
-    )
-    arguments.__qualname__ = arguments.__name__ = api
-    return arguments
-
-
-STAND_INS = {
-    "scan": stand_in("scan", ("init", "xs")),
-    "fori_loop": stand_in("fori_loop", ("init_val",)),
-    "while_loop": stand_in("while_loop", ("init_val",)),
-}
-NAMINGS = {api: Naming(f) for api, f in STAND_INS.items()}
-XS_NAMING = Naming(stand_in("scan", ("xs",)))
 
 
 _aval = jax.api_util.shaped_abstractify
-
-
-# --- what a body did to a container: a shallow diff, for the loop's own rules --------------------
-
-
-def _state(obj: Any) -> tuple:
-    """What a container holds one level down, by identity: its attributes and items, and the
-    children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
-    attrs, items = _trace.shallow_state(obj)
-    try:
-        children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
-        flat: Any = [_trace.Same(c) for c in children]
-    except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
-        flat = None
-    return attrs, items, flat
-
-
-def _shallow_changes(path: str, obj: Any, before: tuple) -> list[str]:
-    """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
-    attrs, items = before[:2]
-    now_attrs, now_items = _trace.shallow_state(obj)
-    lines = []
-    if isinstance(obj, dict):
-        old, new = dict(items), dict(now_items)
-        added = [k for k in new if k not in old]
-        removed = [k for k in old if k not in new]
-        if added:
-            lines.append(f"{path}: key added: {', '.join(map(repr, added))}")
-        if removed:
-            lines.append(f"{path}: key removed: {', '.join(map(repr, removed))}")
-        lines += [f"{path}[{k!r}]: replaced" for k in old if k in new and old[k] != new[k]]
-    elif isinstance(obj, list):
-        if len(items) != len(now_items):
-            lines.append(f"{path}: list resized from {len(items)} to {len(now_items)}")
-        else:
-            pairs = zip(items, now_items, strict=True)
-            lines += [f"{path}[{i}]: replaced" for i, (a, b) in enumerate(pairs) if a != b]
-    for name in dict.fromkeys([*attrs, *now_attrs]):
-        if attrs.get(name) != now_attrs.get(name):
-            lines.append(f"{path}.{name}: {'replaced' if name in attrs else 'attribute set'}")
-    return lines or [f"{path}: changed in place"]
-
-
-def _containers(info: list, skip: set[int]) -> Iterator[int]:
-    """The nodes of ``info`` that are containers (not None, not in ``skip``)."""
-    for k, e in enumerate(info):
-        if k not in skip and isinstance(e, NodeInfo) and e.node_type is not _NoneType:
-            yield k
-
-
-def _snapshot(objs: list, info: list, skip: set[int]) -> dict[int, tuple]:
-    """The shallow state of each mutable container among ``objs`` (a tuple cannot change)."""
-    return {k: _state(objs[k]) for k in _containers(info, skip) if not isinstance(objs[k], tuple)}
-
-
-def _changed(objs: list, snapshot: dict[int, tuple]) -> list[int]:
-    return [k for k, state in snapshot.items() if _state(objs[k]) != state]
 
 
 # --- one loop call -------------------------------------------------------------------------------
@@ -150,12 +72,25 @@ class LoopCall:
     the lift as one call (``call``: ``(init,)``, or scan's ``(init, xs)`` when ``xs`` is
     written back), the slots the JAX loop carries (``carried``) and scans over (``scanned``).
     ``fun``: the user's body (for messages); ``policy``: the lift's; ``policies``: each
-    argument's."""
+    argument's; ``traced``: the ``traced=`` rule (resolved): the leaves it rejects
+    (``call.static``) are the loop's constants, as ``eqx.partition``'s static part closed
+    over a JAX loop: the JAX loop carries None in their place, and the body must leave each
+    as it is (an equal value, of the same type) at every iteration."""
 
-    def __init__(self, api: str, fun: Any, args: tuple, policy: Any, policies: tuple):
+    def __init__(
+        self,
+        api: str,
+        fun: Any,
+        args: tuple,
+        policy: Any,
+        policies: tuple,
+        traced: Callable[[Any], bool] | None = None,
+    ):
         self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
-        self.naming = NAMINGS[api]
-        self.call = flatten_call(self.naming, args, {})
+        self.naming, self.traced = NAMINGS[api], traced
+        self.call = flatten_call(self.naming, args, {}, traced=traced)
+        static = self.call.static
+        self.static: frozenset[int] = frozenset() if static is None else static.slots
         self.names = [self.naming.name(i) for i in range(len(args))]
         self.layout = _trace.Layout(len(args), self.names)
         self.info: list[Any] = self.call.sdef.node_info()
@@ -168,21 +103,21 @@ class LoopCall:
         self._paths: dict[int, str] | None = None
         # An array in both init and xs: one slot cannot be both carried and scanned (scan
         # then leaves xs out of the call; see ``SliceWatch``).
-        self.shared = set(self.carried) & set(self.scanned)
+        self.shared = set(self.carried) & set(self.scanned) - self.static
         self._check_leaves()
 
     def _check_leaves(self) -> None:
         scanned = set(self.scanned)
-        avals = []
+        avals: list[Any] = []
         for s, leaf in enumerate(self.call.leaves):
+            if s in self.static:
+                avals.append(None)  # the key has it: ``call.static``
+                continue
             try:
                 avals.append(_aval(leaf))
             except TypeError:
-                raise TypeError(
-                    f"{self.slot_path(s)}: a value of type {type(leaf).__name__}, which is not "
-                    f"a valid JAX type, cannot be {'scanned' if s in scanned else 'carried'} "
-                    "by a loop"
-                ) from None
+                where, verb = self.slot_path(s), "scanned" if s in scanned else "carried"
+                raise TypeError(not_a_jax_type(where, leaf, verb, self.traced)) from None
         self.avals = tuple(avals)
 
     def path(self, n: int) -> str:
@@ -207,7 +142,7 @@ class LoopCall:
     def debug_names(self, params: list[str]) -> list[str]:
         """Each carried (then scanned) leaf's key path, the arguments named ``params``."""
         names = self.call.slot_names(Naming(stand_in("body", tuple(params))))
-        return [names[s] for s in (*self.carried, *self.scanned)]
+        return [names[s] for s in (*self.carried, *self.scanned) if s not in self.static]
 
     # -- at trace time, in the JAX loop's body ----------------------------------------------------
 
@@ -217,9 +152,7 @@ class LoopCall:
         ``xs``). Returns the carry's new leaves, the other results and the new rows of the
         ``xs`` leaves the body changes; records the plan (``record``). ``watch``: scan's slice
         of an ``xs`` not written back, whose unreturned changes it checks."""
-        in_leaves: list = [None] * len(self.call.leaves)
-        for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
-            in_leaves[s] = leaf
+        in_leaves = self._in_leaves(carry, rows)
         found: dict[str, Any] = {}
 
         def lifted(*args: Any) -> Any:
@@ -232,38 +165,64 @@ class LoopCall:
         sdef = self.call.sdef
         prepared = begin(lifted, self.policy, self.naming, sdef, in_leaves, None)
         objs = prepared.objs
-        watched = _snapshot(objs, self.info, self.skip)
+        watched = snapshot(objs, self.info, self.skip)
         # The caller's containers, which the body may reach through a global or a closure
         # (rule 25; checked first, as it puts them back).
         callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
         called = prepared.call()
         _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
+        # A carry container the body consumed (equinox's State once set) and replaced by its
+        # successor: a new object at its place, the input as it was (rule L3).
+        index = {id(objs[k]): k for k in containers(self.info, self.skip)}
+        _trace.take_successors(prepared, found["new"], index, before=watched)
         if watch is not None:
             watch.check(self.fun, (found["new"], found["others"]))
-        new_slots = self._check(in_leaves, objs, watched, found["new"])
+        kept_static: dict[int, int] = {}  # the body's static leaf (by id) -> the slot it keeps
+        new_slots = self._check(in_leaves, objs, watched, found["new"], kept_static)
         traced = called.diff()
         plan = traced.plan(forced=_forced(traced, in_leaves, new_slots))
         where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
         where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
+        where.update({k: len(new_slots) + s for k, s in kept_static.items()})
         stacked = tuple(s for s in self.scanned if new_slots[s] is not in_leaves[s])
         # An output found in neither is a new value in a container of an argument left alone
         # (policy clone in a call mixing policies): built fresh and dropped, any value will do.
         self.record = LoopPlan(plan.plan, tuple(where.get(id(o), 0) for o in plan.outputs), stacked)
         new_rows = [new_slots[s] for s in stacked]
-        return [new_slots[s] for s in self.carried], found["others"], new_rows
+        others = found["others"]
+        if self.traced is not None and others is not None:
+            others = split_static(others, self.traced)
+        return self.inputs_of(new_slots, self.carried), others, new_rows
 
-    def _check(self, in_leaves: list, objs: list, watched: dict, new: tuple) -> list:
+    def _in_leaves(self, carry: Any, rows: Any) -> list:
+        """The call's leaves rebuilt from the JAX loop's ``carry`` and ``rows`` (scan's
+        slices of ``xs``), the static ones (``traced=``) back in their slots."""
+        in_leaves: list = [None] * len(self.call.leaves)
+        for s, leaf in zip((*self.carried, *self.scanned), (*carry, *rows), strict=True):
+            in_leaves[s] = leaf
+        for s in self.static:
+            in_leaves[s] = self.call.leaves[s]
+        return in_leaves
+
+    def inputs_of(self, values: list, slots: list[int]) -> list:
+        """``values`` (one per slot) of ``slots``, as the JAX loop carries them: None for a
+        static one."""
+        return [None if s in self.static else values[s] for s in slots]
+
+    def _check(
+        self, in_leaves: list, objs: list, watched: dict, new: tuple, kept_static: dict
+    ) -> list:
         """The loop's rules for what the body returns (``new``, one per argument): it keeps
         the structure and types of the call, and each container is the input container at the
         same place (updated in place) or a new one (the input one unchanged). Returns the new
-        value of each slot."""
+        value of each slot (see :meth:`_new_slots` for ``kept_static``)."""
         after = flatten_call(self.naming, new, {})
         new_info: list[Any] = after.sdef.node_info()
-        if not _same_structure(self.info, new_info, self.unstable):
+        if not same_structure(self.info, new_info, self.unstable):
             self._raise_structure(new)
-        index = {id(objs[k]): k for k in _containers(self.info, self.skip)}
+        index = {id(objs[k]): k for k in containers(self.info, self.skip)}
         kept = set()
-        for n in _containers(new_info, self.skip):
+        for n in containers(new_info, self.skip):
             k = index.get(id(after.objects[n]))
             if k is not None and k != n:
                 what = "put the slice's" if self.argument(n) else "returned the carry's"
@@ -274,17 +233,21 @@ class LoopCall:
                 )
             if k is not None:
                 kept.add(n)
-        changed = _changed(objs, watched)
-        bad = [k for k in changed if k not in kept]
+        touched = changed(objs, watched)
+        bad = [k for k in touched if k not in kept]
         if bad:
             self._raise_unreturned(objs, watched, bad)
         else:
-            self._check_outside_attributes(objs, watched, changed, new_info, after.objects)
-        return self._new_slots(new_info, after.leaves, in_leaves)
+            self._check_outside_attributes(objs, watched, touched, new_info, after.objects)
+        return self._new_slots(new_info, after.leaves, in_leaves, kept_static)
 
-    def _new_slots(self, new_info: list, new_leaves: list, in_leaves: list) -> list:
+    def _new_slots(
+        self, new_info: list, new_leaves: list, in_leaves: list, kept_static: dict
+    ) -> list:
         """Each slot's new value (the body's leaf at its place), checked: one array of the
-        call stays one, and keeps its shape and dtype."""
+        call stays one, and keeps its shape and dtype; a static leaf (``traced=``) stays equal
+        and is the call's own (the body's equal object is put in ``kept_static``: its id ->
+        the slot)."""
         values: dict[int, Any] = {}
         for n, (e_in, e_out) in enumerate(zip(self.info, new_info, strict=True)):
             if isinstance(e_in, LeafInfo):
@@ -297,9 +260,17 @@ class LoopCall:
                         "arrays (a copy at one of the places) to let them differ."
                     )
                 values[s] = value
+        for s in self.static:
+            value = values[s]
+            if value is not in_leaves[s]:
+                self._check_static(s, in_leaves[s], value)
+                kept_static[id(value)] = s
+                values[s] = in_leaves[s]
         new_slots = [values[s] for s in range(len(self.call.leaves))]
         scanned = set(self.scanned)
         for s, (old, new) in enumerate(zip(in_leaves, new_slots, strict=True)):
+            if s in self.static:
+                continue
             a, b = _aval(old), _aval(new)
             if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
                 if s in scanned:
@@ -315,6 +286,21 @@ class LoopCall:
                     "carry's types must be the same at every iteration"
                 )
         return new_slots
+
+    def _check_static(self, s: int, old: Any, new: Any) -> None:
+        """A static leaf of the call (``traced=``) that the body changed: a ValueError naming
+        its key path (a JAX loop's constants are the same at every iteration)."""
+        try:
+            same = type(new) is type(old) and bool(new == old)
+        except Exception:  # noqa: BLE001 - not comparable: not the same value
+            same = False
+        if not same:
+            raise ValueError(
+                f"{qualname(self.fun)} changed {self.slot_path(s)} from {old!r} to {new!r}: a "
+                "leaf that traced= leaves static is a constant of the loop, the same at every "
+                "iteration (as eqx.partition's static part closed over a JAX loop). Make it an "
+                "array (traced), or keep it and return another value apart from the carry."
+            )
 
     def _check_outside_attributes(
         self, objs: list, watched: dict, changed: list[int], new_info: list, new_objs: list
@@ -340,16 +326,19 @@ class LoopCall:
     def check_untouched(self, fun: Any, slots: Any) -> Any:
         """Run ``fun`` (while_loop's condition) on the carry rebuilt from ``slots``, which it
         may not change."""
-        root, objs = self.call.sdef.unflatten_nodes(list(slots))
-        watched = _snapshot(objs, self.info, self.skip)
+        root, objs = self.call.sdef.unflatten_nodes(self._in_leaves(slots, []))
+        watched = snapshot(objs, self.info, self.skip)
         callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
         out = fun(root[0])
         _trace.check_callers(fun, self.call.objects, callers, self.call.sdef, objs, self.layout)
-        bad = _changed(objs, watched)
+        bad = changed(objs, watched)
         if bad:
-            lines = [x for k in bad for x in _shallow_changes(self.path(k), objs[k], watched[k])]
+            lines = [x for k in bad for x in shallow_changes(self.path(k), objs[k], watched[k])]
             if self.policies[0].mutations == "error":
-                raise _trace.mutation_error(fun, lines, _CONDITION_REMEDY)
+                raise _trace.mutation_error(fun, lines, CONDITION_REMEDY)
+            if self.policies[0].mutations == "discard":  # clone (with traced=): reported
+                _trace.report_discarded(fun, lines, None, "'clone'")
+                return out
             raise ValueError(
                 f"{qualname(fun)}, the loop's condition, changed the carry in place:\n"
                 + "\n".join(f"  {line}" for line in lines)
@@ -361,7 +350,7 @@ class LoopCall:
     def _raise_structure(self, new: tuple) -> None:
         # The slice first: the body's slice of xs is checked before the carry it returns.
         for a in reversed(range(len(new))):
-            found = _structure_difference(self.names[a], self.call.args[a], new[a])
+            found = structure_difference(self.names[a], self.call.args[a], new[a])
             if a and found is not None:
                 raise ValueError(
                     f"{qualname(self.fun)} changed the structure of its slice of xs: {found}. "
@@ -387,13 +376,13 @@ class LoopCall:
         the slice's first (it is checked before the carry), each by its argument's policy."""
         for a in sorted({self.argument(k) for k in bad}, reverse=True):
             mine = [k for k in bad if self.argument(k) == a]
-            lines = [x for k in mine for x in _shallow_changes(self.path(k), objs[k], watched[k])]
+            lines = [x for k in mine for x in shallow_changes(self.path(k), objs[k], watched[k])]
             policy = self.policies[a]
             if policy.mutations == "discard":
                 continue  # init left alone while xs is not: the lift reports the lost change
             if policy.mutations == "error":
                 # Not alias's remedy: under alias this is the ValueError below.
-                raise _trace.mutation_error(self.fun, lines, _UNRETURNED_REMEDY)
+                raise _trace.mutation_error(self.fun, lines, UNRETURNED_REMEDY)
             if a:
                 raise ValueError(
                     f"{qualname(self.fun)} changed a container of its slice of xs in place, "
@@ -428,7 +417,8 @@ class LoopCall:
             return self.call.args[0]
         final = list(leaves)
         for s, value in zip((*self.carried, *record.stacked), (*carry, *rows), strict=True):
-            final[s] = value
+            if s not in self.static:
+                final[s] = value
         pool = final + leaves
         out = record.plan.apply(leaves, self.call.objects, [pool[g] for g in record.gather])
         return out if len(self.call.args) == 1 else out[0]
@@ -470,130 +460,3 @@ def _reachable(info: list, top: int) -> set[int]:
             if isinstance(info[m], RefInfo):
                 agenda.append(info[m].target)
     return seen
-
-
-# What strict's MutationError offers instead, where alias would not apply the change.
-_UNRETURNED_REMEDY = (
-    "Return the changed container at its place in the carry (policy 'alias' then writes the "
-    "final state into the caller's object), or build a new object there without changing the "
-    "old one; under policy 'alias' this body is a ValueError too, and policy='clone' discards "
-    "the change."
-)
-_CONDITION_REMEDY = (
-    "Change the carry in the body: a JAX while_loop carries only what the body returns, so "
-    "under policy 'alias' a condition that changes it is a ValueError too, and "
-    "policy='clone' discards the change."
-)
-_SLICE_REMEDY = (
-    "Return the changed slice (in the carry or in ys), or use policy='alias', which writes "
-    "what the body leaves in each slice back into the stacked xs (row i of each leaf, as "
-    "nnx.scan does for what it scans over axis 0), or policy='clone' to discard the change."
-)
-
-
-class SliceWatch:
-    """Scan's slice of an ``xs`` that is not written back (``strict``, or ``clone`` in a call
-    mixing policies): the containers the body changes in place and does not return are
-    strict's error, or reported as discarded (``mutations`` ``"discard"``). ``"shared"``: an
-    ``alias`` xs that shares an array with ``init``, so that its slice cannot be written back:
-    a change to it is a ValueError."""
-
-    def __init__(self, tree: Any, mutations: str):
-        self.mutations = mutations
-        self.call = flatten_call(XS_NAMING, (tree,), {})
-        info: list[Any] = self.call.sdef.node_info()
-        self.snapshot = _snapshot(self.call.objects, info, {len(info) - 1, info[-1].children[1]})
-
-    def check(self, fun: Any, returned: Any) -> None:
-        objs = self.call.objects
-        bad = _changed(objs, self.snapshot)
-        if not bad:
-            return
-        if self.mutations != "shared":
-            reached = {id(o) for o in flatten_call(XS_NAMING, (returned,), {}).objects}
-            bad = [k for k in bad if id(objs[k]) not in reached]
-        if bad:
-            paths = _trace.Paths(self.call.sdef, objs, _trace.Layout(1, ["xs"])).paths
-            lines = [
-                x
-                for k in bad
-                for x in _shallow_changes(paths.get(k, "?"), objs[k], self.snapshot[k])
-            ]
-            if self.mutations == "shared":
-                raise ValueError(
-                    f"{qualname(fun)} changed its slice of xs in place:\n"
-                    + "\n".join(f"  {line}" for line in lines)
-                    + "\nxs shares an array with init, which the loop carries, so the slice "
-                    "cannot be written back into xs; pass a copy of that array in one of them."
-                )
-            if self.mutations == "discard":  # xs left alone (a policy per argument)
-                _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
-                return
-            raise _trace.mutation_error(fun, lines, _SLICE_REMEDY)
-
-
-def _same_structure(a: list, b: list, unstable: set[int]) -> bool:
-    """Whether two node infos are one structure, leaf sharing aside (a body may give two
-    places one value; that it may not split one array in two is checked by the caller)."""
-    if len(a) != len(b):
-        return False
-    for k, (x, y) in enumerate(zip(a, b, strict=True)):
-        if type(x) is not type(y):
-            return False
-        if isinstance(x, RefInfo):
-            if x.target != y.target:
-                return False
-        elif isinstance(x, NodeInfo):
-            if x.node_type is not y.node_type or x.arity != y.arity:
-                return False
-            if k not in unstable and not _trace.same_data(x.data, y.data):
-                if not _trace.equal_empty_nodes(x, y):
-                    return False
-    return True
-
-
-def _structure_difference(name: str, old: Any, new: Any) -> str | None:
-    """Where ``new`` first differs from ``old`` in structure, in words (None: nowhere but in
-    its sharing)."""
-    try:
-        flat = jax.tree_util.tree_flatten_with_path
-        old_paths = [jax.tree_util.keystr(p) for p, _ in flat(old)[0]]
-        new_paths = [jax.tree_util.keystr(p) for p, _ in flat(new)[0]]
-    except Exception:  # noqa: BLE001 - a description is best effort
-        return "the structures differ"
-    old_set, new_set = set(old_paths), set(new_paths)
-    added = [p for p in new_paths if p not in old_set]
-    removed = [p for p in old_paths if p not in new_set]
-    parts = []
-    if added:
-        parts.append("added " + ", ".join(name + p for p in added[:5]))
-    if removed:
-        parts.append("removed " + ", ".join(name + p for p in removed[:5]))
-    if parts:
-        return "; ".join(parts)
-    old_def: Any = jax.tree_util.tree_structure(old)
-    new_def = jax.tree_util.tree_structure(new)
-    return f"{old_def} became {new_def}" if old_def != new_def else None
-
-
-def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) -> None:
-    """A container in both ``init`` and ``xs``, given different policies, has no single answer
-    (written back for one, left alone for the other): the ValueError jit raises, naming both
-    key paths (docs/semantics.md, rule 39)."""
-    both = flatten_call(NAMINGS["scan"], (init, xs), {})
-    info = both.sdef.node_info()
-    init_top, xs_top = info[-1].children[:2]
-    first = init_top - (info[init_top].size if isinstance(info[init_top], NodeInfo) else 1)
-    for n in range(init_top + 1, xs_top + 1):
-        e = info[n]
-        if isinstance(e, RefInfo) and first < e.target <= init_top:
-            target = info[e.target]
-            if isinstance(target, NodeInfo) and target.node_type is not _NoneType:
-                paths = _trace.Paths(both.sdef, both.objects, _trace.Layout(2, ["init", "xs"]))
-                a, b = (_trace.policy_name(p) for p in policies)
-                raise ValueError(
-                    f"{qualname(f)}: the {type(both.objects[e.target]).__name__} at "
-                    f"{paths.paths.get(e.target)} (policy {a}) is also at {paths.paths.get(n)} "
-                    f"(policy {b}): one container cannot be both written back and left alone. "
-                    "Pass it through one argument, or give both arguments one policy."
-                )

@@ -10,6 +10,8 @@ computation must output. One module per concern:
   ``plan``) and the records between them;
 - ``tree``: the flattened structure, its key paths (``Paths``) and its comparisons;
 - ``diff``: what changed in a container, in words;
+- ``consumed``: inputs the function consumed (equinox's ``State`` once set): each takes its
+  successor's contents;
 - ``writes``: what alias writes back (``container_writes``: the ``Origin`` of each container),
   each container's policy, and where the leaves are after a call (``jit_partial``);
 - ``watch``: what is watched while the function runs (the caller's containers, strict's
@@ -20,6 +22,7 @@ computation must output. One module per concern:
 This module is the package's API for the rest of treeclone.
 """
 
+from treeclone._trace.consumed import take_successors
 from treeclone._trace.discards import ReportingDiscards, reporting_discards
 from treeclone._trace.messages import (
     mutation_error,
@@ -72,6 +75,7 @@ __all__ = [
     "run",
     "same_data",
     "shallow_state",
+    "take_successors",
     "unstable_static_data",
     "watch_callers",
 ]

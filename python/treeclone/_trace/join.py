@@ -30,7 +30,9 @@ class BranchRecord:
     """What tracing one branch left behind: its plan's parts and, per leaf position of the
     plan's structure (its ``Leaf`` entries in order), the slot, the operand slot it hands back
     as it came in (None: a new value), and its abstract value; the branch result's JAX
-    structure and the abstract values of its leaves (to report a mismatch as JAX does)."""
+    structure and the abstract values of its leaves (to report a mismatch as JAX does); and,
+    under a ``traced=`` rule, the leaves it leaves static (``statics``: position -> value),
+    which are not output (JAX sees only arrays) and must be equal in every branch."""
 
     __slots__ = (
         "avals",
@@ -43,6 +45,7 @@ class BranchRecord:
         "refs",
         "result_child",
         "slots",
+        "statics",
     )
 
     def __init__(self, traced: Traced, inputs: list, avals: list, refs: tuple):
@@ -56,6 +59,7 @@ class BranchRecord:
         # The positions that hold a JAX Ref: the operand's own, handed back as it came in, and
         # not output by the branch (JAX never returns a Ref).
         self.refs: tuple[int, ...] = refs
+        self.statics: dict[int, Any] = {}
         out_leaves, out_def = jax.tree_util.tree_flatten(traced.out)
         self.out_def: Any = out_def
         self.out_avals: list[Any] = [aval_of(x) for x in out_leaves]
@@ -127,6 +131,25 @@ def say_aval(aval: Any) -> str:
         shape, dtype = aval
         return f"a value of type {dtype.name}{list(shape)}"
     return f"a value of type {aval}"
+
+
+def static_difference(a: BranchRecord, pa: int, b: BranchRecord, pb: int) -> tuple | None:
+    """How two branches differ at leaf positions ``pa`` and ``pb`` where one (or both) leaves
+    a static leaf (``traced=``): each must leave one equal value of one type there (a JAX
+    cond cannot choose between two Python values), in words; None where they agree."""
+    missing = object()
+    va, vb = a.statics.get(pa, missing), b.statics.get(pb, missing)
+    try:
+        same = type(va) is type(vb) and va is not missing and bool(va == vb)
+    except Exception:  # noqa: BLE001 - not comparable: not one value
+        same = False
+    if same:
+        return None
+
+    def words(r: BranchRecord, p: int, v: Any) -> str:
+        return say_aval(r.avals[p]) if v is missing else f"the static leaf {v!r}"
+
+    return words(a, pa, va), words(b, pb, vb)
 
 
 def say(namer: PathNamer, r: BranchRecord, n: int) -> str:
@@ -358,7 +381,9 @@ def first_difference(
                 problem = (say(paths, a, na), say(other, b, nb))
         elif isinstance(ea, EntryInfo.Leaf):
             av_a, av_b = a.avals[pos_a[na]], b.avals[pos_b[nb]]
-            if av_a != av_b:
+            if pos_a[na] in a.statics or pos_b[nb] in b.statics:
+                problem = static_difference(a, pos_a[na], b, pos_b[nb])
+            elif av_a != av_b:
                 problem = (say_aval(av_a), say_aval(av_b))
             elif isinstance(av_a, RefAval) and a.inputs[pos_a[na]] != b.inputs[pos_b[nb]]:
                 # A Ref is never output: each place keeps the same operand's Ref.

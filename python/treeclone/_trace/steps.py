@@ -23,9 +23,11 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._native import Source
+from treeclone._trace.consumed import take_successors
 from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
     mutation_lines,
+    policy_name,
     raise_mutation_error,
     raise_outside_attribute,
     raise_static_mutation,
@@ -178,9 +180,20 @@ class Called:
             for k, (o, e) in enumerate(zip(p.objs, p.info, strict=True))
             if isinstance(e, NodeInfo) and e.node_type is not NoneType
         }
-        post = flatten_after(p.root, self.out, p.objs, container_index)
+        try:
+            post = flatten_after(p.root, self.out, p.objs, container_index)
+            handed_over = None
+        except Exception:
+            # An input the function consumed (equinox's State once set): it takes its
+            # successor's contents (``consumed``), then everything reads again.
+            handed_over = take_successors(p, self.out, container_index)
+            if handed_over is None:
+                raise
+            post = flatten_after(p.root, self.out, p.objs, container_index)
         post_info = post[1].node_info()
         returned = returned_nodes(post_info, post[2], container_index)
+        if handed_over:
+            returned |= handed_over  # a successor returned returns the input it replaced
         origin_of, origin_node, mutated = self._container_writes(post, post_info, container_index)
         self._check_unreturned(mutated, returned)
         if p.node_policy is not None:  # only alias's containers keep an origin
@@ -245,7 +258,7 @@ class Called:
         if lost and not report_off(None):
             lines = mutation_lines(lost, req.sdef, p.objs, req.layout)
             if p.node_policy is None:
-                report_discarded(req.fun, lines, None, repr(req.policy))
+                report_discarded(req.fun, lines, None, policy_name(req.policy))
             else:
                 report_discarded(req.fun, lines, None, "'clone' (chosen for these arguments)")
 
