@@ -52,6 +52,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<call::PartialCore>()?;
     m.add_class::<call::StaticArguments>()?;
     m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
+    m.add(
+        "ShardedArguments",
+        m.py().get_type::<call::ShardedArguments>(),
+    )?;
     m.add_function(wrap_pyfunction!(call::running::running_call, m)?)?;
     m.add_function(wrap_pyfunction!(call::running::swap_running_call, m)?)?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;

@@ -151,6 +151,10 @@ def swap_running_call(call: Any) -> Any:
 class FlattenFailed(ValueError):
     """A lean call's arguments could not be flattened: the general path names the argument."""
 
+class ShardedArguments(FlattenFailed):
+    """A call's arguments are on a mesh and its key holds no shardings: the call is made again
+    with them in its key (``_lift.placement``), and so are the later ones."""
+
 class JitCore:
     """The native base of ``treeclone.Jitted``: its ``__call__``."""
 
@@ -197,9 +201,10 @@ class LeanCall:
         inner: Any,
         jitted: Any,
         keys: dict[Any, tuple[Any, ...]],
-        key_of: Callable[[Any], tuple[Any, ...]],
+        key_of: Callable[..., tuple[Any, ...]],
         tracer: type,
         finish: Callable[[tuple[Any, ...], Any, Any], Any],
+        placements: Callable[[list[Any]], tuple[Any, ...]],
         statics: StaticArguments | None = None,
     ) -> None: ...
     def call_joined(

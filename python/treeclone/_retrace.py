@@ -264,6 +264,25 @@ def _donation_differences(old: Record, new: Record) -> list[tuple[str, str]]:
     ]
 
 
+def _placement_differences(old: Record, new: Record) -> list[tuple[str, str]]:
+    """The leaves placed otherwise (the key's fifth entry: ``_lift.placement``), when both
+    traces were keyed on their arguments' placements and have one structure."""
+    a, b = old.key[4], new.key[4]
+    if a == b or a is None or b is None or old.key[0] != new.key[0]:
+        return []
+    return [
+        (p, f"sharding changed from {_placed(x)} to {_placed(y)}")
+        for p, x, y in zip(new.slot_paths, a, b, strict=False)
+        if x != y
+    ]
+
+
+def _placed(sharding: Any) -> str:
+    """A sharding as a short text: a NamedSharding's spec, else the sharding itself."""
+    spec = getattr(sharding, "spec", None)
+    return "uncommitted" if sharding is None else str(spec if spec is not None else sharding)
+
+
 # --- the record of a function's traces ---------------------------------------------------------
 
 
@@ -334,11 +353,12 @@ def record_of(key: tuple, leaves: list, layout: Layout) -> Record:
 
 def call_differences(old: Record, new: Record, name: Callable[[int], str]) -> list[tuple[str, str]]:
     """``(key path or argument, what changed)`` from the call ``old`` to ``new``: the static
-    arguments, the structure, sharing and types of the others, their donation."""
+    arguments, the structure, sharing and types of the others, their donation and placement."""
     return [
         *static_differences(old.key[1], new.key[1], name),
         *differences(old.where, new.where),
         *_donation_differences(old, new),
+        *_placement_differences(old, new),
     ]
 
 
@@ -357,7 +377,7 @@ class History:
     def traced(
         self, key: tuple, leaves: list, layout: Layout, args_after: tuple[tuple, dict] | None
     ) -> None:
-        """Record a trace of arguments ``key`` (``(sdef, statics, donation)``) with ``leaves``
+        """Record a trace of arguments ``key`` (``jit_call.Key``) with ``leaves``
         (tracers); ``args_after``: the rebuilt ``(args, kwargs)`` after the function ran.
         Never raises: an explanation is not worth a failed call."""
         try:

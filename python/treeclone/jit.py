@@ -49,7 +49,8 @@ from treeclone._lift.jit_options import (
     resolve_arguments,
 )
 from treeclone._lift.jit_stages import StageSource, run, trace
-from treeclone._lift.jit_trace import Inner, finish_lean, make_inner, specified
+from treeclone._lift.jit_trace import Inner, finish_lean, make_inner
+from treeclone._lift.placement import ShardedArguments, placements, specified
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -111,6 +112,7 @@ class Jitted(_native.JitCore):
         jit_kwargs: dict[str, Any],
         discarded_mutations: str | None = None,
         traced: str | Callable[[Any], bool] | None = None,
+        keep_shardings: bool = True,
     ):
         """Use :func:`jit`; ``jit_kwargs`` are passed to ``jax.jit`` as they are."""
         if not callable(fun):
@@ -138,9 +140,10 @@ class Jitted(_native.JitCore):
         )
         self._in_shardings_given = specified(jit_kwargs.get("in_shardings"))
         self._traced = leaf_rule(traced)
+        self._keep_shardings = bool(keep_shardings)
         options = hashable_options(self._kwargs)
         self._inner, self._shared = inner_cache(
-            fun, None if options is None else (options, self._traced)
+            fun, None if options is None else (options, self._traced, self._keep_shardings)
         )
         self._shape = CallShape(
             self._naming,
@@ -217,7 +220,11 @@ class Jitted(_native.JitCore):
         kwargs: dict,
         bound: BoundArguments | None = None,
     ) -> Any:
-        return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+        try:
+            return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+        except ShardedArguments:
+            # Arguments on a mesh: the call again, keyed by their shardings (_lift.placement).
+            return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
 
     def _lean_call(self) -> _native.LeanCall:
         """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
@@ -230,6 +237,7 @@ class Jitted(_native.JitCore):
             inner.key_of,
             Tracer,
             finish_lean,
+            placements,
             self._shape.statics,  # the static arguments split as the Python path splits them
         )
 
@@ -238,7 +246,13 @@ class Jitted(_native.JitCore):
         entry = self._inner.get(policy)
         if entry is None:
             entry = self._inner[policy] = make_inner(
-                self._fun, policy, self._kwargs, self._naming, self._shared, self._traced
+                self._fun,
+                policy,
+                self._kwargs,
+                self._naming,
+                self._shared,
+                self._traced,
+                self._keep_shardings,
             )
         return entry
 
@@ -314,7 +328,10 @@ class Jitted(_native.JitCore):
             return getattr(self._jax_jitted, method)(*args, **kwargs)
         entry = self._inner_entry(policy)
         source = StageSource(self._fun, self._shape, entry, bound, after)
-        traced = trace(source, args, kwargs)
+        try:
+            traced = trace(source, args, kwargs)
+        except ShardedArguments:  # keyed by the arguments' shardings, as the call is
+            traced = trace(source, args, kwargs)
         if method == "lower":
             return traced.lower()
         if method == "eval_shape":
@@ -411,6 +428,7 @@ def jit(
     compiler_options: dict[str, Any] | None = None,
     discarded_mutations: str | None = None,
     traced: str | Callable[[Any], bool] | None = None,
+    keep_shardings: bool = True,
 ) -> Jitted: ...
 @overload
 def jit(
@@ -432,6 +450,7 @@ def jit(
     compiler_options: dict[str, Any] | None = None,
     discarded_mutations: str | None = None,
     traced: str | Callable[[Any], bool] | None = None,
+    keep_shardings: bool = True,
 ) -> Callable[[Callable[..., Any]], Jitted]: ...
 def jit(
     fun: Callable[..., Any] | None = None,
@@ -452,6 +471,7 @@ def jit(
     compiler_options: dict[str, Any] | None = None,
     discarded_mutations: str | None = None,
     traced: str | Callable[[Any], bool] | None = None,
+    keep_shardings: bool = True,
 ) -> Jitted | Callable[[Callable[..., Any]], Jitted]:
     """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
     or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
@@ -473,6 +493,10 @@ def jit(
     the function as it is; what the function returns that the rule leaves static comes back
     as it is.
 
+    Under ``alias`` and ``strict`` an array the function leaves in an argument in place of
+    one placed on several devices (or by ``in_shardings``) keeps that array's sharding, as an
+    in-place update leaves a state where it is; ``keep_shardings=False`` lets XLA choose, as
+    ``jax.jit`` does for an output without ``out_shardings`` (docs/semantics.md, "Shardings").
 
     >>> import jax.numpy as jnp, treeclone
     >>> def append_double(xs, x):
@@ -519,8 +543,8 @@ def jit(
         }
     )
     if fun is None:
-        return lambda f: Jitted(f, policy, given, discarded_mutations, traced)
-    return Jitted(fun, policy, given, discarded_mutations, traced)
+        return lambda f: Jitted(f, policy, given, discarded_mutations, traced, keep_shardings)
+    return Jitted(fun, policy, given, discarded_mutations, traced, keep_shardings)
 
 
 __all__: Sequence[str] = ["Jitted", "argument_names", "jit", "reporting"]

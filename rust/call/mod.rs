@@ -30,7 +30,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 pyo3::create_exception!(
@@ -39,6 +39,15 @@ pyo3::create_exception!(
     PyValueError,
     "The arguments of a lean call could not be flattened: the caller takes the general path, \
      whose error names the argument."
+);
+
+pyo3::create_exception!(
+    treeclone,
+    ShardedArguments,
+    FlattenFailed,
+    "A call's arguments hold arrays placed on several devices and its key holds no shardings \
+     (the arrays written back keep their placement, a part of the trace): the call is made \
+     again with them in its key, and so are the later ones."
 );
 
 /// What the inner `jax.jit` returns: the computation's outputs (`leaves`) with the trace's
@@ -99,6 +108,13 @@ pub struct LeanCall {
     /// still reads it costs the host time, and a training loop lets go of its old state right
     /// after the call that reads it.
     held: Mutex<Option<Py<PyList>>>,
+    /// `placements(leaves)`: the part of a key that says where the arguments are
+    /// (`_lift.placement.placements`), read once `keyed` is set.
+    placements: Py<PyAny>,
+    /// Set when the inner function refused a call whose key held no shardings
+    /// (`ShardedArguments`: its arguments were on several devices): from then on every key
+    /// holds them.
+    keyed: AtomicBool,
 }
 
 /// Of a `_TraceInfo`: itself, whether its result hands inputs back (`returned_inputs`),
@@ -113,7 +129,7 @@ type Last = (Py<PyAny>, Option<Py<PyAny>>, Py<PyAny>);
 impl LeanCall {
     /// `statics`: the function's `StaticArguments`, or None.
     #[new]
-    #[pyo3(signature = (inner, jitted, keys, key_of, tracer, finish, statics=None))]
+    #[pyo3(signature = (inner, jitted, keys, key_of, tracer, finish, placements, statics=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         inner: Py<PyAny>,
@@ -122,6 +138,7 @@ impl LeanCall {
         key_of: Py<PyAny>,
         tracer: Py<PyType>,
         finish: Py<PyAny>,
+        placements: Py<PyAny>,
         statics: Option<Py<StaticArguments>>,
     ) -> PyResult<Self> {
         Ok(LeanCall {
@@ -137,6 +154,8 @@ impl LeanCall {
             last_entries: AtomicUsize::new(0),
             last_leaves: AtomicUsize::new(0),
             held: Mutex::new(None),
+            placements,
+            keyed: AtomicBool::new(false),
         })
     }
 
@@ -152,9 +171,8 @@ impl LeanCall {
         sdef: Bound<'py, PyAny>,
         objects: Bound<'py, PyList>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let key = self.key(py, &sdef, None)?;
         let record = (args.clone(), kwargs.clone(), py.None().into_bound(py));
-        self.run(py, record, key, leaves, objects)
+        self.run_keyed(py, record, &sdef, None, leaves, objects)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -164,6 +182,7 @@ impl LeanCall {
         visit.call(&self.key_of)?;
         visit.call(&self.tracer)?;
         visit.call(&self.finish)?;
+        visit.call(&self.placements)?;
         if let Some(statics) = &self.statics {
             visit.call(statics)?;
         }
@@ -241,27 +260,79 @@ impl LeanCall {
             Err(e) => return Err(e),
         };
         let sdef = sdef.into_any();
-        let (key, positions) = match (&split, statics) {
+        let (statics, positions) = match (&split, statics) {
             (Some(split), Some(statics)) => {
                 // Hashed after the flatten, as jax.jit orders its errors.
                 statics.check_hashable(py, split)?;
-                let key = self.key(py, &sdef, Some(split.key.as_any()))?;
-                (key, split.positions.clone().into_any())
+                (Some(split.key.as_any()), split.positions.clone().into_any())
             }
-            _ => (self.key(py, &sdef, None)?, py.None().into_bound(py)),
+            _ => (None, py.None().into_bound(py)),
         };
         let record = (args.clone(), kwargs, positions);
-        self.run(py, record, key, leaves, objects)
+        self.run_keyed(py, record, &sdef, statics, leaves, objects)
     }
 
-    /// The key of structure `sdef` (with the static arguments' `statics`): the last one's
-    /// when equal, else the inner function's (`key_of(sdef, statics)`).
+    /// `run` with the call's key: of its structure and static arguments, and, once calls
+    /// are keyed on placements (`keyed`), of where its arguments are. A call refused for
+    /// want of them (`ShardedArguments`) sets `keyed` and is made again with them.
+    fn run_keyed<'py>(
+        &self,
+        py: Python<'py>,
+        record: (Bound<'py, PyTuple>, Bound<'py, PyDict>, Bound<'py, PyAny>),
+        sdef: &Bound<'py, PyAny>,
+        statics: Option<&Bound<'py, PyAny>>,
+        leaves: Bound<'py, PyList>,
+        objects: Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let keyed = self.keyed.load(Ordering::Relaxed);
+        let placed = self.placed(py, keyed, &leaves)?;
+        let key = self.key(py, sdef, statics, placed.as_ref())?;
+        match self.run(py, record.clone(), key, leaves.clone(), objects.clone()) {
+            Err(err) if !keyed && err.is_instance_of::<ShardedArguments>(py) => {
+                self.keyed.store(true, Ordering::Relaxed);
+                let placed = self.placed(py, true, &leaves)?;
+                let key = self.key(py, sdef, statics, placed.as_ref())?;
+                self.run(py, record, key, leaves, objects)
+            }
+            result => result,
+        }
+    }
+
+    /// Where the arguments are (`placements(leaves)`), when calls are keyed on it.
+    fn placed<'py>(
+        &self,
+        py: Python<'py>,
+        keyed: bool,
+        leaves: &Bound<'py, PyList>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if !keyed {
+            return Ok(None);
+        }
+        Ok(Some(self.placements.bind(py).call1((leaves,))?))
+    }
+
+    /// The key of structure `sdef` (with the static arguments' `statics`, and the arguments'
+    /// `placed`): the last one's when equal, else the inner function's (`key_of(sdef,
+    /// statics, placed)`), kept under `sdef`, or `(sdef, statics)`, or `(sdef, (statics,
+    /// placed))` when keyed on placements.
     fn key<'py>(
         &self,
         py: Python<'py>,
         sdef: &Bound<'py, PyAny>,
         statics: Option<&Bound<'py, PyAny>>,
+        placed: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        // Compared and looked up beside the structure: the static arguments and, when keyed on
+        // them, the arguments' placements.
+        let given = statics;
+        let extra = match placed {
+            None => given.cloned(),
+            Some(placed) => {
+                let statics = given.cloned().unwrap_or_else(|| py.None().into_bound(py));
+                Some(PyTuple::new(py, [&statics, placed])?.into_any())
+            }
+        };
+        let statics = extra.as_ref();
         if let Some((last_sdef, last_statics, key)) = self.last_entry(py) {
             // Python code may run in `eq` (a node's data, a static value's `__eq__`): nothing
             // is held locked meanwhile.
@@ -280,7 +351,7 @@ impl LeanCall {
         };
         let key = match self.keys.bind(py).get_item(&lookup)? {
             Some(key) => key,
-            None => self.key_of.bind(py).call1((sdef, statics))?,
+            None => self.key_of.bind(py).call1((sdef, given, placed))?,
         };
         if let Ok(mut last) = self.last.lock() {
             *last = Some((

@@ -8,9 +8,12 @@ Two worker processes (``tests/support/distributed_worker.py``, see its docstring
 runs ``STEPS`` momentum-SGD steps on a batch split over all 4 devices, under every scenario
 of the worker (``alias`` with the state updated in place and not returned, ``alias``
 returning it, ``clone``, ``strict``, ``alias`` around a loss computed in a
-``jax.shard_map`` with an explicit ``pmean``, and ``treeclone.jit(alias)`` over
-``treeclone.shard_map(alias)`` with the per-device function updating the state in place),
-and writes its results. Here:
+``jax.shard_map`` with an explicit ``pmean``, ``treeclone.jit(alias)`` over
+``treeclone.shard_map(alias)`` with the per-device function updating the state in place, and
+on a 2-D ``data x model`` mesh, one row of devices per process, with the first layer's weights
+split over ``model``: ``alias`` and a donated ``jit_partial``, each checking after every step
+that every leaf of the caller's state is placed as it started, issue 48), and writes its
+results. Here:
 
 - both processes exit 0 within the time limit (each has checked the caller's dict inside:
   kept and updated under ``alias``, untouched under ``clone``, a ``MutationError`` under
@@ -43,7 +46,7 @@ from helpers import SUPPORT_DIR, child_env
 
 NUM_PROCESSES = 2
 DEVICES_PER_PROCESS = 2
-# One attempt: startup, compiling six scenarios in each of two processes, three steps each.
+# One attempt: startup, compiling eight scenarios in each of two processes, three steps each.
 # About 10 s on an idle 2-core machine; the rest is headroom for a loaded CI runner.
 ATTEMPT_TIMEOUT = 120.0
 # Once one worker has failed, how long the others get to fail by themselves (showing their

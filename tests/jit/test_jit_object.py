@@ -222,6 +222,7 @@ def test_signature_of_the_class_itself() -> None:
         "jit_kwargs",
         "discarded_mutations",
         "traced",
+        "keep_shardings",
     ]
 
 
@@ -305,9 +306,10 @@ def test_signature_has_jax_jits_keywords() -> None:
         # The same defaults (the sharding options' "not given" prints as jax.jit's does).
         assert repr(ours[name].default) == repr(parameter.default), name
     extra = set(ours) - set(theirs)
-    assert extra <= {"policy", "discarded_mutations", "traced", "abstracted_axes"}
+    assert extra <= {"policy", "discarded_mutations", "traced", "keep_shardings", "abstracted_axes"}
     assert ours["policy"].default == "clone"
     assert ours["discarded_mutations"].default is None  # the global setting (or a block's)
+    assert ours["keep_shardings"].default is True  # written-back arrays keep their placement
     assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in ours.values())
 
 

@@ -21,17 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import run_script
-from test_jit_conformance import POLICIES, Run, assert_conforms, both, run
+from test_jit_conformance import POLICIES, Run, assert_conforms, run
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable:UserWarning")
 
 NUM_DEVICES = 8
 MARKER = "SHARDING-RESULTS:"
-
-MISMATCHED_INPUT = (
-    "jax.jit raises ValueError when a committed input's sharding differs from in_shardings; "
-    "alias/strict reshard it silently"
-)
 
 # --- the scenarios (run in the subprocess) --------------------------------------------------------
 
@@ -277,7 +272,7 @@ def sc_uncommitted_input_computed(jit, count):
     return jit(f, in_shardings=e.S)(jnp.arange(16.0))
 
 
-@scenario(known=both(MISMATCHED_INPUT))
+@scenario()
 def sc_mismatched_committed_input(jit, count):
     e = Env.get()
 

@@ -37,6 +37,7 @@ MOMENTUM = 0.9
 SIZES = (6, 16, 16, 3)  # input, hidden, hidden, output
 GLOBAL_BATCH = 32  # rows; split evenly over every global device
 AXIS = "data"
+MODEL = "model"  # the second axis of the 2-D mesh
 
 # --- model, data, step (shared with the test) ---------------------------------------------------
 
@@ -123,16 +124,25 @@ def reference() -> dict[str, Any]:
 
 
 class Setup:
-    """The global mesh, the shardings and the placed batch of this process."""
+    """The global mesh, the shardings and the placed batch of this process.
 
-    def __init__(self) -> None:
+    ``two_d``: a ``data x model`` mesh, one row of devices per process (the batch split over
+    the processes, replicated over ``model``), where the first layer's weights and their
+    momentum are split over ``model`` (``P(None, "model")``) and the rest replicated; else a
+    1-D ``data`` mesh of every device, the whole state replicated."""
+
+    def __init__(self, two_d: bool = False) -> None:
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
 
         devices = np.array(jax.devices())
-        self.mesh = Mesh(devices, (AXIS,))
+        if two_d:
+            self.mesh = Mesh(devices.reshape(jax.process_count(), -1), (AXIS, MODEL))
+        else:
+            self.mesh = Mesh(devices, (AXIS,))
         self.batch_sharding = NamedSharding(self.mesh, P(AXIS))
         self.replicated = NamedSharding(self.mesh, P())
+        self.split = NamedSharding(self.mesh, P(None, MODEL)) if two_d else self.replicated
         x, y = global_batch()
         self.x = self.place_batch(x)
         self.y = self.place_batch(y)
@@ -147,13 +157,16 @@ class Setup:
         return placed
 
     def place_state(self) -> dict[str, Any]:
-        """``init_state()`` replicated over every global device."""
+        """``init_state()`` placed over every global device: replicated, but for the first
+        layer's weights and their momentum on a 2-D mesh (``self.split``)."""
 
-        def place(leaf: np.ndarray) -> jax.Array:
+        def place(path: tuple, leaf: np.ndarray) -> jax.Array:
             leaf = np.asarray(leaf)
-            return jax.make_array_from_callback(leaf.shape, self.replicated, lambda idx: leaf[idx])
+            first_weights = jax.tree_util.keystr(path).endswith("[0]['w']")
+            sharding = self.split if first_weights else self.replicated
+            return jax.make_array_from_callback(leaf.shape, sharding, lambda idx: leaf[idx])
 
-        return jax.tree.map(place, init_state())
+        return jax.tree_util.tree_map_with_path(place, init_state())
 
 
 def fetch(tree: Any) -> Any:
@@ -313,6 +326,58 @@ def alias_shard_map(setup: Setup) -> dict[str, Any]:
     return {**fetch(state), "losses": losses}
 
 
+def shardings(state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        jax.tree_util.keystr(p): x.sharding for p, x in jax.tree_util.tree_leaves_with_path(state)
+    }
+
+
+def check_placed(state: dict[str, Any], initial: dict[str, Any], where: str) -> None:
+    """Every leaf of the caller's state is placed as it was at the start."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        want = initial[jax.tree_util.keystr(path)]
+        assert leaf.sharding.is_equivalent_to(want, leaf.ndim), (
+            f"{where}: state{jax.tree_util.keystr(path)} is placed at {leaf.sharding}, it "
+            f"started at {want}"
+        )
+
+
+def alias_jit_2d(setup: Setup) -> dict[str, Any]:
+    """``alias`` on a ``data x model`` mesh (issue 48): the state updated in place keeps every
+    leaf's placement, the first layer's weights split over ``model`` and the rest replicated
+    (XLA alone would move the first layer's bias and its momentum onto ``model``), with no
+    ``out_shardings``; the caller's dict is its own."""
+    import treeclone
+
+    setup = Setup(two_d=True)
+    state = setup.place_state()
+    initial = shardings(state)
+    step = treeclone.jit(train_step, policy="alias")
+    losses = []
+    for i in range(STEPS):
+        losses.append(float(fetch(step(state, setup.x, setup.y))))
+        check_placed(state, initial, f"step {i}")
+    return {**fetch(state), "losses": losses}
+
+
+def jit_partial_2d_donated(setup: Setup) -> dict[str, Any]:
+    """``jit_partial`` of the same step, the state bound and donated, on the 2-D mesh: each
+    donated buffer is reused (the old arrays deleted) and every leaf keeps its placement."""
+    import treeclone
+
+    setup = Setup(two_d=True)
+    state = setup.place_state()
+    initial = shardings(state)
+    step = treeclone.jit_partial(train_step, state, policy="alias", donate_argnums=0)
+    losses = []
+    for i in range(STEPS):
+        old = jax.tree.leaves(state)
+        losses.append(float(fetch(step(setup.x, setup.y))))
+        assert all(a.is_deleted() for a in old), f"step {i}: a donated array was not deleted"
+        check_placed(state, initial, f"step {i}")
+    return {**fetch(state), "losses": losses}
+
+
 # name -> scenario; each returns the final state (NumPy leaves) and its losses, which the
 # test compares with reference(). Adding one is one more entry here.
 SCENARIOS: dict[str, Callable[[Setup], dict[str, Any]]] = {
@@ -322,6 +387,8 @@ SCENARIOS: dict[str, Callable[[Setup], dict[str, Any]]] = {
     "strict_jit": strict_jit,
     "alias_jit_of_shard_map": alias_jit_of_shard_map,
     "alias_shard_map": alias_shard_map,
+    "alias_jit_2d": alias_jit_2d,
+    "jit_partial_2d_donated": jit_partial_2d_donated,
 }
 
 

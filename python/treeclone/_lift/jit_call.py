@@ -1,6 +1,6 @@
 """One ``treeclone.jit`` call under a policy, as its inner ``jax.jit`` is called: the cache
-key (:class:`Key`: structure, static arguments, donation, static leaves), which leaves are
-donated (:class:`Donation`), the order the inner function takes the leaves in
+key (:class:`Key`: structure, static arguments, donation, static leaves, placements), which
+leaves are donated (:class:`Donation`), the order the inner function takes the leaves in
 (:func:`jit_order`) and the description of the call the trace reads (:class:`JitCall`), on the
 Python path and rebuilt from what the lean native path records (:func:`lean_call_record`).
 """
@@ -58,9 +58,11 @@ def from_jit_order(
 
 class Key(tuple):
     """The inner jit's static argument: ``(structure, static arguments, donation, static
-    leaves)``. A tuple, hashed and compared in C, but of a subclass, so that it is a pytree
-    leaf: JAX before 0.7 flattens static arguments, and a key flattened as a tuple would walk
-    the static values (a cyclic one without end, exhausting the recursion counter)."""
+    leaves, placements)``, the last the shardings of the arguments (``_lift.placement``; None
+    when the function's calls are not keyed on them). A tuple, hashed and compared in C, but
+    of a subclass, so that it is a pytree leaf: JAX before 0.7 flattens static arguments, and a
+    key flattened as a tuple would walk the static values (a cyclic one without end,
+    exhausting the recursion counter)."""
 
     __slots__ = ()
 
@@ -206,9 +208,9 @@ class CallShape:
         static = None
         if self.traced is not None:
             static = StaticLeaves.of(leaves, self.traced, args, kwargs, self.naming)
-        key = Key((sdef, statics, donation, static))
-        kept, donated = jit_order(leaves, donation, static)
         inner, jitted = entry
+        key = Key((sdef, statics, donation, static, inner.placement.key_part(leaves)))
+        kept, donated = jit_order(leaves, donation, static)
         return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
 
     def split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, Sequence[int]]:

@@ -29,6 +29,12 @@ from treeclone._lift.jit_call import (
     lean_call_record,
 )
 from treeclone._lift.naming import Naming, debug_info, jit_keystr
+from treeclone._lift.placement import (
+    Placement,
+    argument_leaves,
+    pins,
+    place_outputs,
+)
 from treeclone._lift.runner import begin
 from treeclone.policies import ArgPolicies, Policy
 
@@ -159,10 +165,10 @@ class Inner:
     steps) and returns the outputs boxed with what the trace recorded.
 
     It is called as ``jitted(key, donated, *kept)``: ``key``, static, is the call's
-    ``(structure, static arguments, donation, static leaves)``; ``donated`` the donated leaves
-    (a list, donated as a whole, or None); ``kept`` the others, each its own argument, the
-    shape JAX's C++ dispatch handles fastest (a box of them, a pytree node of its own, cost a
-    microsecond or two more a call).
+    ``(structure, static arguments, donation, static leaves, placements)``; ``donated`` the
+    donated leaves (a list, donated as a whole, or None); ``kept`` the others, each its own
+    argument, the shape JAX's C++ dispatch handles fastest (a box of them, a pytree node of its
+    own, cost a microsecond or two more a call).
 
     To jax it looks like ``fun``: its name, its ``repr``, and (``__fun_debug_info__``) the
     source of ``fun`` and the names of the call's arguments, so that jax's messages (a
@@ -178,6 +184,7 @@ class Inner:
         naming: Naming,
         weak: bool,
         traced: Callable[[Any], bool] | None = None,
+        keep_shardings: bool = True,
     ) -> None:
         # Held weakly when shared between wrappers (the registry must not keep fun alive);
         # every caller holds fun itself.
@@ -188,23 +195,24 @@ class Inner:
         self.__name__ = fun_name(fun)
         self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
         self._sourceinfo: Any = fun_sourceinfo(fun) if DebugInfo is not None else None
-        in_shardings = kwargs.get("in_shardings")
-        self._in_shardings = in_shardings if specified(in_shardings) else None
-        out_shardings = kwargs.get("out_shardings")
-        self._constrain_out = constrain_outputs(out_shardings) if specified(out_shardings) else None
+        self.placement = Placement(
+            kwargs.get("in_shardings"), kwargs.get("out_shardings"), keep_shardings
+        )
         self.retraces = _retrace.History(fun, policy, naming.name)
         # The lean path's key of each argument structure, one object per structure: JAX
         # compares a cached key with the call's by identity first.
         self.keys: dict[Any, tuple] = {}
 
-    def key_of(self, sdef: Any, statics: tuple | None = None) -> tuple:
-        """The key of a call of structure ``sdef`` and static arguments ``statics`` (as
-        ``_native.StaticArguments.split`` gives them) on the lean path (``_native.LeanCall``), kept
-        under ``sdef`` or ``(sdef, statics)``."""
+    def key_of(self, sdef: Any, statics: tuple | None = None, placed: tuple | None = None) -> tuple:
+        """The key of a call of structure ``sdef``, static arguments ``statics`` (as
+        ``_native.StaticArguments.split`` gives them) and, once its calls are keyed on them,
+        the arguments' placements ``placed`` on the lean path (``_native.LeanCall``), kept
+        under ``sdef``, ``(sdef, statics)`` or ``(sdef, (statics, placed))``."""
         if len(self.keys) >= KEY_CACHE_SIZE:
             self.keys.clear()
-        key = Key((sdef, statics, None, None))
-        self.keys[sdef if statics is None else (sdef, statics)] = key
+        key = Key((sdef, statics, None, None, placed))
+        extra = statics if placed is None else (statics, placed)
+        self.keys[sdef if extra is None else (sdef, extra)] = key
         return key
 
     def call(self) -> JitCall | None:
@@ -228,25 +236,27 @@ class Inner:
         if call is None or DebugInfo is None:
             return None
         try:
-            kept, donated = jit_order(call.slot_names(self._naming), *call.key[2:])
+            kept, donated = jit_order(call.slot_names(self._naming), *call.key[2:4])
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
         # The inner jit's order: (key, donated, *kept).
         return debug_info("jit", self._sourceinfo, (donated or []) + kept)
 
     def __call__(self, key: tuple, donated: list | None, *kept: Any) -> ResultBox:
-        sdef, statics, donation, static = key
+        sdef, statics, donation, static, placed = key
+        call = self.call()  # None when traced ahead of time
+        self.placement.check(None if call is None else call.leaves, placed)
         keep = None if donation is None else donation.keep
         leaves = from_jit_order(kept, donated, keep, static)
-        if self._in_shardings is not None:
-            num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
-            skip = frozenset() if static is None else static.slots
-            leaves = constrain_inputs(sdef, leaves, num_args, self._in_shardings, skip)
+        num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
+        skip = frozenset() if static is None else static.slots
+        leaves, given, misplaced = self.placement.inputs(
+            sdef, leaves, num_args, placed, self._slot_names, skip
+        )
         static_args = None
         if statics is not None:
             total, static_pos, static_kw = statics
             static_args = (total, {i: v for i, _, v in static_pos}, {k: v for k, _, v in static_kw})
-        call = self.call()  # None when traced ahead of time
         prepared = begin(
             self._fun(),
             self._policy,
@@ -257,10 +267,13 @@ class Inner:
             caller_objects=None if call is None else call.objects,
         )
         policy, positions = prepared.req.policy, prepared.req.layout.positions
+        names_now = [self._naming.name(i) for i in positions]
+        # Where each input leaf was, when an array written back may keep its placement.
+        kept_at = self.placement.kept(placed, given)
+        before = self._argument_leaves(prepared, names_now) if kept_at else []
         called = prepared.call()
-        if self._constrain_out is not None:
-            called.out = self._constrain_out(called.out)
-        keep_inputs = self._keep_inputs(leaves, keep, static, called.out)
+        by_leaf = self.placement.outputs(called.out)
+        keep_inputs = self._keep_inputs(leaves, keep, static, called.out, by_leaf)
         traced = called.diff()
         traced_plan = traced.plan(keep_inputs=keep_inputs)
         plan, outputs = traced_plan.plan, traced_plan.outputs
@@ -274,53 +287,73 @@ class Inner:
             and traced_bytes(leaves) <= HOLD_INPUT_BYTES
         )
         if policy.mutations == "propagate" and outputs:
-            names_now = [self._naming.name(i) for i in positions]
             info.writes = written(
                 outputs, prepared.args, prepared.kwargs, names_now, prepared.req.arg_policies
             )
         if policy.mutations != "propagate":
-            # strict gives jax.jit's results: an input it hands back is returned as a jax.Array
-            # (rule 12a); alias gives plain Python's, the caller's own object.
-            # treeclone's own flatten: JAX's recurses natively and fails on a deep result
-            # (the trace has flattened this one already).
-            returned = {id(x) for x in _native.leaves(called.out)}
-            info.returned_inputs = tuple(
-                s
-                for s, x in enumerate(leaves)
-                if id(x) in returned
-                and (keep_inputs is None or keep_inputs[s])
-                and not is_static_slot(static, s)  # handed back as it is, as equinox does
-            )
+            info.returned_inputs = returned_inputs(leaves, called.out, keep_inputs, static)
         if self._traced is not None:
-            # What the function made that the rule leaves static (a new string, a function,
-            # a Python number) is not an output of the computation: it comes back as it is,
-            # as from equinox's filter_jit; a traced value always is one.
-            info.static_outputs = tuple(
-                (i, x)
-                for i, x in enumerate(outputs)
-                if not isinstance(x, Tracer) and not self._traced(x)
-            )
-            if info.static_outputs:
-                outputs = list(outputs)
-                for i, _ in info.static_outputs:
-                    outputs[i] = None
+            outputs = self._static_outputs(info, outputs)
+        pinned: dict[int, Any] = {}
+        if kept_at:
+            after = self._argument_leaves(prepared, names_now)
+            slot_of = {id(x): s for s, x in enumerate(leaves)}
+            pinned = pins(before, after, slot_of, kept_at, outputs)
+        static_outputs = {i for i, _ in info.static_outputs}
+        outputs = place_outputs(outputs, by_leaf, pinned, static_outputs.__contains__)
+        if misplaced is not None:  # jax.jit checks the arguments' placement after its trace
+            raise ValueError(misplaced)
         return ResultBox(info, outputs)
 
+    def _slot_names(self) -> list[str]:
+        """Each input leaf's key path, as jax.jit names it, for an error about it."""
+        call = self.call()
+        return [] if call is None else call.slot_names(self._naming)
+
+    def _argument_leaves(self, prepared: Any, names: list[str]) -> list[tuple[str, Any]]:
+        """The leaves of the arguments whose policy writes back or checks, by key path."""
+        req = prepared.req
+        return argument_leaves(prepared.args, prepared.kwargs, names, req.policy, req.arg_policies)
+
+    def _static_outputs(self, info: TraceInfo, outputs: list) -> list:
+        """What the function made that the ``traced=`` rule leaves static (a new string, a
+        function, a Python number) is not an output of the computation: it comes back as it
+        is, as from equinox's filter_jit (recorded in ``info``); a traced value always is
+        one."""
+        traced = self._traced
+        assert traced is not None
+        info.static_outputs = tuple(
+            (i, x) for i, x in enumerate(outputs) if not isinstance(x, Tracer) and not traced(x)
+        )
+        if info.static_outputs:
+            outputs = list(outputs)
+            for i, _ in info.static_outputs:
+                outputs[i] = None
+        return outputs
+
     def _keep_inputs(
-        self, leaves: list, keep: Sequence[bool] | None, static: Any, out: Any
+        self, leaves: list, keep: Sequence[bool] | None, static: Any, out: Any, by_leaf: dict
     ) -> list[bool] | None:
         """Per input leaf, whether it may be handed back to the caller as it came in (None:
-        every one may). Not when it was donated (jax deletes it) or resharded by
-        in_shardings and the function returns it: then the computation outputs it. A donated
-        leaf the function does not return is not an output, so that XLA can reuse its buffer
-        (and warns, as under jax.jit, when none of the outputs can use it); the caller's
-        containers keep the donated array, which jax deletes, as under jax.jit."""
-        if self._in_shardings is not None:
-            consumed = list(range(len(leaves)))
+        every one may). Not when it was donated (jax deletes it), resharded by in_shardings
+        or placed by out_shardings (``by_leaf``) and the function returns it: then the
+        computation outputs it (and a returned input container gets it, placed as asked). A
+        donated leaf the function does not return is not an output, so that XLA can reuse its
+        buffer (and warns, as under jax.jit, when none of the outputs can use it); the
+        caller's containers keep the donated array, which jax deletes, as under jax.jit."""
+        consumed: set[int] = set()
+        if self.placement.in_shardings is not None:
+            consumed.update(range(len(leaves)))
         elif keep is not None:  # donated (a static leaf is not an input of the computation)
-            consumed = [s for s, k in enumerate(keep) if not k and not is_static_slot(static, s)]
-        else:
-            return None
+            consumed.update(
+                s for s, k in enumerate(keep) if not k and not is_static_slot(static, s)
+            )
+        if by_leaf:
+            consumed.update(
+                s
+                for s, x in enumerate(leaves)
+                if id(x) in by_leaf and not is_static_slot(static, s)
+            )
         if not consumed:
             return None
         try:
@@ -356,6 +389,23 @@ class Inner:
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
         return TraceInfo(plan, tuple(paths), out_tree, out_sources)
+
+
+def returned_inputs(
+    leaves: list, out: Any, keep_inputs: Sequence[bool] | None, static: Any
+) -> tuple[int, ...]:
+    """Under a policy that gives ``jax.jit``'s results (strict), the input slots the result
+    ``out`` hands back as they came in, each returned as a ``jax.Array`` (rule 12a); alias
+    gives plain Python's, the caller's own object. treeclone's own flatten: JAX's recurses
+    natively and fails on a deep result (the trace has flattened this one already)."""
+    returned = {id(x) for x in _native.leaves(out)}
+    return tuple(
+        s
+        for s, x in enumerate(leaves)
+        if id(x) in returned
+        and (keep_inputs is None or keep_inputs[s])
+        and not is_static_slot(static, s)  # handed back as it is, as equinox does
+    )
 
 
 def platform(values: Sequence[Any]) -> str:
@@ -460,11 +510,13 @@ def make_inner(
     naming: Naming,
     weak: bool,
     traced: Callable[[Any], bool] | None = None,
+    keep_shardings: bool = True,
 ) -> tuple[Inner, Any]:
     """The ``jax.jit`` that runs ``fun`` under ``policy`` on a call's distinct leaves, as
     ``jitted(key, donated, *kept)`` (see :class:`Inner`); ``traced``: the rule that leaves
-    the other leaves static (``jit(traced=...)``)."""
-    inner = Inner(fun, policy, kwargs, naming, weak, traced)
+    the other leaves static (``jit(traced=...)``); ``keep_shardings``: whether arrays written
+    back keep the placement of those they replace (``_lift.placement``)."""
+    inner = Inner(fun, policy, kwargs, naming, weak, traced, keep_shardings)
     options = {k: v for k, v in kwargs.items() if k not in ARG_OPTIONS + SHARDINGS}
     options["static_argnums"] = (0,)
     if kwargs.get("donate_argnums") is not None or kwargs.get("donate_argnames") is not None:
@@ -473,58 +525,6 @@ def make_inner(
         # jax.jit already warned about deprecated options when the user's function was wrapped.
         warnings.simplefilter("ignore", DeprecationWarning)
         return inner, jax.jit(inner, **options)
-
-
-def _shardings_by_leaf(prefix: Any, tree: Any) -> dict[int, Any]:
-    """``id(leaf) -> sharding`` for the leaves of ``tree`` under the sharding prefix."""
-    found: dict[int, Any] = {}
-
-    def visit(sharding: Any, subtree: Any) -> None:
-        for leaf in jax.tree_util.tree_leaves(subtree):
-            found[id(leaf)] = sharding
-
-    jax.tree_util.tree_map(visit, prefix, tree, is_leaf=lambda x: x is None)
-    return found
-
-
-def constrain_inputs(
-    sdef: Any, leaves: list, num_args: int, in_shardings: Any, static: frozenset[int] = frozenset()
-) -> list:
-    """Apply ``in_shardings`` (a prefix of the positional arguments) to the input leaves; the
-    slots ``static`` (the leaves ``traced=`` leaves static) have no sharding and are left as
-    they are: a sharding given for an argument applies to its traced leaves."""
-    args = sdef.unflatten(leaves)[:num_args]
-    if not isinstance(in_shardings, (tuple, list)):
-        in_shardings = (in_shardings,) * num_args
-    by_leaf = _shardings_by_leaf(tuple(in_shardings), tuple(args))
-    return [
-        x
-        if s in static or by_leaf.get(id(x)) is None
-        else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
-        for s, x in enumerate(leaves)
-    ]
-
-
-def constrain_outputs(out_shardings: Any) -> Callable[[Any], Any]:
-    """A function applying ``out_shardings`` (a prefix of the result) to a result."""
-
-    def constrain(out: Any) -> Any:
-        by_leaf = _shardings_by_leaf(out_shardings, out)
-        return jax.tree_util.tree_map(
-            lambda x: (
-                x
-                if by_leaf.get(id(x)) is None
-                else jax.lax.with_sharding_constraint(x, by_leaf[id(x)])
-            ),
-            out,
-        )
-
-    return constrain
-
-
-def specified(sharding: Any) -> bool:
-    """jax.jit's reading of ``in_shardings``/``out_shardings``: None means not given."""
-    return sharding is not None and type(sharding).__name__ != "UnspecifiedValue"
 
 
 def fun_name(fun: Callable) -> str:
