@@ -222,9 +222,9 @@ class StaticArguments:
     ``static_argnames``, and ``hash_static(value)``, which raises jax.jit's error for a value
     that cannot be hashed."""
 
-    def __init__(
-        self, nums: frozenset[int], names: frozenset[str], hash_static: Callable[[Any], None]
-    ) -> None: ...
+    def __new__(
+        cls, nums: frozenset[int], names: frozenset[str], hash_static: Callable[[Any], None]
+    ) -> StaticArguments: ...
     def split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...], tuple[int, ...]]:
