@@ -25,6 +25,7 @@ This module is the package's API for the rest of treeclone.
 from treeclone._trace.consumed import take_successors
 from treeclone._trace.discards import ReportingDiscards, reporting_discards
 from treeclone._trace.messages import (
+    enclosing_write_error,
     mutation_error,
     policy_name,
     qualname,
@@ -62,6 +63,7 @@ __all__ = [
     "Traced",
     "check_callers",
     "child_keys",
+    "enclosing_write_error",
     "equal_empty_nodes",
     "holds_tracer",
     "made_for_a_call",
