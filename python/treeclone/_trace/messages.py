@@ -199,6 +199,7 @@ _INSTEAD = {
     "switch": ("jax.lax.switch", "treeclone.switch"),
     "remat": ("jax.checkpoint", "treeclone.checkpoint"),
     "checkpoint": ("jax.checkpoint", "treeclone.checkpoint"),
+    "checkpoint / remat": ("jax.checkpoint", "treeclone.checkpoint"),
     "shard_map": ("jax.shard_map", "treeclone.shard_map"),
 }
 
