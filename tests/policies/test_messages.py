@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,6 +77,45 @@ def test_grad_of_a_tree_with_an_integer_leaf_names_wrt_arrays(policy: Any) -> No
         tc.grad(loss, policy=policy)(params)
     got = tc.grad(loss, policy=policy, wrt="arrays")(params)
     np.testing.assert_allclose(got["w"], jax.grad(lambda w: loss({**params, "w": w}))(params["w"]))
+
+
+# --- jit: a leaf that is not an array names traced="arrays" --------------------------------------
+
+
+def _apply(model: eqx.nn.MLP, x: jax.Array) -> jax.Array:
+    return jax.vmap(model)(x)
+
+
+_MLP = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("options", [{}, {"donate_argnums": 1}])
+def test_jit_of_an_equinox_module_with_a_function_leaf_names_traced_arrays(
+    policy: Any, options: dict
+) -> None:
+    with pytest.raises(TypeError, match=r"(?s)model\.activation.*traced='arrays'"):
+        tc.jit(_apply, policy=policy, **options)(_MLP, _X)
+    got = tc.jit(_apply, policy=policy, traced="arrays", **options)(_MLP, jnp.array(_X))
+    np.testing.assert_allclose(got, eqx.filter_jit(_apply)(_MLP, _X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("policy", [None, "alias", "strict"])
+def test_jit_partial_with_an_equinox_module_names_traced_arrays(policy: Any) -> None:
+    with pytest.raises(TypeError, match=r"(?s)model\.activation.*traced='arrays'"):
+        tc.jit_partial(_apply, _MLP, policy=policy)(_X)
+    got = tc.jit_partial(_apply, _MLP, policy=policy, traced="arrays")(jnp.array(_X))
+    np.testing.assert_allclose(got, eqx.filter_jit(_apply)(_MLP, _X), rtol=1e-6)
+
+
+def test_other_type_errors_are_left_as_they_are() -> None:
+    def bad(x: jax.Array) -> jax.Array:
+        raise TypeError("the function's own")
+
+    for policy in POLICIES:
+        with pytest.raises(TypeError, match="^the function's own") as info:
+            tc.jit(bad, policy=policy)(_X)
+        assert "traced=" not in str(info.value)
 
 
 # --- jit_partial's default: the warning shows the per-argument dict ----------------------------

@@ -31,6 +31,7 @@ from treeclone._trace.messages import (
     qualname,
     raise_outside_attribute,
     report_discarded,
+    traced_remedy,
 )
 from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
 from treeclone._trace.tree import (
@@ -78,6 +79,7 @@ __all__ = [
     "same_data",
     "shallow_state",
     "take_successors",
+    "traced_remedy",
     "unstable_static_data",
     "watch_callers",
 ]

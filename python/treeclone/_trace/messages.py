@@ -285,3 +285,16 @@ def raise_escaped(fun: Any, tracer: Any, where: str, policy: Policy) -> NoReturn
             f"Python does. Or return the value from the function {jax_name} runs.",
         )
     )
+
+
+def traced_remedy(exc: TypeError, path: str, leaf: Any) -> TypeError:
+    """jax.jit's TypeError ``exc`` for the leaf at ``path`` that is not a JAX type, with the
+    remedy: ``traced="arrays"`` (equinox's rule) or a static argument."""
+    new = TypeError(
+        f"{exc}\n{path} is a {type(leaf).__name__}, not an array. To keep such leaves out of "
+        "the computation (an equinox Module's activation function, a string field), give "
+        "treeclone.jit traced='arrays': the arrays are traced and every other leaf is static, "
+        'as under eqx.filter_jit (docs/semantics.md, "Leaves that are not arrays"); or '
+        "make the whole argument static (static_argnums/static_argnames)."
+    )
+    return new.with_traceback(exc.__traceback__)
