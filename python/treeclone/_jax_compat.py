@@ -449,3 +449,58 @@ def is_ref(x: Any) -> bool:
         return isinstance(x.aval, _AbstractRef)
     except AttributeError:
         return False
+
+
+# --- Which JAX transformation a tracer belongs to (for messages) ----------------------------
+# A staging tracer (jit, scan, cond, checkify, ...) has ``_debug_info.traced_for``, JAX's own
+# name for what traced it; vmap's and the autodiff tracers are told by their type. Whether its
+# transformation has returned: its trace is not on the current stack, which every supported
+# release links from ``trace_ctx.trace`` through each trace's ``parent_trace`` down to the
+# ``EvalTrace`` (a jaxpr trace is never invalidated, so ``is_valid()`` cannot tell). Private:
+# a stack that cannot be followed to its end, or a name missing, tells nothing (None).
+_TRACED_BY_TYPE = {
+    "BatchTracer": "vmap",
+    "JVPTracer": "grad",
+    "LinearizeTracer": "grad",
+}
+
+
+def traced_by(tracer: Any) -> str | None:
+    """JAX's name of the transformation ``tracer`` belongs to (``"scan"``, ``"cond"``,
+    ``"jit"``, ``"vmap"``, ``"grad"``, ``"checkify"``, ...), or None when it cannot be told."""
+    by_type = _TRACED_BY_TYPE.get(type(tracer).__name__)
+    if by_type is not None:
+        return by_type
+    traced_for = getattr(getattr(tracer, "_debug_info", None), "traced_for", None)
+    return traced_for if isinstance(traced_for, str) else None
+
+
+def live_traces() -> set[int] | None:
+    """The ids of the traces on the current stack (the innermost transformation's down to the
+    top level), or None when the stack cannot be followed to its end."""
+    if not trace_ctx:
+        return None
+    trace = trace_ctx.trace
+    live: set[int] = set()
+    while trace is not None and id(trace) not in live:
+        live.add(id(trace))
+        if type(trace).__name__ == "EvalTrace":
+            return live
+        trace = getattr(trace, "parent_trace", None)
+    return None
+
+
+def first_escaped(leaves: Any) -> Any:
+    """The first of ``leaves`` that is a tracer of a JAX transformation that has returned (what
+    JAX's ``UnexpectedTracerError`` is about), or None."""
+    live = None
+    for x in leaves:
+        if isinstance(x, jax.core.Tracer):
+            if live is None:
+                live = live_traces()
+                if live is None:
+                    return None
+            trace = getattr(x, "_trace", None)
+            if trace is not None and id(trace) not in live:
+                return x
+    return None

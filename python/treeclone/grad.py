@@ -27,7 +27,7 @@ import numpy as np
 from treeclone import _lift
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift import ArgsBox, Naming, reporting
-from treeclone._lift.wrt import filtered_grads, untied, wrt_rule, wrt_selection
+from treeclone._lift.wrt import filtered_grads, untied, wrt_hint, wrt_rule, wrt_selection
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -190,15 +190,12 @@ class _Grad(_lift.Wrapper):
         policy = self._policy_now()
         if policy is CLONE and self._wrt is None:  # jax.grad cannot filter: wrt= lifts
             _lift.check_call(self._naming, args, kwargs)  # a cycle: rule 14's ValueError
-            return self._jax(*args, **kwargs)
-        n = len(args)
-        if max(self._argnums, default=-1) >= n or min(self._argnums, default=0) < -n:
-            raise TypeError(
-                f"differentiating with respect to argnums={self._given_argnums()} requires at "
-                f"least {max(max(self._argnums) + 1, -min(self._argnums))} positional arguments "
-                f"to be passed by the caller, but got only {n} positional arguments."
-            )
-        argnums = tuple(i + n if i < 0 else i for i in self._argnums)
+            try:
+                return self._jax(*args, **kwargs)
+            except TypeError:
+                self._check_dtypes(args, kwargs)  # a leaf jax.grad refuses: named, with wrt=
+                raise
+        argnums = self._resolve_argnums(len(args))
         if (
             self._wrt is not None
             and self._wrt.kind != "nnx"  # nnx's own rule: a Variable is one parameter
@@ -213,10 +210,7 @@ class _Grad(_lift.Wrapper):
             diff_slots = sorted({s for i in argnums for s in per_arg[i]})
         else:
             diff_slots, fixed, forms, var_slots = wrt_selection(self._wrt, call, argnums, per_arg)
-        for s in diff_slots:
-            problem = _dtype_problem(call.leaves[s], self._holomorphic, self._allow_int)
-            if problem is not None:
-                raise TypeError(f"{call.slot_path(self._naming, s)}: {problem}.")
+        self._refuse(call, diff_slots, args, argnums)
         chosen = set(diff_slots)
         mask = tuple(s in chosen for s in range(len(call.leaves)))
         diff = [call.leaves[s] for s in diff_slots]
@@ -242,6 +236,37 @@ class _Grad(_lift.Wrapper):
         if self._has_aux:
             return grad_value, result[1]
         return grad_value
+
+    def _resolve_argnums(self, n: int) -> tuple[int, ...]:
+        """``argnums`` for a call with ``n`` positional arguments (jax.grad's TypeError)."""
+        if max(self._argnums, default=-1) >= n or min(self._argnums, default=0) < -n:
+            raise TypeError(
+                f"differentiating with respect to argnums={self._given_argnums()} requires at "
+                f"least {max(max(self._argnums) + 1, -min(self._argnums))} positional arguments "
+                f"to be passed by the caller, but got only {n} positional arguments."
+            )
+        return tuple(i + n if i < 0 else i for i in self._argnums)
+
+    def _refuse(self, call: Any, diff_slots: Sequence[int], args: tuple, argnums: Any) -> None:
+        """jax.grad's TypeError for a differentiated leaf it refuses, naming its key path and,
+        where it is an integer or a key, the ``wrt=`` that leaves it out."""
+        for s in diff_slots:
+            problem = _dtype_problem(call.leaves[s], self._holomorphic, self._allow_int)
+            if problem is not None:
+                hint = wrt_hint(args, argnums) if "allow_int" in problem else ""
+                raise TypeError(f"{call.slot_path(self._naming, s)}: {problem}{hint}.")
+
+    def _check_dtypes(self, args: tuple, kwargs: dict) -> None:
+        """Under ``clone``, after ``jax.grad`` raised a TypeError: the named error of
+        :meth:`_refuse` when a differentiated leaf is one it refuses (else nothing)."""
+        try:
+            argnums = self._resolve_argnums(len(args))
+            call = _lift.flatten_call(self._naming, args, kwargs)
+        except Exception:  # noqa: BLE001 - jax.grad's own error stands
+            return
+        per_arg = call.arg_slots()
+        diff_slots = sorted({s for i in argnums for s in per_arg[i]})
+        self._refuse(call, diff_slots, args, argnums)
 
     def _given_argnums(self) -> Any:
         return self._argnums[0] if self._single else self._argnums

@@ -27,7 +27,7 @@ from typing import Any, overload
 import jax
 from jax.core import Tracer
 
-from treeclone import _native
+from treeclone import _native, _trace
 from treeclone._lift import (
     Naming,
     argument_names,
@@ -221,10 +221,27 @@ class Jitted(_native.JitCore):
         bound: BoundArguments | None = None,
     ) -> Any:
         try:
-            return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
-        except ShardedArguments:
-            # Arguments on a mesh: the call again, keyed by their shardings (_lift.placement).
-            return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+            try:
+                return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+            except ShardedArguments:
+                # Arguments on a mesh: the call again, keyed by their shardings (_lift.placement).
+                return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+        except TypeError as exc:
+            explained = self._explain_type_error(exc, args, kwargs)
+            if explained is exc:
+                raise
+            raise explained from None
+
+    def _explain_type_error(self, exc: TypeError, args: tuple, kwargs: dict) -> TypeError:
+        """``exc`` with treeclone's remedy when it is jax.jit's refusal of a leaf that is not a
+        JAX type (an equinox Module's activation function): ``traced="arrays"``; else
+        ``exc`` itself. Called on the error path only (also by the native calls)."""
+        if self._traced is not None:
+            return exc
+        found = self._shape.not_a_jax_type(args, kwargs)
+        if found is None:
+            return exc
+        return _trace.traced_remedy(exc, *found)
 
     def _lean_call(self) -> _native.LeanCall:
         """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
@@ -400,6 +417,7 @@ class Jitted(_native.JitCore):
             lean_for=self._lean_for,
             call=self._call_policy,
             check_cycles=self._check_cycles,
+            explain_type_error=self._explain_type_error,
             cache_size=self._cache_size,
             stage=self._stage,
         )

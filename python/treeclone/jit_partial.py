@@ -104,7 +104,13 @@ class JitPartial(_native.PartialCore):
             except ValueError:
                 jit.check_cycles(args, kwargs)  # names the argument
                 raise
-            out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
+            try:
+                out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
+            except TypeError as exc:  # jax.jit's refusal of a leaf: with treeclone's remedy
+                explained = jit.explain_type_error(exc, args, kwargs)
+                if explained is exc:
+                    raise
+                raise explained from None
             bound.advance(info.next_inputs, leaves, outputs)
             return out
         finally:

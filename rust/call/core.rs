@@ -119,7 +119,8 @@ impl JitCore {
                     }
                     return Err(err);
                 }
-                return jax_jitted.bind(py).call(args, kwargs);
+                let result = jax_jitted.bind(py).call(args, kwargs);
+                return result.map_err(|err| explain(slf, err, args, kwargs));
             }
         }
         if core.takes_lean(&policy) {
@@ -127,7 +128,7 @@ impl JitCore {
             match lean.get().call(py, args, kwargs) {
                 // The general path's error names the argument.
                 Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
-                result => return result,
+                result => return result.map_err(|err| explain(slf, err, args, kwargs)),
             }
         }
         // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
@@ -197,6 +198,27 @@ fn core_of<'a>(slf: &'a Bound<'_, JitCore>) -> PyResult<&'a Core> {
         .core
         .get()
         .ok_or_else(|| PyTypeError::new_err("treeclone.jit: the wrapper is not set up"))
+}
+
+/// A `TypeError` of a call as the Python method `_explain_type_error` words it (jax.jit's
+/// refusal of a leaf that is not an array, with treeclone's remedy); any other error, or one
+/// that method cannot word, as it is. Only on the error path.
+fn explain(
+    slf: &Bound<'_, JitCore>,
+    err: PyErr,
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyErr {
+    let py = slf.py();
+    if !err.is_instance_of::<PyTypeError>(py) {
+        return err;
+    }
+    let kwargs = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+    let value = err.value(py).clone();
+    match slf.call_method1(intern!(py, "_explain_type_error"), (value, args, kwargs)) {
+        Ok(explained) => PyErr::from_value(explained),
+        Err(_) => err,
+    }
 }
 
 /// The `LeanCall`, made by the subclass's `_lean_call()` the first time.

@@ -111,7 +111,9 @@ class JitInterface:
     ``static_names`` (each completed from the other, as jax.jit does); the function's own
     ``policy``; and its calls: ``lean_for(policy)``, the lean path's native call (None: the
     general path), ``call(policy, args, kwargs, bound)``, the general path,
-    ``check_cycles(args, kwargs)``, the error naming a cyclic argument, ``cache_size()``, and
+    ``check_cycles(args, kwargs)``, the error naming a cyclic argument,
+    ``explain_type_error(exc, args, kwargs)``, a TypeError with treeclone's remedy (or
+    ``exc``), ``cache_size()``, and
     ``stage(method, args, kwargs, bound, after)``, the ahead-of-time stages (``lower``,
     ``trace``, ``eval_shape``), ``after`` run after each call of a stage."""
 
@@ -123,5 +125,6 @@ class JitInterface:
     lean_for: Callable[[Any], Any]
     call: Callable[..., Any]
     check_cycles: Callable[[tuple, dict], None]
+    explain_type_error: Callable[[TypeError, tuple, dict], TypeError]
     cache_size: Callable[[], int]
     stage: Callable[..., Any]

@@ -11,10 +11,12 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from treeclone import _native
 from treeclone._lift.arguments import StaticLeaves, check_cycles, normalize
 from treeclone._lift.boxes import take
-from treeclone._lift.naming import Naming, name_slots
+from treeclone._lift.naming import Naming, jit_keystr, name_slots
 
 # Donation masks kept per jitted function (one per argument structure seen; cleared when full).
 MASK_CACHE_SIZE = 64
@@ -212,6 +214,21 @@ class CallShape:
         key = Key((sdef, statics, donation, static, inner.placement.key_part(leaves)))
         kept, donated = jit_order(leaves, donation, static)
         return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
+
+    def not_a_jax_type(self, args: tuple, kwargs: dict) -> tuple[str, Any] | None:
+        """The first leaf of a call's dynamic arguments that jax.jit cannot trace (a function,
+        a string: not a JAX type) and its key path, or None (messages only)."""
+        n = len(args)
+        static = normalize(self.static_nums, n)
+        named = [(self.naming.name(i), a) for i, a in enumerate(args) if i not in static]
+        named += [(k, v) for k, v in kwargs.items() if k not in self.static_names]
+        for name, value in named:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                try:
+                    jax.api_util.shaped_abstractify(leaf)
+                except TypeError:
+                    return name + jit_keystr(path), leaf
+        return None
 
     def split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, Sequence[int]]:
         """Take the static arguments out (``statics``: ``_native.StaticArguments``, which the

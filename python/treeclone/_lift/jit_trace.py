@@ -489,18 +489,7 @@ def check_enclosing_writes(
                 and not any(isinstance(x, Tracer) for x in held)
             )
         if outside[where]:
-            raise ValueError(
-                f"{fun_name(fun)} (policy alias) was called inside a JAX transformation "
-                "(jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...) and would write a traced "
-                f"value of it into {path}, whose argument holds none of that transformation's "
-                "values: an object from outside it would keep a tracer once it returns, and a "
-                "copy it made of its argument is dropped, so the caller would not get the "
-                "value either way. Nothing was written. Use treeclone's transformation there "
-                "(treeclone.grad, treeclone.vmap, treeclone.jit, treeclone.scan, "
-                "treeclone.checkpoint, with policy='alias') and pass that object to it as an "
-                "argument (a loop's carry): it writes concrete values back into the caller's "
-                "objects. Or return the value."
-            )
+            raise _trace.enclosing_write_error(fun_name(fun), outputs[o], path)
 
 
 def make_inner(

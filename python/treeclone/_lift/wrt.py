@@ -6,6 +6,7 @@ the user's predicate ``(key_path, leaf) -> bool``; the leaves kept out of the co
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -70,6 +71,23 @@ class Fixed:
             values[s] if s in values else next(it_diff) if d else next(it_other)
             for s, d in enumerate(mask)
         ]
+
+
+def wrt_hint(args: tuple, argnums: Sequence[int]) -> str:
+    """What ``jax.grad``'s refusal of a leaf (an integer, a key) points to under treeclone: a
+    ``wrt=`` that leaves it out (``nnx.Param`` where an argument is an nnx graph node)."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and any(nnx.graph.is_graph_node(args[i]) for i in argnums):
+        return (
+            "; or differentiate the parameters only, as nnx.grad does: "
+            "treeclone.grad(..., wrt=nnx.Param) (the other Variables, such as Dropout's or "
+            "BatchNorm's, are carried; under policy='alias' their updates reach the model)"
+        )
+    return (
+        "; or choose what is differentiated with wrt=: wrt='arrays' (the floating arrays, as "
+        "eqx.filter_grad does) or a predicate (key_path, leaf) -> bool; the other leaves are "
+        "carried (under policy='alias' their updates reach the caller)"
+    )
 
 
 def untied(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

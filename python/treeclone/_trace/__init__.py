@@ -25,11 +25,13 @@ This module is the package's API for the rest of treeclone.
 from treeclone._trace.consumed import take_successors
 from treeclone._trace.discards import ReportingDiscards, reporting_discards
 from treeclone._trace.messages import (
+    enclosing_write_error,
     mutation_error,
     policy_name,
     qualname,
     raise_outside_attribute,
     report_discarded,
+    traced_remedy,
 )
 from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
 from treeclone._trace.tree import (
@@ -62,6 +64,7 @@ __all__ = [
     "Traced",
     "check_callers",
     "child_keys",
+    "enclosing_write_error",
     "equal_empty_nodes",
     "holds_tracer",
     "made_for_a_call",
@@ -76,6 +79,7 @@ __all__ = [
     "same_data",
     "shallow_state",
     "take_successors",
+    "traced_remedy",
     "unstable_static_data",
     "watch_callers",
 ]

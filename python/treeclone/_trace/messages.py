@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-from treeclone._trace.tree import Paths
+import jax
+
+from treeclone._jax_compat import keystr, traced_by
+from treeclone._trace.tree import Layout, NodeInfo, Paths, argument_tops
 from treeclone.policies import MutationError, MutationWarning, Policy, discarded_mode
 
 
@@ -111,6 +114,30 @@ def raise_traced_static_data(fun, k, pre_def, objs, layout) -> None:
     )
 
 
+def per_argument_remedy(
+    lost: Sequence[int], info: list, layout: Layout, arg_policies: Sequence[Policy]
+) -> str:
+    """The fix for changes a call mixing policies discards (``lost``: input nodes changed in
+    arguments left alone): the per-argument dict that writes them back, naming the arguments
+    (``policy={"state": "alias", "batch": "alias"}``), as the call's arguments stand."""
+    tops = argument_tops(info, layout)
+    changed = set()
+    for a, (top, _) in enumerate(tops):
+        size = info[top].size if isinstance(info[top], NodeInfo) else 1
+        if any(top - size < k <= top for k in lost):
+            changed.add(a)
+    items = []
+    for a, ((_, key), chosen) in enumerate(zip(tops, arg_policies, strict=False)):
+        shown = "'alias'" if a in changed else policy_name(chosen)
+        items.append(f"{key!r}: {shown}")
+    names = ", ".join(repr(tops[a][1]) for a in sorted(changed))
+    return (
+        "Return the changed objects, or give the argument its own policy to apply such "
+        f"changes to the caller's objects: 'alias' for {names}, as in "
+        "policy={" + ", ".join(items) + "}."
+    )
+
+
 def report_off(mode: str | None) -> bool:
     """Whether discarded changes go unreported, as the block, ``mode`` or the global say."""
     return discarded_mode(mode) == "off"
@@ -121,6 +148,7 @@ def report_discarded(
     lines: list[str],
     mode: str | None,
     policy: str = "'clone' (what jax.jit does)",
+    remedy: str | None = None,
 ) -> None:
     """Warn about (or raise for) the changes ``lines`` (``path: what``) that ``fun`` made in
     place and that ``clone`` discards, as the block's, the function's (``mode``) or the
@@ -133,9 +161,14 @@ def report_discarded(
         f"{name} changed its inputs in place without returning them; under policy {policy} "
         "these changes are discarded and the caller's objects keep their old values:\n"
         + "\n".join(f"  {line}" for line in lines)
-        + "\nReturn the changed objects, or use policy='alias' to apply such changes to the "
-        "caller's objects. (treeclone.set_discarded_mutations, or discarded_mutations= on "
-        "treeclone.jit, says 'off' or 'error' instead of this warning.)"
+        + "\n"
+        + (
+            remedy
+            or "Return the changed objects, or use policy='alias' to apply such changes to the "
+            "caller's objects."
+        )
+        + " (treeclone.set_discarded_mutations, or discarded_mutations= on treeclone.jit, says "
+        "'off' or 'error' instead of this warning.)"
     )
     if chosen == "error":
         raise MutationError(text)
@@ -150,3 +183,118 @@ def report_discarded(
             code.co_firstlineno,
             module=getattr(fun, "__module__", None),
         )
+
+
+# JAX's name of a transformation (what its tracers were ``traced_for``) -> how users call it,
+# and treeclone's transformation that keeps in-place changes inside an alias step.
+_INSTEAD = {
+    "jit": ("jax.jit", "treeclone.jit"),
+    "grad": ("jax.grad (or value_and_grad, vjp)", "treeclone.grad/value_and_grad"),
+    "vmap": ("jax.vmap", "treeclone.vmap"),
+    "scan": ("jax.lax.scan", "treeclone.scan"),
+    "fori_loop": ("jax.lax.fori_loop", "treeclone.fori_loop"),
+    "while_body": ("jax.lax.while_loop", "treeclone.while_loop"),
+    "while_cond": ("jax.lax.while_loop", "treeclone.while_loop"),
+    "cond": ("jax.lax.cond", "treeclone.cond"),
+    "switch": ("jax.lax.switch", "treeclone.switch"),
+    "remat": ("jax.checkpoint", "treeclone.checkpoint"),
+    "checkpoint": ("jax.checkpoint", "treeclone.checkpoint"),
+    "checkpoint / remat": ("jax.checkpoint", "treeclone.checkpoint"),
+    "shard_map": ("jax.shard_map", "treeclone.shard_map"),
+}
+
+# checkify closes over its function's arguments and keeps only its result: no treeclone
+# transformation replaces it, the way that works is checkify inside the step.
+CHECKIFY_REMEDY = (
+    "checkify runs its function on the very objects it is given and keeps only what it "
+    "returns, so it cannot carry an alias step's in-place changes, inside or around it. Call "
+    "checkify.checkify inside the alias step, on a part that returns what it changes, assign "
+    "that to the containers, and return checkify's Error from the step; call err.throw() on "
+    'the result (docs/semantics.md, "checkify").'
+)
+
+
+def jax_transformation(tracer: Any) -> tuple[str | None, str | None]:
+    """How users call the JAX transformation ``tracer`` belongs to (None: unknown), and
+    treeclone's transformation to use instead inside an alias step (None: none, checkify)."""
+    name = traced_by(tracer)
+    if name == "checkify":
+        return "jax.experimental.checkify.checkify", None
+    return _INSTEAD.get(name or "", (None, "treeclone's transformation of the same name"))
+
+
+def instead(tracer: Any, tail: str) -> str:
+    """What to do instead of running an alias step's in-place change inside ``tracer``'s
+    transformation: treeclone's transformation there, with ``policy='alias'``; ``tail`` goes
+    on from there."""
+    jax_name, ours = jax_transformation(tracer)
+    if ours is None:
+        return CHECKIFY_REMEDY
+    if jax_name is None:
+        return (
+            "Use treeclone's transformation of the same name there (treeclone.jit, grad, vmap, "
+            f"scan, cond, checkpoint, ...) with policy='alias'{tail}"
+        )
+    return f"Use {ours}(..., policy='alias') there instead of {jax_name}{tail}"
+
+
+def enclosing_write_error(name: str, tracer: Any, path: str) -> ValueError:
+    """Rule 25a's error: an alias call inside the JAX transformation of ``tracer`` (one of its
+    results) would write it into ``path``, an object from outside that transformation."""
+    jax_name, _ = jax_transformation(tracer)
+    return ValueError(
+        f"{name} (policy alias) was called inside a JAX transformation "
+        f"({jax_name or 'jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...'}) and would write a "
+        f"traced value of it into {path}, whose argument holds none of that transformation's "
+        "values: an object from outside it would keep a tracer once it returns, and a copy it "
+        "made of its argument is dropped, so the caller would not get the value either way. "
+        "Nothing was written. "
+        + instead(
+            tracer,
+            ", and pass that object to it as an argument (a loop's carry): it writes concrete "
+            "values back into the caller's objects. Or return the value.",
+        )
+    )
+
+
+def leaf_path(root: tuple, layout: Layout, leaf: Any) -> str | None:
+    """The key path of ``leaf`` in the arguments ``root`` (``(*args, kwargs)``; messages only)."""
+    args, kwargs = layout.split(root)
+    named = [(layout.arg_name(i), a) for i, a in enumerate(args)]
+    named += [(str(k), v) for k, v in kwargs.items()]
+    for name, value in named:
+        for path, x in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if x is leaf:
+                return name + keystr(path)
+    return None
+
+
+def raise_escaped(fun: Any, tracer: Any, where: str, policy: Policy) -> NoReturn:
+    """The error for a traced value of a JAX transformation that has returned, found in the
+    function's arguments at ``where`` after the call (a change made in place inside it)."""
+    jax_name = jax_transformation(tracer)[0] or "a JAX transformation"
+    raise ValueError(
+        f"{qualname(fun)} (policy {policy_name(policy)}) changed {where} in place inside "
+        f"{jax_name}, which has returned: that change holds a traced value of it that no "
+        f"longer exists (JAX's UnexpectedTracerError), because {jax_name} keeps only what "
+        "its function returns. "
+        + instead(
+            tracer,
+            ", and pass that container to it as an argument (a loop's carry), not through a "
+            "closure: it writes what its function changes in place back into it, as plain "
+            f"Python does. Or return the value from the function {jax_name} runs.",
+        )
+    )
+
+
+def traced_remedy(exc: TypeError, path: str, leaf: Any) -> TypeError:
+    """jax.jit's TypeError ``exc`` for the leaf at ``path`` that is not a JAX type, with the
+    remedy: ``traced="arrays"`` (equinox's rule) or a static argument."""
+    new = TypeError(
+        f"{exc}\n{path} is a {type(leaf).__name__}, not an array. To keep such leaves out of "
+        "the computation (an equinox Module's activation function, a string field), give "
+        "treeclone.jit traced='arrays': the arrays are traced and every other leaf is static, "
+        'as under eqx.filter_jit (docs/semantics.md, "Leaves that are not arrays"); or '
+        "make the whole argument static (static_argnums/static_argnames)."
+    )
+    return new.with_traceback(exc.__traceback__)

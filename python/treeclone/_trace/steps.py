@@ -21,13 +21,19 @@ from collections.abc import Callable, Sequence
 from types import NoneType
 from typing import Any
 
+from jax.errors import UnexpectedTracerError
+
 from treeclone import _native
+from treeclone._jax_compat import first_escaped
 from treeclone._native import Source
 from treeclone._trace.consumed import take_successors
 from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
+    leaf_path,
     mutation_lines,
+    per_argument_remedy,
     policy_name,
+    raise_escaped,
     raise_mutation_error,
     raise_outside_attribute,
     raise_static_mutation,
@@ -157,9 +163,26 @@ class Prepared:
             it = iter(args)
             args = tuple(positional[i] if i in positional else next(it) for i in range(total))
             kwargs = {**kwargs, **keywords}
-        with running_on(self.objs):
-            out = self.req.fun(*args, **kwargs)
+        try:
+            with running_on(self.objs):
+                out = self.req.fun(*args, **kwargs)
+        except UnexpectedTracerError as exc:  # JAX's, where treeclone can name the fix
+            self.check_escaped(_native.leaves(self.root), exc)
+            raise
         return Called(self, out)
+
+    def check_escaped(self, leaves: Sequence[Any], cause: BaseException | None = None) -> None:
+        """The error naming the place and the fix when one of ``leaves``, the arguments' after
+        the call, is a traced value of a JAX transformation that has returned: the function
+        changed the container in place inside ``jax.lax.scan``, ``jax.vmap``, ... (JAX keeps
+        only what its function returns), which neither write-back nor JAX can carry."""
+        x = first_escaped(leaves)
+        if x is not None:
+            where = leaf_path(self.root, self.req.layout, x) or "its result"
+            try:
+                raise_escaped(self.req.fun, x, where, self.req.policy)
+            except ValueError as exc:
+                raise exc from cause
 
 
 class Called:
@@ -190,6 +213,8 @@ class Called:
             if handed_over is None:
                 raise
             post = flatten_after(p.root, self.out, p.objs, container_index)
+        if req.policy.mutations != "discard":  # clone's copies are dropped with what they hold
+            p.check_escaped(post[0])
         post_info = post[1].node_info()
         returned = returned_nodes(post_info, post[2], container_index)
         if handed_over:
@@ -260,7 +285,12 @@ class Called:
             if p.node_policy is None:
                 report_discarded(req.fun, lines, None, policy_name(req.policy))
             else:
-                report_discarded(req.fun, lines, None, "'clone' (chosen for these arguments)")
+                assert req.arg_policies is not None
+                remedy = per_argument_remedy(
+                    [k for k, _ in lost], p.info, req.layout, req.arg_policies
+                )
+                chosen = "'clone' (chosen for these arguments)"
+                report_discarded(req.fun, lines, None, chosen, remedy)
 
 
 class Traced:

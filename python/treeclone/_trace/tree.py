@@ -48,6 +48,21 @@ class Layout:
         return ""
 
 
+def argument_tops(info: list, layout: Layout) -> list[tuple[int, int | str]]:
+    """Each argument's top node in a flattened call (``info``: its ``node_info()``) and the key
+    a per-argument policy dict names it by: the parameter's name, else its position (an
+    ``*args`` entry); a keyword argument's name."""
+    root_children = info[-1].children
+    tops: list[tuple[int, int | str]] = []
+    for a, top in enumerate(root_children[: layout.num_args]):
+        name = layout.arg_name(a)
+        tops.append((top, name if name.isidentifier() else layout.positions[a]))
+    if len(root_children) > layout.num_args:  # the kwargs dict: its children are arguments
+        kwargs = info[root_children[layout.num_args]]
+        tops += zip(kwargs.children, kwargs.data or (), strict=False)
+    return tops
+
+
 def same_data(a: Any, b: Any) -> bool:
     if a is b:
         return True

@@ -24,6 +24,7 @@ from treeclone._trace.tree import (
     Layout,
     NodeInfo,
     Paths,
+    argument_tops,
     equal_empty_nodes,
     holds_tracer,
     same_data,
@@ -43,10 +44,7 @@ def node_policies(
     """The policy of each container of the arguments: its argument's. A container reachable
     from two arguments with different policies has no single answer (written back for one,
     left alone for the other): a ValueError naming both key paths."""
-    root_children = info[-1].children
-    tops = list(root_children[: layout.num_args])
-    if len(root_children) > layout.num_args:  # the kwargs dict: its children are arguments
-        tops += info[root_children[layout.num_args]].children
+    tops = [top for top, _ in argument_tops(info, layout)]
     found: dict[int, Policy] = {}
     owner: dict[int, int] = {}
     refs: list[tuple[int, int]] = []  # (Ref entry, argument whose tree holds it)
