@@ -131,7 +131,7 @@ class Placement:
         given = [None if s in skip else by_leaf.get(id(x)) for s, x in enumerate(leaves)]
         problem = None
         for s, (want, have) in enumerate(zip(given, placed or (), strict=False)):
-            if want is not None and have is not None and not _same(have, want, leaves[s]):
+            if want is not None and have is not None and not _same_sharding(have, want, leaves[s]):
                 problem = (
                     "Sharding passed to jit does not match the sharding on the respective "
                     f"arg. Got jit sharding: {want},\narg sharding: {have} for arg type: "
@@ -167,7 +167,8 @@ def _name(names: list[str], s: int) -> str:
     return names[s] if s < len(names) else "?"
 
 
-def _same(have: Any, want: Any, x: Any) -> bool:
+def _same_sharding(have: Any, want: Any, x: Any) -> bool:
+    """Whether array ``x``, placed as ``have``, is already placed as ``want``."""
     return have == want or have.is_equivalent_to(want, x.aval.ndim)
 
 
