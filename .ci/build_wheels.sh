@@ -57,6 +57,12 @@ fi
 # maturin runs zig as `python -m ziglang` with the first python on the PATH: the tools venv's.
 export PATH="$TOOLS/bin:$PATH"
 
+# maturin writes the sdist's files with one fixed timestamp, and cargo keeps a path package's
+# fingerprint by its path inside the package: a build from a newer sdist would then look fresh
+# and reuse the last wheel build's extension. treeclone itself is always rebuilt (its
+# dependencies stay cached).
+cargo clean -q --release -p treeclone --target x86_64-unknown-linux-gnu
+
 STAGE="$(mktemp -d)"
 trap 'rm -rf "$STAGE"' EXIT
 interpreters=()

@@ -214,7 +214,9 @@ def test_introspection_is_jax_s_in_the_user_s_structure(policy: str) -> None:
     theirs_jit = jax.jit(f, static_argnums=2)
     ours, theirs = ours_jit.lower(*args), theirs_jit.lower(*args)
     assert "jit_f" in ours.as_text()
-    assert ours.compiler_ir() is not None and ours.cost_analysis() is not None
+    assert ours.compiler_ir() is not None
+    # JAX's own, whatever the backend gives (None on a TPU before compiling).
+    assert (ours.cost_analysis() is None) == (theirs.cost_analysis() is None)
     assert ours.out_tree == theirs.out_tree
     assert ours.in_tree == theirs.in_tree
     assert ours.args_info == theirs.args_info

@@ -16,6 +16,7 @@ import numpy as np
 import profiles
 import pytest
 import treeclone as tc
+from helpers import float_rtol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -253,8 +254,8 @@ def test_alias_writes_back_in_place_with_static_leaves_strict_raises_clone_warns
     for x in range(3):
         want = np.tanh(want + x)
     assert out is state and state["act"] is jnp.tanh and state["name"] == "run"
-    np.testing.assert_allclose(state["w"], want, rtol=1e-6)
-    np.testing.assert_allclose(ys[-1], want, rtol=1e-6)
+    np.testing.assert_allclose(state["w"], want, rtol=float_rtol(1e-6))
+    np.testing.assert_allclose(ys[-1], want, rtol=float_rtol(1e-6))
 
     def unreturned(state: dict, x: jax.Array) -> tuple[dict, None]:
         state["w"] = state["w"] + x
@@ -284,7 +285,7 @@ def test_static_leaves_in_xs_and_in_ys_are_given_and_returned_as_they_are(policy
     total, (doubled, tag, fn) = tc.scan(
         body, jnp.zeros(()), xs, policy=_policy(policy, "scan"), traced="arrays"
     )
-    np.testing.assert_allclose(total, np.tanh(np.arange(3.0)).sum(), rtol=1e-6)
+    np.testing.assert_allclose(total, np.tanh(np.arange(3.0)).sum(), rtol=float_rtol(1e-6))
     np.testing.assert_allclose(doubled, [0.0, 2.0, 4.0])
     assert tag == "t" and fn is len
 
@@ -340,7 +341,7 @@ def test_a_static_leaf_that_changes_between_calls_is_a_new_trace(policy):
         traced="arrays",
     )
     assert float(relu["w"]) == float(again["w"]) == 0.0
-    np.testing.assert_allclose(tanh["w"], np.tanh(np.tanh(-1.0) - 1.0), rtol=1e-6)
+    np.testing.assert_allclose(tanh["w"], np.tanh(np.tanh(-1.0) - 1.0), rtol=float_rtol(1e-6))
     assert len(traces) > count
 
 
