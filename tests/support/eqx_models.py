@@ -45,6 +45,16 @@ def close(a: Any, b: Any, where: str, scale: float = 1.0) -> None:
     np.testing.assert_allclose(plain(a), plain(b), rtol=1e-4, atol=atol, err_msg=where)
 
 
+def assert_same_leaves(got: Any, want: Any) -> None:
+    """One structure; arrays close (float32 digits), every other leaf the same object or equal."""
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        if eqx.is_array(b):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        else:
+            assert a is b or a == b, (a, b)
+
+
 def scale_of(tree: Any) -> float:
     """The largest magnitude among the floating array leaves of ``tree``."""
     floats = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]

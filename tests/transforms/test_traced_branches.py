@@ -19,6 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 eqx = pytest.importorskip("equinox")
 
+from eqx_models import assert_same_leaves  # noqa: E402 - after the skip
+
 POLICIES = ["clone", "alias", "strict", {"model": "alias", "x": "strict"}]
 
 
@@ -32,15 +34,6 @@ class Tagged(eqx.Module):
 
 def _model() -> Tagged:
     return Tagged(eqx.nn.MLP(3, 2, 4, 1, activation=jnp.tanh, key=jax.random.key(0)), "tagged")
-
-
-def _same(got: Any, want: Any) -> None:
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        if eqx.is_array(b):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-        else:
-            assert a is b or a == b, (a, b)
 
 
 def _grow(model: Tagged, x: jax.Array) -> tuple[Tagged, jax.Array, str]:
@@ -80,14 +73,14 @@ def test_cond_with_a_module_operand_is_eqx_partition(policy, pred):
     given = jnp.array(True) if pred == "traced" else pred
     want = _partitioned_cond(given, model, x)
     got = tc.cond(given, _grow, _shrink, model, x, policy=policy, traced="arrays")
-    _same(got, want)
+    assert_same_leaves(got, want)
     assert got[0].mlp.activation is jnp.tanh and got[2] == "tagged"
 
     def inside(p: Any, model: Tagged, x: jax.Array) -> Any:
         return tc.cond(p, _grow, _shrink, model, x, policy=policy, traced="arrays")
 
     jitted = tc.jit(inside, traced="arrays", policy="alias")(jnp.asarray(bool(given)), model, x)
-    _same(jitted, want)
+    assert_same_leaves(jitted, want)
 
 
 @pytest.mark.parametrize("policy", ["clone", "alias", "strict"])
@@ -101,7 +94,7 @@ def test_switch_with_a_module_operand_is_eqx_partition(policy):
 
     for index in (0, 1, 7, jnp.asarray(1)):
         got = tc.switch(index, [_shrink, _grow, _shrink], model, x, policy=policy, traced="arrays")
-        _same(got, plain(int(index)))
+        assert_same_leaves(got, plain(int(index)))
     want_arrays = jax.lax.switch(
         1,
         [
@@ -111,7 +104,7 @@ def test_switch_with_a_module_operand_is_eqx_partition(policy):
         dynamic,
         x,
     )
-    _same(eqx.filter(got, eqx.is_array), want_arrays)
+    assert_same_leaves(eqx.filter(got, eqx.is_array), want_arrays)
 
 
 @pytest.mark.parametrize("policy", ["clone", "alias", "strict"])

@@ -25,6 +25,7 @@ optax = pytest.importorskip("optax")
 
 from eqx_models import (  # noqa: E402 - after the skips
     D,
+    assert_same_leaves,
     assert_same_model,
     assert_statics_are,
     build,
@@ -66,15 +67,6 @@ def _loss(model: Tagged, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
 
 
-def _same(got: Any, want: Any) -> None:
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        if eqx.is_array(b):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-        else:
-            assert a is b or a == b, (a, b)
-
-
 def _partitioned_scan(body: Any, init: Any, xs: Any) -> tuple[Any, Any]:
     """The equinox idiom: the carry's arrays through ``jax.lax.scan``, the rest closed over."""
     dynamic, static = eqx.partition(init, eqx.is_array)
@@ -106,13 +98,15 @@ def test_scan_accumulates_gradients_with_a_module_in_its_carry_as_eqx_partition(
     (want_model, want_total), want_losses = _partitioned_scan(
         accumulate, (model, zeros), _batches()
     )
-    _same(got_total, want_total)
+    assert_same_leaves(got_total, want_total)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert_statics_are(got_model, model)  # the activation and the string: the caller's
     assert got_model.mlp.activation is model.mlp.activation and got_model.name == "tagged"
     updates, _ = opt.update(got_total, opt_state, eqx.filter(got_model, eqx.is_array))
     want_updates, _ = opt.update(want_total, opt_state, eqx.filter(want_model, eqx.is_array))
-    _same(eqx.apply_updates(got_model, updates), eqx.apply_updates(want_model, want_updates))
+    assert_same_leaves(
+        eqx.apply_updates(got_model, updates), eqx.apply_updates(want_model, want_updates)
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -130,7 +124,7 @@ def test_scan_trains_a_module_and_its_optimizer_state_as_eqx_partition(policy):
         train, (model, opt_state), _batches(), policy=_policy(policy, "scan"), traced="arrays"
     )
     want, want_losses = _partitioned_scan(train, (model, opt_state), _batches())
-    _same(got, want)
+    assert_same_leaves(got, want)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert_statics_are(got[0], model)
 
@@ -303,8 +297,8 @@ def test_arrays_only_give_the_same_results_with_and_without_traced(policy):
         warnings.simplefilter("error", tc.MutationWarning)
         got = tc.scan(body, init(), xs, policy=_policy(policy, "scan"), traced="arrays")
         want = tc.scan(body, init(), xs, policy=_policy(policy, "scan"))
-    _same(got, want)
-    _same(got, jax.lax.scan(body, init(), xs))
+    assert_same_leaves(got, want)
+    assert_same_leaves(got, jax.lax.scan(body, init(), xs))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
