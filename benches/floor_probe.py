@@ -24,8 +24,10 @@ old ones:
 - ``donated``: the replaced arrays donated (``donate_argnums``), so the computation takes
   their buffers.
 
-``the harness's floor`` is ``floor_runner`` as it stands (the variants are written in the
-probe; ``list in, list out`` is the floor of f25ccfa); ``treeclone.jit[alias], held`` / ``not
+``the harness's floor`` is ``floor_runner`` as it stands, holding the arrays as many calls as
+``contenders.floor_hold`` says for the platform (``the harness's floor, not held`` / ``held 3``:
+the same with 0 and 3; the other variants are written in the probe; ``list in, list out`` is
+the floor of f25ccfa); ``treeclone.jit[alias], held`` / ``not
 held`` run the harness's in-place step with treeclone's holding turned on and off at the
 trace, as ``benches/release_probe.py`` does; ``treeclone.jit[strict]`` and
 ``treeclone.jit_partial[alias]`` run with the platform's default. Each contender's losses over
@@ -62,8 +64,10 @@ from treeclone.bench.timing import interleaved, machine_info, script_command, wr
 
 # workload: steps per batch (transformer_adam, bound by the device on a TPU, only with --only)
 WORKLOADS = {"mlp_adam": 100, "nnx_train_20": 40}
-STEPS = {**WORKLOADS, "transformer_adam": 20}
+STEPS = {**WORKLOADS, "transformer_adam": 20, "frozen_half": 22}
 HARNESS_FLOOR = "the harness's floor"
+# The harness's floor with another hold than its platform's (contenders.floor_hold).
+FLOOR_HOLDS = {"the harness's floor, not held": 0, "the harness's floor, held 3": 3}
 # Flat variants: name -> options of flat_runner.
 VARIANTS = {
     "list in, list out": dict(positional=False, tuple_out=False),
@@ -85,7 +89,8 @@ OTHERS = (
     "treeclone.jit[strict]",
     "treeclone.jit_partial[alias]",
 )
-CONTENDERS = (*OTHERS[:2], *VARIANTS, *OTHERS[2:])
+CONTENDERS = (*OTHERS[:2], *FLOOR_HOLDS, *VARIANTS, *OTHERS[2:])
+_floor_runner = W.floor_runner  # the harness's, before floor_replaced swaps it
 _jit_module = sys.modules["treeclone._lift.jit_trace"]  # where the inner jit decides it
 
 
@@ -169,8 +174,13 @@ def make_runner(workload: W.Workload, contender: str) -> W.Runner:
         return workload.runner(C.BASELINE, jax.jit)
     if contender == HARNESS_FLOOR:
         return workload.runner(C.FLOOR, jax.jit)
-    if contender in VARIANTS:
-        with floor_replaced(functools.partial(flat_runner, **VARIANTS[contender])):
+    if contender in VARIANTS or contender in FLOOR_HOLDS:
+        builder = (
+            functools.partial(flat_runner, **VARIANTS[contender])
+            if contender in VARIANTS
+            else functools.partial(_floor_runner, hold=FLOOR_HOLDS[contender])
+        )
+        with floor_replaced(builder):
             return workload.runner(C.FLOOR, jax.jit)
     if contender == "treeclone.jit_partial[alias]":
         return workload.runner(C.TC_PARTIAL, functools.partial(tc.jit_partial, policy="alias"))

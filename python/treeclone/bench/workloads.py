@@ -17,7 +17,7 @@ form of a step computes the same math; what differs is how state goes in and out
 * ``floor`` is the least a wrapper that donates nothing can do (``contenders.FLOOR_IS``,
   ``floor_runner``): one ``jax.jit`` of the state's arrays, each its own argument, returning
   the arrays the step replaces and the loss as one flat tuple, in a loop that keeps each
-  call's arrays a few calls longer.
+  call's arrays a few calls longer on the platforms where treeclone's own loop does.
 
 The seed pattern is the exception: there the same ``train_step(model, x, y, optimizer)``,
 whose ``Optimizer`` object is mutated in place and returned, runs under every jit wrapper.
@@ -39,12 +39,12 @@ from . import models as M
 from .contenders import (
     EQX,
     FLOOR,
-    FLOOR_HOLD,
     NNX,
     NNX_PARTIAL,
     NNX_TREE,
     TC_ALIAS,
     TC_PARTIAL,
+    floor_hold,
 )
 
 # Contenders that run a step which updates its state in place (a dict, or nnx objects).
@@ -175,19 +175,29 @@ def partial_runner(jit_partial, fn, state: Any, x, y, **kw: Any) -> Runner:
     return Runner(run=run, traces=traces, **kw)
 
 
-def floor_runner(jit, run_on_state: Callable[..., Any], state: Any, x, y, **kw: Any) -> Runner:
+def floor_runner(
+    jit,
+    run_on_state: Callable[..., Any],
+    state: Any,
+    x,
+    y,
+    *,
+    hold: int | None = None,
+    **kw: Any,
+) -> Runner:
     """The floor: one ``jax.jit`` of ``state``'s arrays, each its own positional argument, that
     returns the arrays the step replaces and the loss as one flat tuple; the loop keeps each
-    call's arrays for ``FLOOR_HOLD`` calls more. ``run_on_state(state, x, y) -> (loss,
-    state_after)`` runs at trace time only.
+    call's arrays for ``hold`` calls more (default ``floor_hold`` of the state's platform).
+    ``run_on_state(state, x, y) -> (loss, state_after)`` runs at trace time only.
 
     Each choice is the fastest measured by ``benches/floor_probe.py`` (docs/benchmarks.md):
-    letting go of the replaced arrays right after the call that reads them, while its
-    computation may still run, is what made the list form of the floor slower on a TPU v5e
-    than treeclone's lean path, which holds them; a list argument and a list of outputs cost
-    at most 2% more there than positional arrays and a flat tuple. The next flat tuple is
-    gathered from the old one and the outputs by one ``operator.itemgetter`` (made at the
-    trace), so the loop does no Python work per leaf. No donation: no contender is offered it.
+    on a TPU v5e, letting go of the replaced arrays right after the call that reads them,
+    while its computation may still run, is what made the list form of the floor slower than
+    treeclone's lean path, which holds them; on the CPU holding them is what costs. A list
+    argument and a list of outputs cost at most 2% more than positional arrays and a flat
+    tuple. The next flat tuple is gathered from the old one and the outputs by one
+    ``operator.itemgetter`` (made at the trace), so the loop does no Python work per leaf. No
+    donation: no contender is offered it.
     """
     flat, treedef = jax.tree.flatten(state)
     n_leaves = len(flat)
@@ -206,19 +216,30 @@ def floor_runner(jit, run_on_state: Callable[..., Any], state: Any, x, y, **kw: 
     traces = TraceCounter()
     f = jit(traces.wrap(flat_step))
     leaves = tuple(flat)
-    held: tuple[Any, ...] = (None,) * FLOOR_HOLD  # the last calls' arrays, kept alive
+    if hold is None:
+        hold = floor_hold(_platform(flat))
+    held: tuple[Any, ...] = (None,) * hold  # the last calls' arrays, kept alive
 
     def run(steps: int):
         nonlocal leaves, held
         loss = None
         for _ in range(steps):
             outputs = f(*leaves, x, y)
-            held = (*held[1:], leaves)
+            if hold:
+                held = (*held[1:], leaves)
             leaves = gather[0](leaves + outputs)
             loss = outputs[-1]
         return loss, leaves
 
     return Runner(run=run, traces=traces, **kw)
+
+
+def _platform(leaves: list[Any]) -> str:
+    """The platform of the first array among ``leaves`` (JAX's default backend if none)."""
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array):
+            return next(iter(leaf.devices())).platform
+    return jax.default_backend()
 
 
 def _tuple_getter(indices: list[int]) -> Callable[[tuple], tuple]:
