@@ -40,12 +40,11 @@ TC_POLICY = {TC_CLONE: "clone", TC_ALIAS: "alias", TC_STRICT: "strict", TC_PARTI
 # workload is the fastest of these there. (FLOOR is a reference, not a peer: see FLOOR_IS.)
 PEERS = (BASELINE, NNX, NNX_TREE, NNX_PARTIAL, EQX)
 # How many calls the floor's loop keeps each call's arrays after it, per platform
-# (workloads.floor_runner), as treeclone's lean path holds a call's leaves on the TPU only
-# (treeclone/_lift/jit_trace.py, HOLD_INPUT_PLATFORMS). On a TPU v5e mlp_adam's floor took 457
-# µs a step letting go of them at once, 416 keeping them one call, 372 three (nnx_train_20:
-# 1,752, 1,149 and 1,169; benches/floor_probe.py). On the CPU holding them costs: in the
-# harness at be45bee the floor held three calls and was 4% slower than jax.jit on
-# transformer_adam, beyond both spreads (floor_probe's CPU section has the variants).
+# (workloads.floor_runner): the fastest hold measured there by benches/floor_probe.py. On a TPU
+# v5e mlp_adam's floor took 457 µs a step letting go of them at once, 416 keeping them one
+# call, 372 three (nnx_train_20: 1,752, 1,149 and 1,169). On the CPU holding costs: three
+# calls took transformer_adam's floor from 10,920 to 11,368 µs and frozen_half's from 3,759
+# to 4,005, beyond both spreads, and left mlp_adam and nnx_train_20 level.
 FLOOR_HOLD = {"tpu": 3}
 
 
@@ -59,9 +58,10 @@ FLOOR_IS = (
     "`floor` is one `jax.jit` of the state's arrays, each its own argument, that returns the "
     "arrays the step replaces and the loss as one flat tuple (the state is unflattened and "
     "flattened at trace time only), in a loop that donates nothing and keeps each call's "
-    "arrays as treeclone's own loop does ("
-    + ", ".join(f"{n} calls longer on the {p.upper()}" for p, n in FLOOR_HOLD.items())
-    + ", not at all elsewhere): the least a wrapper that donates nothing can do, so every "
+    "arrays "
+    + ", ".join(f"{n} calls longer on a {p.upper()}" for p, n in FLOOR_HOLD.items())
+    + " and not at all elsewhere (the fastest on the TPU and the CPU, "
+    "`benches/floor_probe.py`): the least a wrapper that donates nothing can do, so every "
     "contender's ratio to it is its own overhead."
 )
 
