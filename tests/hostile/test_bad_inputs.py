@@ -1,5 +1,6 @@
-"""Bad inputs. Every check runs in a fresh subprocess so that a crash (segfault, abort, stack
-overflow) fails the test instead of killing pytest. Each script prints a marker on success.
+"""Bad inputs. Every check runs in a process of its own (``helpers.run_warm``) so that a crash
+(segfault, abort, stack overflow) fails the test instead of killing pytest. Each script prints a
+marker on success.
 
 Where JAX gives a clear Python exception, treeclone must raise the same exception type.
 """
@@ -7,7 +8,7 @@ Where JAX gives a clear Python exception, treeclone must raise the same exceptio
 from __future__ import annotations
 
 import pytest
-from helpers import run_script
+from helpers import run_warm
 
 # Shared by several scripts: entry points run the same way on either module.
 ENTRY_POINTS = """
@@ -59,7 +60,7 @@ CYCLES = {
 
 @pytest.mark.parametrize("kind", sorted(CYCLES))
 def test_cycle_raises_value_error_mentioning_cycle(kind):
-    run_script(
+    run_warm(
         ENTRY_POINTS
         + CYCLES[kind]
         + """
@@ -75,7 +76,7 @@ assert tc.tree_leaves([1, (2, {"a": 3})]) == [1, 2, 3]
 
 
 def test_cycle_below_a_leaf_is_not_an_error():
-    run_script(
+    run_warm(
         ENTRY_POINTS
         + """
 a = [1]
@@ -97,7 +98,7 @@ assert tc.tree_leaves([h, h])[1] is h
 
 
 def test_shared_subtrees_are_not_cycles():
-    run_script(
+    run_warm(
         """
 x = [1, 2]
 tree = [x, x, {"a": x, "b": (x, [x])}]
@@ -131,7 +132,7 @@ DEEP_KINDS = {
 @pytest.mark.parametrize("kind", sorted(DEEP_KINDS))
 def test_100k_deep_nesting_works_or_raises_recursion_error(kind):
     wrap, unwrap = DEEP_KINDS[kind]
-    run_script(
+    run_warm(
         f"""
 import collections, gc, pickle
 import trees
@@ -243,7 +244,7 @@ tc.register_pytree_node(UnflattenT, ok_flatten, bad_unflatten)
 
 
 def test_raising_flatten_propagates_same_exception():
-    run_script(
+    run_warm(
         ENTRY_POINTS
         + RAISING_NODES
         + """
@@ -257,7 +258,7 @@ assert tc.tree_leaves([1, 2]) == [1, 2]
 
 
 def test_raising_unflatten_propagates_same_exception():
-    run_script(
+    run_warm(
         RAISING_NODES
         + """
 from helpers import check_same_error
@@ -301,7 +302,7 @@ MALFORMED_FLATTEN = {
 
 @pytest.mark.parametrize("variant", sorted(MALFORMED_FLATTEN))
 def test_malformed_flatten_result_matches_jax(variant):
-    run_script(
+    run_warm(
         f"""
 import trees
 from helpers import capture
@@ -354,7 +355,7 @@ MALFORMED_KEYS = {
 
 @pytest.mark.parametrize("variant", sorted(MALFORMED_KEYS))
 def test_malformed_flatten_with_keys_raises_type_or_value_error(variant):
-    run_script(
+    run_warm(
         f"""
 from helpers import capture
 for registrar in (jtu, tc):
@@ -387,7 +388,7 @@ for registrar in (jtu, tc):
 
 
 def test_unflatten_wrong_number_of_leaves():
-    run_script(
+    run_warm(
         """
 import trees
 from helpers import capture
@@ -411,7 +412,7 @@ for small, leaves in (([None, {}, ()], [1]), (1, [])):
 
 
 def test_unflatten_non_iterable_or_raising_leaves():
-    run_script(
+    run_warm(
         """
 from helpers import capture, check_same_error
 tree = [1, {"a": 2}]
@@ -448,7 +449,7 @@ assert td.unflatten([7, 8]) == [7, {"a": 8}]
 
 
 def test_raising_is_leaf_propagates_same_exception():
-    run_script(
+    run_warm(
         ENTRY_POINTS
         + """
 class Boom(Exception):
@@ -488,7 +489,7 @@ for name in ("tree_flatten_with_path", "tree_leaves_with_path", "tree_map_with_p
     "value", ["0", "1", "np.bool_(True)", "np.array(True)", "'yes'", "None", "[]"]
 )
 def test_is_leaf_non_boolean_result_matches_jax(value):
-    run_script(
+    run_warm(
         ENTRY_POINTS
         + f"""
 for name, call in ENTRY_POINTS.items():
@@ -505,7 +506,7 @@ for name, call in ENTRY_POINTS.items():
 
 
 def test_mapped_function_raising_midway_propagates():
-    run_script(
+    run_warm(
         """
 from helpers import capture, check_same_error
 import trees
@@ -564,7 +565,7 @@ UNSORTABLE = {
 
 @pytest.mark.parametrize("kind", sorted(UNSORTABLE))
 def test_unsortable_dict_keys_match_jax(kind):
-    run_script(
+    run_warm(
         ENTRY_POINTS
         + f"""
 import collections
@@ -666,11 +667,11 @@ def compare(make_aux, what):
     ["[1, 2]", "{'k': [1]}", "BadEq()", "ArrayEq()", "np.arange(3)", "BadHash()", "BadRepr()"],
 )
 def test_troublesome_aux_data(aux):
-    run_script(AUX_NODE + f"\ncompare(lambda: {aux}, {aux!r})\n")
+    run_warm(AUX_NODE + f"\ncompare(lambda: {aux}, {aux!r})\n")
 
 
 def test_treedef_with_unhashable_aux_in_a_set():
-    run_script(
+    run_warm(
         AUX_NODE
         + """
 td = tc.tree_structure(AuxNode([1, 2]))

@@ -1,6 +1,7 @@
 """A table of hostile inputs that tests/hostile/test_bad_inputs.py does not already cover.
 
-Every row runs in a fresh interpreter (``helpers.run_script``), so a segfault or an abort fails
+Every row runs in a process of its own (``helpers.run_warm``: forked from an interpreter that has
+imported JAX's and treeclone's tree_util), so a segfault or an abort fails
 that row instead of killing pytest. A row is:
 
 * ``name``: what is being tried;
@@ -30,7 +31,7 @@ import dataclasses
 import textwrap
 
 import pytest
-from helpers import run_script
+from helpers import run_warm
 
 SAME = "same"
 
@@ -922,7 +923,7 @@ def _params():
 def test_hostile_input(name):
     c = CASES_BY_NAME[name]
     body = textwrap.indent(c.body, "    ")
-    run_script(
+    run_warm(
         SCRIPT.format(body=body, name=c.name, exc=c.exc, fragment=c.fragment, jax=c.jax),
         timeout=120,
     )

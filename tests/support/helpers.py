@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -248,30 +251,88 @@ def run_script(
     timeout: float = 300,
     prelude: bool = True,
     path: Sequence[str] = (),
+    warm: bool = False,
 ) -> str:
     """Run ``body`` in a fresh interpreter; it must exit 0 and print ``marker``.
 
     The script can import the modules of this folder, and those of the folders in ``path``.
     A segfault/abort shows up as a negative return code and fails the calling test instead of
     killing pytest. Returns stdout.
+
+    ``warm=True`` (with the prelude, no ``path``): the script runs in a forked copy of an
+    interpreter that has imported the prelude's modules (``forkserver.py``), a process of its
+    own all the same, without the 2.5 s of imports each fresh one costs.
     """
     setup = (PRELUDE if prelude else _PATH_SETUP) + "".join(
         f"sys.path.insert(0, {folder!r})\n" for folder in path
     )
     code = setup + textwrap.dedent(body) + f"\nprint({marker!r})\n"
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(),
-        cwd=SUPPORT_DIR,
-    )
+    if warm:
+        assert prelude and not path, "a warm interpreter has the prelude's modules only"
+        returncode, stdout, stderr = _FORK_SERVER.run(code, timeout)
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env(),
+            cwd=SUPPORT_DIR,
+        )
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     detail = (
-        f"exit code {proc.returncode}"
-        + (" (killed by a signal: the process crashed)" if proc.returncode < 0 else "")
-        + f"\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        f"exit code {returncode}"
+        + (" (killed by a signal: the process crashed)" if returncode < 0 else "")
+        + f"\n--- stdout ---\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-4000:]}"
     )
-    assert proc.returncode == 0, detail
-    assert marker in proc.stdout, detail
-    return proc.stdout
+    assert returncode == 0, detail
+    assert marker in stdout, detail
+    return stdout
+
+
+def run_warm(body: str, marker: str = "SCRIPT-OK", timeout: float = 300) -> str:
+    """``run_script(body, marker, timeout, warm=True)``: the script, after the prelude, in a
+    process of its own forked from a warm interpreter."""
+    return run_script(body, marker, timeout, warm=True)
+
+
+class _ForkServer:
+    """This process's ``forkserver.py``, started at its first script and again if it dies."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def _server(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, os.path.join(SUPPORT_DIR, "forkserver.py")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=child_env(),
+                cwd=SUPPORT_DIR,
+            )
+            assert self._proc.stdout is not None
+            assert json.loads(self._proc.stdout.readline()) == {"ready": True}
+        return self._proc
+
+    def run(self, code: str, timeout: float) -> tuple[int, str, str]:
+        """The script's exit code (negative: the signal that killed it), stdout and stderr."""
+        with self._lock, tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            proc = self._server()
+            assert proc.stdin is not None and proc.stdout is not None
+            request = {"code": code, "stdout": out, "stderr": err, "timeout": timeout}
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            reply = proc.stdout.readline()
+            if not reply:
+                raise RuntimeError("the fork server died (tests/support/forkserver.py)")
+            if json.loads(reply).get("timeout"):
+                raise subprocess.TimeoutExpired("forked script", timeout)
+            with open(out) as o, open(err) as e:
+                return json.loads(reply)["returncode"], o.read(), e.read()
+
+
+_FORK_SERVER = _ForkServer()
