@@ -36,7 +36,11 @@ def test_the_budget_scales_with_the_profile():
         "print(profiles.load(), profiles.max_examples(6), profiles.max_examples(25))\n"
     )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TREECLONE_")}
-    for env, want in (({}, "ci 6 25"), ({"TREECLONE_LONG": "1"}, "long 150 625")):
+    for env, want in (
+        ({}, "ci 6 25"),
+        ({"TREECLONE_LONG": "1"}, "long 150 625"),
+        ({"TREECLONE_HYPOTHESIS_PROFILE": "brief"}, "brief 1 6"),
+    ):
         out = subprocess.run(
             [sys.executable, "-c", script],
             cwd=SUPPORT_DIR,
