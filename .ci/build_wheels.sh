@@ -13,6 +13,8 @@
 # unpacked sdist (maturin build --sdist), so the same run shows that the sdist builds; each
 # wheel is then checked with `auditwheel show`, and the run fails unless it reports
 # manylinux_2_27 or older. Cargo's target folder: $CARGO_TARGET_DIR, default target/.
+# TOOLS_ONLY=1: install the build tools into $TOOLS and stop (.ci/run, before it starts another
+# build with them beside this one).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -56,6 +58,7 @@ fi
     'maturin==1.16.0' 'ziglang==0.17.1' 'auditwheel==6.8.2'
 # maturin runs zig as `python -m ziglang` with the first python on the PATH: the tools venv's.
 export PATH="$TOOLS/bin:$PATH"
+[ "${TOOLS_ONLY:-0}" = 0 ] || exit 0
 
 # maturin writes the sdist's files with one fixed timestamp, and cargo keeps a path package's
 # fingerprint by its path inside the package: a build from a newer sdist would then look fresh
