@@ -47,9 +47,11 @@ def _run_child(code: str, stdout: str, stderr: str) -> None:
     try:
         exec(compile(code, "<script>", "exec"), {"__name__": "__main__"})
     except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int | None):
+        if e.code is None or isinstance(e.code, int):
+            status = e.code or 0
+        else:  # a message: printed, exit code 1, as the interpreter does
             print(e.code, file=sys.stderr)
+            status = 1
     except BaseException:  # noqa: BLE001 (reported as an interpreter reports it)
         traceback.print_exc()
         status = 1
