@@ -251,35 +251,41 @@ def run_script(
     timeout: float = 300,
     prelude: bool = True,
     path: Sequence[str] = (),
-    warm: bool = False,
 ) -> str:
     """Run ``body`` in a fresh interpreter; it must exit 0 and print ``marker``.
 
     The script can import the modules of this folder, and those of the folders in ``path``.
     A segfault/abort shows up as a negative return code and fails the calling test instead of
     killing pytest. Returns stdout.
-
-    ``warm=True`` (with the prelude, no ``path``): the script runs in a forked copy of an
-    interpreter that has imported the prelude's modules (``forkserver.py``), a process of its
-    own all the same, without the 2.5 s of imports each fresh one costs.
     """
     setup = (PRELUDE if prelude else _PATH_SETUP) + "".join(
         f"sys.path.insert(0, {folder!r})\n" for folder in path
     )
-    code = setup + textwrap.dedent(body) + f"\nprint({marker!r})\n"
-    if warm:
-        assert prelude and not path, "a warm interpreter has the prelude's modules only"
-        returncode, stdout, stderr = _FORK_SERVER.run(code, timeout)
-    else:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=child_env(),
-            cwd=SUPPORT_DIR,
-        )
-        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-c", _script(setup, body, marker)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        cwd=SUPPORT_DIR,
+    )
+    return _checked(marker, proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_warm(body: str, marker: str = "SCRIPT-OK", timeout: float = 300) -> str:
+    """``run_script(body, marker, timeout)`` with the prelude, in a process of its own forked
+    from an interpreter that has imported the prelude's modules (``forkserver.py``), without
+    the 2.5 s of imports each fresh one costs."""
+    return _checked(marker, *_FORK_SERVER.run(_script(PRELUDE, body, marker), timeout))
+
+
+def _script(setup: str, body: str, marker: str) -> str:
+    return setup + textwrap.dedent(body) + f"\nprint({marker!r})\n"
+
+
+def _checked(marker: str, returncode: int, stdout: str, stderr: str) -> str:
+    """``stdout`` of a script that exited 0 and printed ``marker``; else an AssertionError
+    with the exit (a crash named as such) and both outputs' ends."""
     detail = (
         f"exit code {returncode}"
         + (" (killed by a signal: the process crashed)" if returncode < 0 else "")
@@ -288,12 +294,6 @@ def run_script(
     assert returncode == 0, detail
     assert marker in stdout, detail
     return stdout
-
-
-def run_warm(body: str, marker: str = "SCRIPT-OK", timeout: float = 300) -> str:
-    """``run_script(body, marker, timeout, warm=True)``: the script, after the prelude, in a
-    process of its own forked from a warm interpreter."""
-    return run_script(body, marker, timeout, warm=True)
 
 
 class _ForkServer:
