@@ -16,7 +16,7 @@ old ones:
   replaced arrays and the loss as one flat tuple;
 - ``held``: the arrays a call replaced are kept until the next call has returned (``held 3``:
   until three more calls have), as treeclone's lean path keeps a call's leaves on the
-  platforms of ``HOLD_INPUT_PLATFORMS`` (``treeclone/_lift/jit_trace.py``); otherwise the
+  platforms of ``HOLD_INPUT_PLATFORMS`` (``treeclone/_jit/inner.py``); otherwise the
   loop lets go of them right after the call that reads them, while that computation may still
   run;
 - ``committed``: the state and the batch put on the device with ``jax.device_put(a, device)``
@@ -91,7 +91,7 @@ OTHERS = (
 )
 CONTENDERS = (*OTHERS[:2], *FLOOR_HOLDS, *VARIANTS, *OTHERS[2:])
 _floor_runner = W.floor_runner  # the harness's, before floor_replaced swaps it
-_jit_module = sys.modules["treeclone._lift.jit_trace"]  # where the inner jit decides it
+_jit_module = sys.modules["treeclone._jit.inner"]  # where the inner jit decides it
 
 
 def markers(platform: str) -> tuple[str, str]:

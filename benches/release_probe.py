@@ -1,7 +1,7 @@
 """When a training loop's old arrays are let go: the harness's loops on the default device with
 and without each call's arguments held a little longer, and treeclone's lean path with and
 without its holding of the last call's leaves (``HOLD_INPUT_PLATFORMS`` and
-``HOLD_INPUT_BYTES`` in ``treeclone/_lift/jit_trace.py``: the measure behind them).
+``HOLD_INPUT_BYTES`` in ``treeclone/_jit/inner.py``: the measure behind them).
 
     python benches/release_probe.py                  # rewrites its section in docs/benchmarks.md
     python benches/release_probe.py --out /tmp/release.md --rounds 9
@@ -56,7 +56,7 @@ CONTENDERS = (
     "treeclone.jit[alias], held",
     "treeclone.jit[alias], not held",
 )
-_jit_module = sys.modules["treeclone._lift.jit_trace"]  # where the inner jit decides it
+_jit_module = sys.modules["treeclone._jit.inner"]  # where the inner jit decides it
 
 
 def held(jit: Callable[..., Any]) -> Callable[..., Any]:

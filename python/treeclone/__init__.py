@@ -7,7 +7,8 @@ and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies, and so do ``vmap``,
 ``shard_map``, the loops ``scan``, ``fori_loop`` and ``while_loop`` (:mod:`treeclone.loops`),
-and ``cond`` and ``switch``; each lives in the module named for it. See ``docs/semantics.md``.
+and ``cond`` and ``switch``; each lives in the module named for it, jit and jit_partial in
+the package ``_jit``. See ``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})
@@ -23,14 +24,13 @@ and ``cond`` and ``switch``; each lives in the module named for it. See ``docs/s
 
 from treeclone import tree, tree_util
 from treeclone._jax_compat import UnsupportedJaxError
+from treeclone._jit import JitPartial, Jitted, jit, jit_partial
 from treeclone._native import PyTreeDef, SharedTreeDef, __version__
 from treeclone._retrace import RetraceWarning
 from treeclone.call import call
 from treeclone.checkpoint import checkpoint, remat
 from treeclone.cond import cond, switch
 from treeclone.grad import grad, value_and_grad
-from treeclone.jit import Jitted, jit
-from treeclone.jit_partial import JitPartial, jit_partial
 from treeclone.loops import fori_loop, scan, while_loop
 from treeclone.policies import (
     ALIAS,

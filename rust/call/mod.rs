@@ -51,7 +51,7 @@ pyo3::create_exception!(
 );
 
 /// What the inner `jax.jit` returns: the computation's outputs (`leaves`) with the trace's
-/// `_TraceInfo` (`info`) as static data, a pytree node (registered in `jit.py`). JAX makes one
+/// `_TraceInfo` (`info`) as static data, a pytree node (registered in `_jit/inner.py`). JAX makes one
 /// at every call from the output's treedef, calling the type: a native type builds it with no
 /// Python frame.
 #[pyclass(frozen, module = "treeclone._native")]
@@ -103,7 +103,7 @@ pub struct LeanCall {
     last_entries: AtomicUsize,
     last_leaves: AtomicUsize,
     /// The last call's leaves, held until the next call when its trace says so
-    /// (`_TraceInfo.hold_inputs`, see `HOLD_INPUT_PLATFORMS` in jit.py) and it ran outside
+    /// (`_TraceInfo.hold_inputs`, see `HOLD_INPUT_PLATFORMS` in _jit/inner.py) and it ran outside
     /// any JAX transformation: on a TPU an array whose last reference goes while a computation
     /// still reads it costs the host time, and a training loop lets go of its old state right
     /// after the call that reads it.

@@ -1,6 +1,6 @@
 //! `StaticArguments`: how a `treeclone.jit` call's static arguments are taken out and keyed,
 //! for both of its paths: the lean native call (`LeanCall`) and the Python one
-//! (`CallShape.prepare` in `treeclone/_lift/jit_call.py`), so that the rule is written once.
+//! (`CallShape.prepare` in `treeclone/_jit/call.py`), so that the rule is written once.
 
 use crate::traverse::keysort::str_order;
 use pyo3::gc::PyVisit;

@@ -426,8 +426,8 @@ def test_type_checkers_see_the_overloads(tmp_path: Any) -> None:
         line.split("Revealed type is ")[1] for line in out.splitlines() if "Revealed" in line
     ]
     assert revealed == [
-        '"treeclone.jit.Jitted"',
-        '"def (def (*Any, **Any) -> Any) -> treeclone.jit.Jitted"',
+        '"treeclone._jit.jitted.Jitted"',
+        '"def (def (*Any, **Any) -> Any) -> treeclone._jit.jitted.Jitted"',
         '"int"',
         '"inspect.Signature"',
     ], out + err

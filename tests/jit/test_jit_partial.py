@@ -37,7 +37,7 @@ from node_kinds import Scaled
 # The module, not the function of the same name that ``treeclone.jit_partial`` is.
 partial_module = importlib.import_module("treeclone.jit_partial")
 # Where the bound arguments are flattened and checked.
-bound_module = importlib.import_module("treeclone._lift.bound")
+bound_module = importlib.import_module("treeclone._jit.bound")
 
 # Whether the snapshot watches the bound arguments (CPython's internals are read here).
 WATCHED = tc._native.cpython_internals()[0] == "on"

@@ -26,8 +26,8 @@ from helpers import capture, check_same_error
 POLICIES = ("clone", "alias", "strict")
 JIT_MODULE = sys.modules["treeclone.jit"]
 # Where the inner jits of every treeclone.jit are kept, and where a call is taken apart.
-OPTIONS_MODULE = sys.modules["treeclone._lift.jit_options"]
-CALL_MODULE = sys.modules["treeclone._lift.jit_call"]
+OPTIONS_MODULE = sys.modules["treeclone._jit.options"]
+CALL_MODULE = sys.modules["treeclone._jit.call"]
 
 
 def jit_of(kind: str) -> Callable[..., Any]:

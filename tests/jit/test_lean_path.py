@@ -214,7 +214,7 @@ def test_a_keyword_dict_passed_along_is_the_calls_own(policy: str) -> None:
 
 # --- the last call's leaves, held until the next call (HOLD_INPUT_PLATFORMS, _BYTES) ------------
 
-_JIT_MODULE = sys.modules["treeclone._lift.jit_trace"]  # where the inner jit decides it
+_JIT_MODULE = sys.modules["treeclone._jit.inner"]  # where the inner jit decides it
 
 
 def _fresh(n: int = 3) -> Any:

@@ -315,7 +315,7 @@ def check_lean_path(mesh: str) -> str | None:
 
     import treeclone as tc
 
-    jit_module = sys.modules["treeclone.jit"]
+    jit_module = sys.modules["treeclone._jit.jitted"]
     general: list[int] = []
     original = jit_module.Jitted._call_policy
 

@@ -135,8 +135,7 @@ Statics = tuple[int, tuple[tuple[int, Static], ...], tuple[tuple[str, Static], .
 
 def is_array(x: Any) -> bool:
     """Equinox's rule (``eqx.is_array``): JAX and NumPy arrays (and NumPy scalars) are traced,
-    every other leaf is static. A tracer is a ``jax.Array``; so is a JAX Ref here. Also
-    ``treeclone.jit.is_array``.
+    every other leaf is static. A tracer is a ``jax.Array``; so is a JAX Ref here.
 
     >>> import jax.numpy as jnp, numpy as np
     >>> from treeclone._lift import is_array

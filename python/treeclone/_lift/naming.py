@@ -113,7 +113,7 @@ def argument_names(fun: Callable, positions: Iterable[int]) -> list[str]:
     index in ``rest``); ``args[i]`` when the signature is unknown or has no place for it. These
     are the names ``jax.jit`` uses; ``treeclone.jit`` and ``treeclone.call`` name the arguments
     of a :class:`~treeclone.MutationError` with them (keyword arguments are named by their
-    keyword). Also ``treeclone.jit.argument_names``.
+    keyword).
 
     >>> from treeclone._lift import argument_names
     >>> def f(xs, *rest):

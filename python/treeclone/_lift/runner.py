@@ -40,8 +40,7 @@ def reporting(
 ) -> Any:
     """``fun`` as the clone policy hands it to a JAX transformation: reporting, each time it is
     traced, the changes it makes in place and does not return (``_trace.ReportingDiscards``;
-    the same object for the same function and options, so JAX's caches find it again). Also
-    ``treeclone.jit.reporting``.
+    the same object for the same function and options, so JAX's caches find it again).
 
     >>> import jax, jax.numpy as jnp, warnings
     >>> from treeclone._lift import reporting

@@ -22,7 +22,7 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _native, tree_util
-from treeclone._lift.naming import jit_keystr
+from treeclone._lift import jit_keystr
 from treeclone.policies import ArgPolicies, Policy
 
 # Raised by the inner function at trace time for a call whose key holds no shardings and whose

@@ -22,9 +22,9 @@ from typing import Any
 import jax
 
 from treeclone import _jax_compat, _native, _retrace, _trace
-from treeclone._lift.bound import BoundArguments
-from treeclone._lift.jit_call import CallShape, JitCall, from_jit_order
-from treeclone._lift.jit_trace import Inner, TraceInfo, end_of_call, fun_name
+from treeclone._jit.bound import BoundArguments
+from treeclone._jit.call import CallShape, JitCall, from_jit_order
+from treeclone._jit.inner import Inner, TraceInfo, end_of_call, fun_name
 
 
 def run(

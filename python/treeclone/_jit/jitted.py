@@ -28,29 +28,24 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _native, _trace
-from treeclone._lift import (
-    Naming,
-    argument_names,
-    check_cycles,
-    leaf_rule,
-    reporting,
-)
-
-# Public here before the machinery jit shares moved to the lift: still importable from here.
-from treeclone._lift import check_arguments as check_arguments
-from treeclone._lift import is_array as is_array
-from treeclone._lift.bound import BoundArguments, JitInterface
-from treeclone._lift.jit_call import CallShape, JitCall
-from treeclone._lift.jit_options import (
+from treeclone._jit.bound import BoundArguments, JitInterface
+from treeclone._jit.call import CallShape, JitCall
+from treeclone._jit.inner import Inner, finish_lean, make_inner
+from treeclone._jit.options import (
     UNSPECIFIED,
     given_options,
     hashable_options,
     inner_cache,
     resolve_arguments,
 )
-from treeclone._lift.jit_stages import StageSource, run, trace
-from treeclone._lift.jit_trace import Inner, finish_lean, make_inner
-from treeclone._lift.placement import ShardedArguments, placements, specified
+from treeclone._jit.placement import ShardedArguments, placements, specified
+from treeclone._jit.stages import StageSource, run, trace
+from treeclone._lift import (
+    Naming,
+    check_cycles,
+    leaf_rule,
+    reporting,
+)
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -338,7 +333,7 @@ class Jitted(_native.JitCore):
     ) -> Any:
         """Under clone, jax.jit's stage. Under another policy (or with ``traced=``), the inner
         function traced for this call as the call would trace it (so a call with the same
-        arguments afterwards finds the trace cached), in treeclone's stages (``jit_stages``);
+        arguments afterwards finds the trace cached), in treeclone's stages (``stages``);
         ``bound`` and ``after``: ``jit_partial``'s (:class:`StageSource`)."""
         policy = policy_override.get() or self._policy
         if policy is CLONE and self._traced is None and bound is None:
@@ -397,7 +392,7 @@ class Jitted(_native.JitCore):
 
     def interface(self) -> JitInterface:
         """What :func:`treeclone.jit_partial` uses of this function: a
-        :class:`~treeclone._lift.bound.JitInterface` (the package's own interface between the
+        :class:`~treeclone._jit.bound.JitInterface` (the package's own interface between the
         two modules, so that neither reads the other's private attributes).
 
         >>> import treeclone
@@ -565,4 +560,4 @@ def jit(
     return Jitted(fun, policy, given, discarded_mutations, traced, keep_shardings)
 
 
-__all__: Sequence[str] = ["Jitted", "argument_names", "jit", "reporting"]
+__all__: Sequence[str] = ["Jitted", "jit"]

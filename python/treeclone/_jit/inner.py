@@ -19,8 +19,7 @@ from jax.core import Tracer
 
 from treeclone import _native, _retrace, _trace, tree_util
 from treeclone._jax_compat import DebugInfo, fun_sourceinfo
-from treeclone._lift.boxes import as_jit_outputs
-from treeclone._lift.jit_call import (
+from treeclone._jit.call import (
     JitCall,
     Key,
     from_jit_order,
@@ -28,14 +27,13 @@ from treeclone._lift.jit_call import (
     jit_order,
     lean_call_record,
 )
-from treeclone._lift.naming import Naming, debug_info, jit_keystr
-from treeclone._lift.placement import (
+from treeclone._jit.placement import (
     Placement,
     argument_leaves,
     pins,
     place_outputs,
 )
-from treeclone._lift.runner import begin
+from treeclone._lift import Naming, as_jit_outputs, begin, debug_info, jit_keystr
 from treeclone.policies import ArgPolicies, Policy
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).

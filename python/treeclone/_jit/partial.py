@@ -41,9 +41,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from treeclone import _native
-from treeclone._lift.bound import BoundArguments
-from treeclone._lift.jit_options import parameters
-from treeclone.jit import Jitted, jit
+from treeclone._jit.bound import BoundArguments
+from treeclone._jit.jitted import Jitted, jit
+from treeclone._jit.options import parameters
 from treeclone.policies import ArgPolicies, Policy, PolicySpec, as_policy_spec, policy_override
 
 
@@ -266,7 +266,7 @@ def partial_policy(
     arguments it does not name; a policy, or a dict with ``...``, as :func:`treeclone.jit`
     reads it.
 
-    >>> from treeclone.jit_partial import partial_policy
+    >>> from treeclone._jit.partial import partial_policy
     >>> def step(model, optimizer, batch):
     ...     pass
     >>> partial_policy(None, step, 2)

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from treeclone import _native
-from treeclone._lift.arguments import check_cycles
-from treeclone._lift.naming import Naming
+from treeclone._lift import Naming, check_cycles
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot, Taker
 
 _SCALARS = (int, float, bool, complex)

@@ -14,9 +14,15 @@ from typing import Any
 import jax
 
 from treeclone import _native
-from treeclone._lift.arguments import StaticLeaves, check_cycles, normalize
-from treeclone._lift.boxes import take
-from treeclone._lift.naming import Naming, jit_keystr, name_slots
+from treeclone._lift import (
+    Naming,
+    StaticLeaves,
+    check_cycles,
+    jit_keystr,
+    name_slots,
+    normalize,
+    take,
+)
 
 # Donation masks kept per jitted function (one per argument structure seen; cleared when full).
 MASK_CACHE_SIZE = 64
@@ -95,7 +101,7 @@ class Donation:
 @dataclasses.dataclass(slots=True, eq=False)
 class JitCall:
     """One call under a policy: what goes to the inner jit (``jitted(key, donated, *kept)``,
-    see :class:`~treeclone._lift.jit_trace.Inner`), and what naming it needs: its distinct
+    see :class:`~treeclone._jit.inner.Inner`), and what naming it needs: its distinct
     ``leaves`` and the caller's ``objects``, the dynamic ``args`` and ``kwargs`` and the
     ``positions`` of the dynamic positional ones among all."""
 
