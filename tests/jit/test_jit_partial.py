@@ -35,7 +35,7 @@ from mutation_programs import (
 from node_kinds import Scaled
 
 # The module, not the function of the same name that ``treeclone.jit_partial`` is.
-partial_module = importlib.import_module("treeclone.jit_partial")
+partial_module = importlib.import_module("treeclone._jit.partial")
 # Where the bound arguments are flattened and checked.
 bound_module = importlib.import_module("treeclone._jit.bound")
 

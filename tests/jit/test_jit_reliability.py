@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import treeclone as tc
 from helpers import capture, check_same_error
+from treeclone._lift import argument_names
 
 POLICIES = ("clone", "alias", "strict")
-JIT_MODULE = sys.modules["treeclone.jit"]
 # Where the inner jits of every treeclone.jit are kept, and where a call is taken apart.
 OPTIONS_MODULE = sys.modules["treeclone._jit.options"]
 CALL_MODULE = sys.modules["treeclone._jit.call"]
@@ -473,7 +473,7 @@ def test_argument_names_follow_the_signature() -> None:
     def star(x, *rest, scale=1.0, **extra):
         pass
 
-    assert JIT_MODULE.argument_names(plain, range(4)) == ["a", "b", "c", "args[3]"]
-    assert JIT_MODULE.argument_names(star, range(4)) == ["x", "rest[0]", "rest[1]", "rest[2]"]
-    assert JIT_MODULE.argument_names(len, [0]) == ["obj"]
-    assert JIT_MODULE.argument_names(min, [0, 1]) == ["args[0]", "args[1]"]  # no signature
+    assert argument_names(plain, range(4)) == ["a", "b", "c", "args[3]"]
+    assert argument_names(star, range(4)) == ["x", "rest[0]", "rest[1]", "rest[2]"]
+    assert argument_names(len, [0]) == ["obj"]
+    assert argument_names(min, [0, 1]) == ["args[0]", "args[1]"]  # no signature
