@@ -149,7 +149,7 @@ def swap_running_call(call: Any) -> Any:
     """Put ``call`` in this thread's running-call slot; returns what it held."""
 
 class FlattenFailed(ValueError):
-    """A lean call's arguments could not be flattened: the general path names the argument."""
+    """A native call's arguments could not be flattened: the general path names the argument."""
 
 class ShardedArguments(FlattenFailed):
     """A call's arguments are on a mesh and its key holds no shardings: the call is made again
@@ -167,9 +167,8 @@ class JitCore:
         jax_jitted: Any,
         static_nums: frozenset[int],
         static_names: frozenset[str],
-        lean_allowed: bool,
     ) -> None: ...
-    def _lean_for(self, policy: Any) -> LeanCall | None: ...
+    def _lean_for(self, policy: Any) -> LeanCall: ...
     def _release_held(self) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -194,7 +193,8 @@ class ResultBox:
     def leaves(self) -> Any: ...
 
 class LeanCall:
-    """``treeclone.jit``'s whole call under a policy, for arguments all dynamic, none donated."""
+    """``treeclone.jit``'s whole call under a policy other than ``clone`` (or with ``traced=``):
+    the native call, Python only on a cache miss (``key_of``) and on the error paths."""
 
     def __init__(
         self,
@@ -204,8 +204,11 @@ class LeanCall:
         key_of: Callable[..., tuple[Any, ...]],
         tracer: type,
         finish: Callable[[tuple[Any, ...], Any, Any], Any],
-        placements: Callable[[list[Any]], tuple[Any, ...]],
+        array: type,
         statics: StaticArguments | None = None,
+        traced: Callable[[Any], bool] | None = None,
+        by_type: bool = False,
+        keyed: bool = False,
     ) -> None: ...
     def call_joined(
         self,

@@ -1,10 +1,11 @@
 //! `JitCore`: the native base class of `treeclone.Jitted`, whose `__call__` it is.
 //!
-//! A call of a `treeclone.jit` function runs no Python frame of treeclone's on its two fast
-//! paths: under `clone` (the check of the arguments for cycles, then `jax.jit`'s own call with
-//! the caller's very arguments) and on the lean path of `alias`/`strict` (`LeanCall`). Every
-//! other call goes to the Python method `_call_policy`, and a failed check or flatten to the
-//! Python methods whose errors name the argument.
+//! A call of a `treeclone.jit` function runs no Python frame of treeclone's once cached: under
+//! `clone` (without `traced=`) the check of the arguments for cycles, then `jax.jit`'s own call
+//! with the caller's very arguments; under any other policy (or with `traced=`) the native call
+//! of that policy (`LeanCall`, one per policy met: the wrapper's own, or a `with
+//! treeclone.policy(...)` block's). A failed check or flatten goes to the Python methods whose
+//! errors name the argument.
 
 use super::{FlattenFailed, LeanCall};
 use crate::traverse::plain::{check_arguments, static_positions};
@@ -14,7 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyTuple};
 use pyo3::PyTraverseError;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// What `Jitted._init_core` hands over once the wrapper is set up.
 struct Core {
@@ -30,11 +31,14 @@ struct Core {
     /// `static_argnums`, as positions, and `static_argnames`.
     static_positions: Vec<isize>,
     static_names: Py<PyFrozenSet>,
-    /// Whether calls under the wrapper's own policy (not `clone`) take the lean path.
-    lean_allowed: bool,
-    /// The lean path's `LeanCall`, made by `_lean_call()` at the first call that takes it.
-    lean: OnceLock<Py<LeanCall>>,
+    /// The native call of each policy met (the policy object, compared by identity), made by
+    /// `_lean_call(policy)` at the first call under it.
+    lean: Mutex<Vec<(Py<PyAny>, Py<LeanCall>)>>,
 }
+
+/// How many policies' native calls a wrapper keeps (a block's `ArgPolicies` made anew at each
+/// call is not kept past them).
+const POLICIES_KEPT: usize = 8;
 
 #[pyclass(frozen, subclass, module = "treeclone")]
 pub struct JitCore {
@@ -62,7 +66,6 @@ impl JitCore {
         jax_jitted: Option<Py<PyAny>>,
         static_nums: &Bound<'_, PyFrozenSet>,
         static_names: Py<PyFrozenSet>,
-        lean_allowed: bool,
     ) -> PyResult<()> {
         let static_positions = static_positions(static_nums)?;
         let core = Core {
@@ -72,29 +75,31 @@ impl JitCore {
             jax_jitted,
             static_positions,
             static_names,
-            lean_allowed,
-            lean: OnceLock::new(),
+            lean: Mutex::new(Vec::new()),
         };
         set_up(&self.core, core, "treeclone.jit")
     }
 
-    /// The lean path's `LeanCall` for calls under `policy`, or None when they take the
-    /// general path (for `jit_partial`).
+    /// The native call of calls under `policy` (for `jit_partial`).
     fn _lean_for<'py>(
         slf: &Bound<'py, Self>,
         policy: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, LeanCall>>> {
-        let core = core_of(slf)?;
-        if !core.takes_lean(policy) {
-            return Ok(None);
-        }
-        lean_of(slf, core).map(Some)
+    ) -> PyResult<Bound<'py, LeanCall>> {
+        lean_of(slf, core_of(slf)?, policy)
     }
 
-    /// Let go of the leaves the lean path holds from its last call (`Jitted.clear_cache`).
-    fn _release_held(&self) {
-        if let Some(lean) = self.core.get().and_then(|core| core.lean.get()) {
-            lean.get().hold(None);
+    /// Let go of the leaves the native calls hold from their last calls
+    /// (`Jitted.clear_cache`).
+    fn _release_held(&self, py: Python<'_>) {
+        let Some(core) = self.core.get() else {
+            return;
+        };
+        let calls: Vec<Py<LeanCall>> = match core.lean.lock() {
+            Ok(lean) => lean.iter().map(|(_, call)| call.clone_ref(py)).collect(),
+            Err(_) => return,
+        };
+        for call in calls {
+            call.get().hold(None);
         }
     }
 
@@ -123,13 +128,11 @@ impl JitCore {
                 return result.map_err(|err| explain(slf, err, args, kwargs));
             }
         }
-        if core.takes_lean(&policy) {
-            let lean = lean_of(slf, core)?;
-            match lean.get().call(py, args, kwargs) {
-                // The general path's error names the argument.
-                Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
-                result => return result.map_err(|err| explain(slf, err, args, kwargs)),
-            }
+        let lean = lean_of(slf, core, &policy)?;
+        match lean.get().call(py, args, kwargs) {
+            // The general path's error names the argument.
+            Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
+            result => return result.map_err(|err| explain(slf, err, args, kwargs)),
         }
         // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
         // caller's `d` over as it is): it is a node of the arguments' structure.
@@ -151,18 +154,20 @@ impl JitCore {
             visit.call(jax_jitted)?;
         }
         visit.call(&core.static_names)?;
-        if let Some(lean) = core.lean.get() {
-            visit.call(lean)?;
+        if let Ok(lean) = core.lean.try_lock() {
+            for (policy, call) in lean.iter() {
+                visit.call(policy)?;
+                visit.call(call)?;
+            }
         }
         Ok(())
     }
 }
 
 impl Core {
-    /// Whether a call under `policy` takes the lean path: the wrapper's own policy, when its
-    /// options allow it (`clone`'s own path has returned before).
-    fn takes_lean(&self, policy: &Bound<'_, PyAny>) -> bool {
-        self.lean_allowed && policy.is(&self.policy)
+    /// Whether a call under `policy` is `jax.jit`'s own (`clone` without `traced=`).
+    fn is_jax_call(&self, policy: &Bound<'_, PyAny>) -> bool {
+        self.jax_jitted.is_some() && policy.is(&self.clone)
     }
 
     /// The policy a call runs under: a `with treeclone.policy(...)` block's, else the
@@ -177,14 +182,15 @@ impl Core {
     }
 }
 
-/// The lean path of a call of `jit` now (under its own policy or a block's), or None when the
-/// call takes the general path.
+/// The native call of a call of `jit` now (under its own policy or a block's), or None when
+/// the call is `jax.jit`'s own.
 pub(crate) fn lean_now<'py>(jit: &Bound<'py, JitCore>) -> PyResult<Option<Bound<'py, LeanCall>>> {
     let core = core_of(jit)?;
-    if !core.takes_lean(&core.call_policy(jit.py())?) {
+    let policy = core.call_policy(jit.py())?;
+    if core.is_jax_call(&policy) {
         return Ok(None);
     }
-    lean_of(jit, core).map(Some)
+    lean_of(jit, core, &policy).map(Some)
 }
 
 /// Fill `cell`, once: the native bases' `_init_*` methods (`what` names the wrapper).
@@ -221,15 +227,26 @@ fn explain(
     }
 }
 
-/// The `LeanCall`, made by the subclass's `_lean_call()` the first time.
-fn lean_of<'py>(slf: &Bound<'py, JitCore>, core: &Core) -> PyResult<Bound<'py, LeanCall>> {
+/// The native call of `policy`, made by the subclass's `_lean_call(policy)` the first time.
+fn lean_of<'py>(
+    slf: &Bound<'py, JitCore>,
+    core: &Core,
+    policy: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, LeanCall>> {
     let py = slf.py();
-    if let Some(lean) = core.lean.get() {
-        return Ok(lean.bind(py).clone());
+    if let Ok(lean) = core.lean.lock() {
+        if let Some((_, call)) = lean.iter().find(|(p, _)| p.is(policy)) {
+            return Ok(call.bind(py).clone());
+        }
     }
-    let made = slf.call_method0(intern!(py, "_lean_call"))?;
+    // Python code runs here: nothing is held locked meanwhile. Another thread may make one
+    // too: either serves.
+    let made = slf.call_method1(intern!(py, "_lean_call"), (policy,))?;
     let made = made.cast_into::<LeanCall>()?;
-    // Another thread may have made one meanwhile: either serves.
-    let _ = core.lean.set(made.clone().unbind());
+    if let Ok(mut lean) = core.lean.lock() {
+        if lean.len() < POLICIES_KEPT {
+            lean.push((policy.clone().unbind(), made.clone().unbind()));
+        }
+    }
     Ok(made)
 }

@@ -23,7 +23,8 @@ struct Setup {
     jitted: Py<JitCore>,
     /// The bound arguments, first of every call's.
     bound: Py<PyTuple>,
-    /// Whether calls may take the lean path at all (no static arguments).
+    /// Whether calls may take the native call with everything flattened together (no static
+    /// arguments).
     lean_allowed: bool,
 }
 

@@ -108,8 +108,8 @@ class JitInterface:
     neither module reads the other's private attributes (``tests/test_import_graph.py``):
     the user's ``fun``; how its arguments are ``naming``-ed; ``static_nums`` and
     ``static_names`` (each completed from the other, as jax.jit does); the function's own
-    ``policy``; and its calls: ``lean_for(policy)``, the lean path's native call (None: the
-    general path), ``call(policy, args, kwargs, bound)``, the general path,
+    ``policy``; and its calls: ``lean_for(policy)``, the native call of a policy,
+    ``call(policy, args, kwargs, bound)``, the general path (static arguments, errors),
     ``check_cycles(args, kwargs)``, the error naming a cyclic argument,
     ``explain_type_error(exc, args, kwargs)``, a TypeError with treeclone's remedy (or
     ``exc``), ``cache_size()``, and

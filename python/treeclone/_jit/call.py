@@ -75,24 +75,24 @@ class Key(tuple):
     __slots__ = ()
 
 
-class Donation:
+class Donation(tuple):
     """Which distinct leaves of a call are donated (``keep[s]`` False), and how to split the
     leaves into the kept ones and the donated ones (computed once per structure). Part of the
-    inner jit's cache key: equal when the masks are, hashed once."""
+    inner jit's cache key: a tuple of the ``keep`` flags, hashed and compared in C (JAX hashes
+    the key at every call, and a ``__hash__`` written in Python would run there)."""
 
-    __slots__ = ("donated", "hash", "keep", "kept")
+    kept: Any
+    donated: Any
 
-    def __init__(self, keep: tuple[bool, ...]):
-        self.keep = keep
-        self.hash = hash(keep)
+    def __new__(cls, keep: tuple[bool, ...]) -> Donation:
+        self = super().__new__(cls, keep)
         self.kept = take([s for s, k in enumerate(keep) if k])
         self.donated = take([s for s, k in enumerate(keep) if not k])
+        return self
 
-    def __eq__(self, other: object) -> bool:
-        return other is self or (isinstance(other, Donation) and other.keep == self.keep)
-
-    def __hash__(self) -> int:
-        return self.hash
+    @property
+    def keep(self) -> tuple[bool, ...]:
+        return self
 
     def __repr__(self) -> str:  # read in JAX's explanation of a cache miss
         return f"donated leaves {[s for s, k in enumerate(self.keep) if not k]}"
@@ -135,14 +135,14 @@ class JitCall:
 
 
 def lean_call_record(call: tuple) -> JitCall:
-    """The ``JitCall`` of a call on the lean path from what ``_native.LeanCall`` records of it:
+    """The ``JitCall`` of a native call from what ``_native.LeanCall`` records of it:
     ``(inner, jitted, key, leaves, objects, args, kwargs, positions)``, the dynamic arguments
-    and their positions among all the positional ones (None: all). Every leaf is kept (none
-    donated, none static)."""
+    and their positions among all the positional ones (None: all)."""
     inner, jitted, key, leaves, objects, args, kwargs, positions = call
     if positions is None:
         positions = range(len(args))
-    return JitCall(inner, jitted, key, leaves, None, leaves, objects, args, kwargs, positions)
+    kept, donated = jit_order(leaves, key[2], key[3])
+    return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
 
 
 def hash_static(value: Any) -> None:
@@ -220,6 +220,39 @@ class CallShape:
         key = Key((sdef, statics, donation, static, inner.placement.key_part(leaves)))
         kept, donated = jit_order(leaves, donation, static)
         return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
+
+    def lean_key(
+        self,
+        inner: Any,
+        sdef: Any,
+        statics: tuple | None,
+        placed: tuple | None,
+        static_entries: tuple | None,
+        positions: Sequence[int] | None,
+        args: tuple,
+        kwargs: dict,
+    ) -> tuple[Key, tuple[int, ...] | None, tuple[int, ...] | None]:
+        """On a cache miss of the native call (``_native.LeanCall``): the key of a call of
+        structure ``sdef`` (static arguments ``statics``, placements ``placed``, the leaves
+        ``traced=`` leaves static ``static_entries``; each None when there is none), as
+        :meth:`prepare` makes it, and the slots of the leaves the inner jit takes as kept and
+        as donated (:func:`jit_order`; each None when every slot is kept, nothing donated).
+        ``positions``, ``args`` and ``kwargs``: the call's dynamic arguments, for the donation
+        mask and the error naming a static leaf that cannot be hashed."""
+        if positions is None:
+            positions = range(len(args))
+        donation = None
+        if self.donate_nums or self.donate_names:
+            n = len(positions) if statics is None else statics[0]
+            donation = self.mask(sdef, n, positions, kwargs)
+        static = None
+        if static_entries is not None:
+            static = StaticLeaves.of_entries(static_entries, args, kwargs, self.naming)
+        key = Key((sdef, statics, donation, static, placed))
+        if donation is None and static is None:
+            return key, None, None
+        kept, donated = jit_order(list(range(sdef.num_leaves)), donation, static)
+        return key, tuple(kept), None if donated is None else tuple(donated)
 
     def not_a_jax_type(self, args: tuple, kwargs: dict) -> tuple[str, Any] | None:
         """The first leaf of a call's dynamic arguments that jax.jit cannot trace (a function,

@@ -21,7 +21,6 @@ from treeclone import _native, _retrace, _trace, tree_util
 from treeclone._jax_compat import DebugInfo, fun_sourceinfo
 from treeclone._jit.call import (
     JitCall,
-    Key,
     from_jit_order,
     is_static_slot,
     jit_order,
@@ -41,10 +40,6 @@ ARG_OPTIONS = ("static_argnums", "static_argnames", "donate_argnums", "donate_ar
 
 
 SHARDINGS = ("in_shardings", "out_shardings")
-
-
-# Keys of argument structures kept per inner function for the lean path (cleared when full).
-KEY_CACHE_SIZE = 256
 
 
 # When the lean path holds a call's leaves until the next call: their arrays on one of these
@@ -197,21 +192,10 @@ class Inner:
             kwargs.get("in_shardings"), kwargs.get("out_shardings"), keep_shardings
         )
         self.retraces = _retrace.History(fun, policy, naming.name)
-        # The lean path's key of each argument structure, one object per structure: JAX
-        # compares a cached key with the call's by identity first.
+        # The native call's key of each argument structure (with the order of its leaves:
+        # ``CallShape.lean_key``), one object per structure: JAX compares a cached key with the
+        # call's by identity first.
         self.keys: dict[Any, tuple] = {}
-
-    def key_of(self, sdef: Any, statics: tuple | None = None, placed: tuple | None = None) -> tuple:
-        """The key of a call of structure ``sdef``, static arguments ``statics`` (as
-        ``_native.StaticArguments.split`` gives them) and, once its calls are keyed on them,
-        the arguments' placements ``placed`` on the lean path (``_native.LeanCall``), kept
-        under ``sdef``, ``(sdef, statics)`` or ``(sdef, (statics, placed))``."""
-        if len(self.keys) >= KEY_CACHE_SIZE:
-            self.keys.clear()
-        key = Key((sdef, statics, None, None, placed))
-        extra = statics if placed is None else (statics, placed)
-        self.keys[sdef if extra is None else (sdef, extra)] = key
-        return key
 
     def call(self) -> JitCall | None:
         """The call of this function running now in this thread (None when traced ahead of

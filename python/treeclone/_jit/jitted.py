@@ -38,11 +38,12 @@ from treeclone._jit.options import (
     inner_cache,
     resolve_arguments,
 )
-from treeclone._jit.placement import ShardedArguments, placements, specified
+from treeclone._jit.placement import ShardedArguments, specified
 from treeclone._jit.stages import StageSource, run, trace
 from treeclone._lift import (
     Naming,
     check_cycles,
+    is_array,
     leaf_rule,
     reporting,
 )
@@ -147,20 +148,12 @@ class Jitted(_native.JitCore):
             self._in_shardings_given,
             self._traced,
         )
-        # The lean path (_native.LeanCall), for arguments none donated, every leaf traced;
-        # the others take _call_policy.
-        self._lean_allowed = not (
-            self._donate_nums
-            or self._donate_names
-            or self._traced is not None
-            or self._in_shardings_given
-        )
         self._set_up_calls()
 
     def _set_up_calls(self) -> None:
         """Hand the native base class (``_native.JitCore``, whose ``__call__`` every call runs:
-        ``clone``'s check then ``jax.jit``'s call, or the lean path, or ``_call_policy``) what
-        calls need."""
+        ``clone``'s check then ``jax.jit``'s call, or the native call of the policy, and
+        ``_call_policy`` for an argument that cannot be flattened) what calls need."""
         self._init_core(
             self._policy,
             CLONE,
@@ -168,7 +161,6 @@ class Jitted(_native.JitCore):
             self._jax_jitted if self._traced is None else None,
             self._static_nums,
             self._static_names,
-            self._lean_allowed,
         )
 
     # --- policies -----------------------------------------------------------------------------
@@ -238,19 +230,22 @@ class Jitted(_native.JitCore):
             return exc
         return _trace.traced_remedy(exc, *found)
 
-    def _lean_call(self) -> _native.LeanCall:
-        """The lean path's native call (``_native.LeanCall``) of ``self._policy``'s inner jit;
-        ``JitCore`` makes it with this at the first call that takes the lean path."""
-        inner, jitted = self._inner_entry(self._policy)
+    def _lean_call(self, policy: Policy | ArgPolicies) -> _native.LeanCall:
+        """The native call (``_native.LeanCall``) of ``policy``'s inner jit; ``JitCore`` makes
+        it with this at the first call under ``policy``."""
+        inner, jitted = self._inner_entry(policy)
         return _native.LeanCall(
             inner,
             jitted,
             inner.keys,
-            inner.key_of,
+            functools.partial(self._shape.lean_key, inner),
             Tracer,
             finish_lean,
-            placements,
+            jax.Array,  # where the arguments are: as _jit.placement.placements says
             self._shape.statics,  # the static arguments split as the Python path splits them
+            self._traced,
+            self._traced is is_array,  # equinox's rule decides by a leaf's type
+            inner.placement.keyed,
         )
 
     def _inner_entry(self, policy: Policy | ArgPolicies) -> tuple[Inner, Any]:
@@ -339,7 +334,7 @@ class Jitted(_native.JitCore):
         if policy is CLONE and self._traced is None and bound is None:
             return getattr(self._jax_jitted, method)(*args, **kwargs)
         entry = self._inner_entry(policy)
-        source = StageSource(self._fun, self._shape, entry, bound, after)
+        source = StageSource(self._fun, self._shape, entry, bound, after, policy, self._policy)
         try:
             traced = trace(source, args, kwargs)
         except ShardedArguments:  # keyed by the arguments' shardings, as the call is

@@ -91,12 +91,12 @@ class JitPartial(_native.PartialCore):
         try:
             jit, bound = self._jit, self._bound
             policy = policy_override.get() or jit.policy
+            _check_policy(policy)
             args = (*bound.args, *args)
-            lean = jit.lean_for(policy) if self._lean_allowed else None
-            if lean is None:
-                _check_policy(policy)
+            if not self._lean_allowed:  # static arguments: split out before the join
                 return jit.call(policy, args, kwargs, bound)
-            # The lean path (Jitted's): the bound arguments joined, then one native call.
+            lean = jit.lean_for(policy)
+            # The native call (Jitted's): the bound arguments joined, then one native call.
             if len(kwargs) > 1:  # keyword order is not part of a call's structure (jax.jit)
                 kwargs = dict(sorted(kwargs.items()))
             try:

@@ -25,6 +25,7 @@ from treeclone import _jax_compat, _native, _retrace, _trace
 from treeclone._jit.bound import BoundArguments
 from treeclone._jit.call import CallShape, JitCall, from_jit_order
 from treeclone._jit.inner import Inner, TraceInfo, end_of_call, fun_name
+from treeclone.policies import ArgPolicies, Policy, policy_override
 
 
 def run(
@@ -58,13 +59,33 @@ def run(
 class StageSource:
     """What the stages of a jitted function under one policy need: the user's ``fun``, how
     its calls are taken apart (``shape``), its inner function and ``jax.jit`` (``entry``); for
-    ``jit_partial``, the ``bound`` arguments and what to do after each call (``after``)."""
+    ``jit_partial``, the ``bound`` arguments and what to do after each call (``after``); the
+    ``policy`` the stages were traced under, and the wrapper's own (``own_policy``: a call
+    outside a ``with treeclone.policy(...)`` block runs under it)."""
 
     fun: Callable
     shape: CallShape
     entry: tuple[Inner, Any]
     bound: BoundArguments | None = None
     after: Callable[[], None] | None = None
+    policy: Policy | ArgPolicies | None = None
+    own_policy: Policy | ArgPolicies | None = None
+
+    def check_policy(self) -> None:
+        """The policy a call runs under now (a block's, else the wrapper's own) is the one the
+        stage was traced under, or a ValueError: what a call does to the caller's objects is
+        part of its trace, and a stage cannot trace again."""
+        now = policy_override.get() or self.own_policy
+        if now is self.policy or now == self.policy:
+            return
+        raise ValueError(
+            f"{fun_name(self.fun)}: this stage was traced under policy {self.policy!r}, and "
+            f"this call runs under {now!r} (a `with treeclone.policy(...)` block, or the "
+            "jitted function's own policy): what a call writes back into the caller's objects "
+            "is part of the stage's compiled code, so a stage runs under the policy it was "
+            "made under only. Trace, lower and compile it under this policy (inside the "
+            "block), or call it where its own policy applies."
+        )
 
 
 def trace(source: StageSource, args: tuple, kwargs: dict) -> Traced:
@@ -103,6 +124,7 @@ class StagedCall:
         """The jitted call, with ``stage`` computing: ``args`` and ``kwargs`` are the dynamic
         arguments (the static ones were fixed when the stage was made, as under jax.jit)."""
         source = self.source
+        source.check_policy()
         try:
             if source.bound is not None:
                 args = (*source.bound.args, *args)

@@ -170,18 +170,30 @@ def leaf_rule(traced: str | Callable[[Any], bool] | None) -> Callable[[Any], boo
     )
 
 
-class StaticLeaves:
+class StaticLeaves(tuple):
     """The leaves of a call that ``traced=`` leaves static: their slots and values, each keyed
     with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
     the inner jit's cache key, so a static leaf that changes (compared with ``==``, as equinox
-    compares them) is a new trace."""
+    compares them) is a new trace. A tuple of its ``(slot, type, value)`` entries, hashed and
+    compared in C: JAX hashes the key at every call, and a ``__hash__`` written in Python
+    would run there."""
 
-    __slots__ = ("entries", "hash", "slots")
+    slots: frozenset[int]
 
-    def __init__(self, entries: tuple[tuple[int, type, Any], ...]):
-        self.entries = entries
+    def __new__(cls, entries: tuple[tuple[int, type, Any], ...]) -> StaticLeaves:
+        self = super().__new__(cls, entries)
         self.slots = frozenset(s for s, *_ in entries)
-        self.hash = hash(entries)
+        return self
+
+    @property
+    def entries(self) -> tuple[tuple[int, type, Any], ...]:
+        """The ``(slot, type, value)`` of each static leaf.
+
+        >>> from treeclone._lift import StaticLeaves
+        >>> StaticLeaves(((1, str, "relu"),)).entries
+        static leaves [1]
+        """
+        return self
 
     @classmethod
     def of(
@@ -214,8 +226,23 @@ class StaticLeaves:
         entries = tuple((s, type(x), x) for s, x in enumerate(leaves) if not traced(x))
         if not entries:
             return None
+        return cls.of_entries(entries, args, kwargs, naming)
+
+    @classmethod
+    def of_entries(
+        cls, entries: tuple[tuple[int, type, Any], ...], args: tuple, kwargs: dict, naming: Naming
+    ) -> StaticLeaves:
+        """The static leaves ``((slot, type, value), ...)`` of a call of ``args`` and
+        ``kwargs`` (see :meth:`of`, whose error this raises).
+
+        >>> from treeclone._lift import Naming, StaticLeaves
+        >>> StaticLeaves.of_entries(((1, str, "relu"),), ("x", "relu"), {}, Naming(print))
+        static leaves [1]
+        """
         try:
-            return cls(entries)
+            made = cls(entries)
+            hash(made)  # hashed in the key: a value that cannot be is named here
+            return made
         except TypeError:
             for _, ty, x in entries:
                 try:
@@ -228,12 +255,6 @@ class StaticLeaves:
                         "pytree node or an array, or give traced= a rule that traces it."
                     ) from None
             raise
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or (isinstance(other, StaticLeaves) and other.entries == self.entries)
-
-    def __hash__(self) -> int:
-        return self.hash
 
     def __repr__(self) -> str:
         return f"static leaves {[s for s, *_ in self.entries]}"
