@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax.core import Tracer
 
 from treeclone import _lift, _trace
@@ -50,6 +49,7 @@ from treeclone._trace.join import (
     first_difference,
     joined_plan,
     taken_plan,
+    zeros_of,
 )
 from treeclone.call import call as _call
 from treeclone.policies import (
@@ -476,7 +476,7 @@ class _Lifted:
 
             def dummy(r: BranchRecord = r) -> Any:
                 return r.out_def.unflatten(
-                    [np.zeros(*a) if isinstance(a, tuple) else 0 for a in r.out_avals]
+                    [zeros_of(a) if isinstance(a, tuple) else 0 for a in r.out_avals]
                 )
 
             dummy.__wrapped__ = fun  # type: ignore[attr-defined]

@@ -86,8 +86,27 @@ def aval_of(x: Any) -> Any:
         return None
     if not hasattr(aval, "shape"):
         return aval
-    pair = (tuple(aval.shape), np.dtype(aval.dtype))
+    pair = (tuple(aval.shape), canonical_dtype(aval.dtype))
     return RefAval(pair) if is_ref(x) else pair
+
+
+def canonical_dtype(dtype: Any) -> Any:
+    """A dtype as the branches' abstract values compare it: NumPy's own, or one of JAX's
+    extended dtypes as it is (a typed PRNG key's ``key<fry>``, which NumPy cannot interpret;
+    JAX's dtypes compare and hash as NumPy's do)."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return np.dtype(dtype)
+
+
+def zeros_of(aval: tuple) -> Any:
+    """A value of abstract value ``aval`` (``(shape, dtype)``): NumPy's zeros, or JAX's for an
+    extended dtype (a typed PRNG key array over zero key data, as ``jnp.zeros`` makes it:
+    NumPy has no such dtype)."""
+    shape, dtype = aval
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return jax.numpy.zeros(shape, dtype)
+    return np.broadcast_to(np.zeros((), dtype), shape)
 
 
 def leaf_positions(info: list) -> dict[int, int]:
@@ -273,7 +292,7 @@ def refined(r: BranchRecord) -> Any:
         if isinstance(e, EntryInfo.Leaf):
             aval = r.avals[pos[n]]
             if isinstance(aval, tuple):
-                built.append(np.broadcast_to(np.zeros((), aval[1]), aval[0]))
+                built.append(zeros_of(aval))
             else:
                 built.append(np.zeros(()))
         elif isinstance(e, EntryInfo.Ref):
