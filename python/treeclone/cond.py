@@ -192,7 +192,7 @@ def cond(
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
-    call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule)
+    call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule, hashed=False)
     names = ["false_fun", "true_fun"]
     lifted = _lifted("cond", [false_fun, true_fun], names, call, chosen, rule)
     return lifted.run(
@@ -253,7 +253,7 @@ def switch(
     if not all(callable(b) for b in branches) or not branches:
         return jax.lax.switch(index, branches)  # jax's error
     names = [f"branch {i}" for i in range(len(branches))]
-    call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule)
+    call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule, hashed=False)
     lifted = _lifted("switch", list(branches), names, call, chosen, rule)
     return lifted.run(
         call,

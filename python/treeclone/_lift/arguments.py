@@ -5,6 +5,7 @@ leaves a ``traced=`` rule leaves static (:class:`StaticLeaves`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 from treeclone import _jax_compat, _native, tree_util
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift.naming import Naming, jit_keystr, name_slots
+from treeclone._trace import NAN_TYPES, same_static, static_hash
 
 
 def normalize(indices: frozenset[int], n: int) -> frozenset[int]:
@@ -106,15 +108,16 @@ check_call = check_arguments
 
 
 class Static:
-    """A static argument's value in a call's key: equal by value when hashable, else by
-    identity (as ``jax.checkpoint`` keys its static arguments)."""
+    """A static argument's value in a call's key: equal by value when hashable (the same
+    object, or ``same_static``: a NaN is a NaN), else by identity (as ``jax.checkpoint`` keys
+    its static arguments)."""
 
     __slots__ = ("hash", "hashable", "value")
 
     def __init__(self, value: Any):
         self.value = value
         try:
-            self.hash, self.hashable = hash((type(value), value)), True
+            self.hash, self.hashable = hash((type(value), static_hash(value))), True
         except TypeError:
             self.hash, self.hashable = id(value), False
 
@@ -125,7 +128,7 @@ class Static:
         if not isinstance(other, Static):
             return False
         if self.hashable and other.hashable:
-            return type(self.value) is type(other.value) and bool(self.value == other.value)
+            return same_static(self.value, other.value)
         return self.value is other.value
 
 
@@ -171,18 +174,31 @@ def leaf_rule(traced: str | Callable[[Any], bool] | None) -> Callable[[Any], boo
     )
 
 
+_TYPE_OF = operator.itemgetter(1)  # an entry's type
+
+
 class StaticLeaves:
     """The leaves of a call that ``traced=`` leaves static: their slots and values, each keyed
     with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
-    the inner jit's cache key, so a static leaf that changes (compared with ``==``, as equinox
-    compares them) is a new trace."""
+    the cache key of the call's trace, so a static leaf that changes is a new trace: compared
+    as equinox compares them, with ``==``, the same object first and a NaN equal to a NaN
+    (``_trace.same_static``). ``hash`` is None where a static leaf cannot be hashed and the
+    transformation accepts that (a loop or a cond, as ``eqx.partition``'s static part closed
+    over ``jax.lax.scan`` or ``cond``): such a call is keyed on nothing, traced each time."""
 
     __slots__ = ("entries", "hash", "slots")
 
-    def __init__(self, entries: tuple[tuple[int, type, Any], ...]):
+    def __init__(self, entries: tuple[tuple[int, type, Any], ...], hashed: bool = True):
         self.entries = entries
         self.slots = frozenset(s for s, *_ in entries)
-        self.hash = hash(entries)
+        try:
+            self.hash: int | None = hash(entries)
+            if not NAN_TYPES.isdisjoint(map(_TYPE_OF, entries)):  # a NaN hashed as every NaN
+                self.hash = hash(tuple((s, ty, static_hash(x)) for s, ty, x in entries))
+        except TypeError:
+            if hashed:
+                raise
+            self.hash = None
 
     @classmethod
     def of(
@@ -192,9 +208,11 @@ class StaticLeaves:
         args: tuple,
         kwargs: dict,
         naming: Naming,
+        hashed: bool = True,
     ) -> StaticLeaves | None:
         """Those of ``leaves`` that ``traced`` leaves static (None: none); a static leaf that
-        cannot be hashed is a TypeError naming its argument and key path.
+        cannot be hashed is a TypeError naming its argument and key path, unless ``hashed``
+        is False (the call is then keyed on nothing: see the class).
 
         >>> import jax.numpy as jnp
         >>> from treeclone._lift import Naming, StaticLeaves, is_array
@@ -211,16 +229,18 @@ class StaticLeaves:
         Traceback (most recent call last):
         ...
         TypeError: model['tags']: a static leaf under traced= (not traced: a set) must be ...
+        >>> StaticLeaves.of([tags], is_array, ({"tags": tags},), {}, Naming(f), hashed=False)
+        static leaves [0]
         """
         entries = tuple((s, type(x), x) for s, x in enumerate(leaves) if not traced(x))
         if not entries:
             return None
         try:
-            return cls(entries)
+            return cls(entries, hashed)
         except TypeError:
             for _, ty, x in entries:
                 try:
-                    hash(x)
+                    static_hash(x)
                 except TypeError:
                     raise TypeError(
                         f"{_leaf_path(x, args, kwargs, naming)}: a static leaf under traced= "
@@ -231,9 +251,18 @@ class StaticLeaves:
             raise
 
     def __eq__(self, other: object) -> bool:
-        return other is self or (isinstance(other, StaticLeaves) and other.entries == self.entries)
+        if other is self:
+            return True
+        if not isinstance(other, StaticLeaves) or len(other.entries) != len(self.entries):
+            return False
+        return all(
+            s == t and ty is tu and same_static(x, y)
+            for (s, ty, x), (t, tu, y) in zip(self.entries, other.entries, strict=True)
+        )
 
     def __hash__(self) -> int:
+        if self.hash is None:
+            raise TypeError("unhashable static leaves (traced=): a call keyed on nothing")
         return self.hash
 
     def __repr__(self) -> str:
@@ -357,13 +386,15 @@ def flatten_call(
     static_nums: Iterable[int] = (),
     static_names: Iterable[str] = (),
     traced: Callable[[Any], bool] | None = None,
+    hashed: bool = True,
 ) -> Call:
     """Flatten a call's dynamic arguments with identity (see the module docstring).
 
     ``static_nums`` (negative ones count from the end) and ``static_names`` are taken out and
     put in ``Call.statics``, to be part of the traced structure's key. ``traced`` (a rule of
     ``traced=``, resolved) leaves the leaves it rejects static: ``Call.static``, hashed as
-    jit hashes them (an unhashable one is a TypeError naming its key path).
+    jit hashes them (an unhashable one is a TypeError naming its key path; with ``hashed``
+    False it is accepted and the call keyed on nothing, see :class:`StaticLeaves`).
 
     >>> from treeclone._lift import Naming, flatten_call
     >>> w = [1.0]
@@ -390,5 +421,7 @@ def flatten_call(
     except ValueError:
         check_cycles(naming, *given, nums, names)  # the text of every policy, naming the argument
         raise
-    static = None if traced is None else StaticLeaves.of(leaves, traced, args, kwargs, naming)
+    static = None
+    if traced is not None:
+        static = StaticLeaves.of(leaves, traced, args, kwargs, naming, hashed)
     return Call(leaves, sdef, objects, args, kwargs, statics, static)

@@ -19,7 +19,7 @@ from treeclone import _native
 from treeclone._jax_compat import DictKey, is_ref, keystr, unflatten_node
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._trace.steps import Traced
-from treeclone._trace.tree import Layout, Paths, child_keys, same_data
+from treeclone._trace.tree import Layout, Paths, child_keys, same_data, same_static
 from treeclone._writeback import write_custom as _write_custom
 
 # CallPlan's stub types the write-back hook; the function is the same.
@@ -154,15 +154,12 @@ def say_aval(aval: Any) -> str:
 
 def static_difference(a: BranchRecord, pa: int, b: BranchRecord, pb: int) -> tuple | None:
     """How two branches differ at leaf positions ``pa`` and ``pb`` where one (or both) leaves
-    a static leaf (``traced=``): each must leave one equal value of one type there (a JAX
-    cond cannot choose between two Python values), in words; None where they agree."""
+    a static leaf (``traced=``): each must leave one value there (``same_static``: the same
+    object, or equal and of one type, a NaN equal to a NaN; a JAX cond cannot choose between
+    two Python values), in words; None where they agree."""
     missing = object()
     va, vb = a.statics.get(pa, missing), b.statics.get(pb, missing)
-    try:
-        same = type(va) is type(vb) and va is not missing and bool(va == vb)
-    except Exception:  # noqa: BLE001 - not comparable: not one value
-        same = False
-    if same:
+    if va is not missing and vb is not missing and same_static(va, vb):
         return None
 
     def words(r: BranchRecord, p: int, v: Any) -> str:
