@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax.core import Tracer
 
 from treeclone import _lift, _trace
@@ -50,6 +49,7 @@ from treeclone._trace.join import (
     first_difference,
     joined_plan,
     taken_plan,
+    zeros_of,
 )
 from treeclone.call import call as _call
 from treeclone.policies import (
@@ -192,7 +192,7 @@ def cond(
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
         return _call(true_fun if pred else false_fun, *operands, policy=chosen)
-    call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule)
+    call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule, hashed=False)
     names = ["false_fun", "true_fun"]
     lifted = _lifted("cond", [false_fun, true_fun], names, call, chosen, rule)
     return lifted.run(
@@ -253,7 +253,7 @@ def switch(
     if not all(callable(b) for b in branches) or not branches:
         return jax.lax.switch(index, branches)  # jax's error
     names = [f"branch {i}" for i in range(len(branches))]
-    call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule)
+    call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule, hashed=False)
     lifted = _lifted("switch", list(branches), names, call, chosen, rule)
     return lifted.run(
         call,
@@ -476,7 +476,7 @@ class _Lifted:
 
             def dummy(r: BranchRecord = r) -> Any:
                 return r.out_def.unflatten(
-                    [np.zeros(*a) if isinstance(a, tuple) else 0 for a in r.out_avals]
+                    [zeros_of(a) if isinstance(a, tuple) else 0 for a in r.out_avals]
                 )
 
             dummy.__wrapped__ = fun  # type: ignore[attr-defined]

@@ -332,7 +332,7 @@ class _ShardMap(_lift.Wrapper):
                 "(in_specs inferred from the arguments' shardings is policy='clone' without "
                 "traced= only)"
             )
-        call = _lift.flatten_call(self._naming, args, {}, traced=self._traced)
+        call = _lift.flatten_call(self._naming, args, {}, traced=self._traced, hashed=False)
         places = _Places(self._naming, in_specs)
         slot_specs, slot_names = self._slot_specs(call, in_specs, places)
         written_specs: list = []

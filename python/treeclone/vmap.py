@@ -156,7 +156,7 @@ class _Vmap(_lift.Wrapper):
                 "positional arguments passed to the function, but got "
                 f"len(in_axes)={len(self._in_axes)}, len(args)={len(args)}"
             )
-        call = _lift.flatten_call(self._naming, args, kwargs, traced=self._traced)
+        call = _lift.flatten_call(self._naming, args, kwargs, traced=self._traced, hashed=False)
         axes = InAxes(call, self._naming, self._in_axes)
         if call.static is not None:  # a static leaf is one value for the batch: not mapped
             for s in call.static.slots:

@@ -5,6 +5,7 @@ leaves a ``traced=`` rule leaves static (:class:`StaticLeaves`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 from treeclone import _jax_compat, _native, tree_util
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift.naming import Naming, jit_keystr, name_slots
+from treeclone._trace import NAN_TYPES, same_static, static_hash, static_key
 
 
 def normalize(indices: frozenset[int], n: int) -> frozenset[int]:
@@ -106,15 +108,16 @@ check_call = check_arguments
 
 
 class Static:
-    """A static argument's value in a call's key: equal by value when hashable, else by
-    identity (as ``jax.checkpoint`` keys its static arguments)."""
+    """A static argument's value in a call's key: equal by value when hashable (the same
+    object, or ``same_static``: a NaN is a NaN), else by identity (as ``jax.checkpoint`` keys
+    its static arguments)."""
 
     __slots__ = ("hash", "hashable", "value")
 
     def __init__(self, value: Any):
         self.value = value
         try:
-            self.hash, self.hashable = hash((type(value), value)), True
+            self.hash, self.hashable = hash((type(value), static_hash(value))), True
         except TypeError:
             self.hash, self.hashable = id(value), False
 
@@ -125,7 +128,7 @@ class Static:
         if not isinstance(other, Static):
             return False
         if self.hashable and other.hashable:
-            return type(self.value) is type(other.value) and bool(self.value == other.value)
+            return same_static(self.value, other.value)
         return self.value is other.value
 
 
@@ -170,29 +173,38 @@ def leaf_rule(traced: str | Callable[[Any], bool] | None) -> Callable[[Any], boo
     )
 
 
+_TYPE_OF = operator.itemgetter(1)  # an entry's type
+
+
 class StaticLeaves(tuple):
     """The leaves of a call that ``traced=`` leaves static: their slots and values, each keyed
     with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
-    the inner jit's cache key, so a static leaf that changes (compared with ``==``, as equinox
-    compares them) is a new trace. A tuple of its ``(slot, type, value)`` entries, hashed and
-    compared in C: JAX hashes the key at every call, and a ``__hash__`` written in Python
-    would run there."""
+    the cache key of the call's trace, so a static leaf that changes is a new trace: compared
+    as equinox compares them, with ``==``, the same object first and a NaN equal to a NaN
+    (``_trace.static_key``).
 
+    A tuple of the entries as keyed, ``(slot, type, value)`` with a NaN value keyed as every
+    NaN of its type, hashed and compared in C: JAX hashes the key at every call, and a
+    ``__hash__`` written in Python would run there. ``entries`` holds the values themselves.
+    Made with ``hashed=False`` it may hold a leaf that cannot be hashed, where the
+    transformation accepts that (a loop or a cond, as ``eqx.partition``'s static part closed
+    over ``jax.lax.scan`` or ``cond``): hashing it is a TypeError, and such a call is keyed on
+    nothing, traced each time."""
+
+    entries: tuple[tuple[int, type, Any], ...]
     slots: frozenset[int]
 
-    def __new__(cls, entries: tuple[tuple[int, type, Any], ...]) -> StaticLeaves:
-        self = super().__new__(cls, entries)
+    def __new__(
+        cls, entries: tuple[tuple[int, type, Any], ...], hashed: bool = True
+    ) -> StaticLeaves:
+        keyed = entries
+        if not NAN_TYPES.isdisjoint(map(_TYPE_OF, entries)):  # a NaN keyed as every NaN
+            keyed = tuple((s, ty, static_key(x)) for s, ty, x in entries)
+        self = super().__new__(cls, keyed)
+        self.entries = entries
         self.slots = frozenset(s for s, *_ in entries)
-        return self
-
-    @property
-    def entries(self) -> tuple[tuple[int, type, Any], ...]:
-        """The ``(slot, type, value)`` of each static leaf.
-
-        >>> from treeclone._lift import StaticLeaves
-        >>> StaticLeaves(((1, str, "relu"),)).entries
-        static leaves [1]
-        """
+        if hashed:
+            hash(self)  # a TypeError for a leaf that cannot be hashed
         return self
 
     @classmethod
@@ -203,9 +215,11 @@ class StaticLeaves(tuple):
         args: tuple,
         kwargs: dict,
         naming: Naming,
+        hashed: bool = True,
     ) -> StaticLeaves | None:
         """Those of ``leaves`` that ``traced`` leaves static (None: none); a static leaf that
-        cannot be hashed is a TypeError naming its argument and key path.
+        cannot be hashed is a TypeError naming its argument and key path, unless ``hashed``
+        is False (the call is then keyed on nothing: see the class).
 
         >>> import jax.numpy as jnp
         >>> from treeclone._lift import Naming, StaticLeaves, is_array
@@ -222,15 +236,22 @@ class StaticLeaves(tuple):
         Traceback (most recent call last):
         ...
         TypeError: model['tags']: a static leaf under traced= (not traced: a set) must be ...
+        >>> StaticLeaves.of([tags], is_array, ({"tags": tags},), {}, Naming(f), hashed=False)
+        static leaves [0]
         """
         entries = tuple((s, type(x), x) for s, x in enumerate(leaves) if not traced(x))
         if not entries:
             return None
-        return cls.of_entries(entries, args, kwargs, naming)
+        return cls.of_entries(entries, args, kwargs, naming, hashed)
 
     @classmethod
     def of_entries(
-        cls, entries: tuple[tuple[int, type, Any], ...], args: tuple, kwargs: dict, naming: Naming
+        cls,
+        entries: tuple[tuple[int, type, Any], ...],
+        args: tuple,
+        kwargs: dict,
+        naming: Naming,
+        hashed: bool = True,
     ) -> StaticLeaves:
         """The static leaves ``((slot, type, value), ...)`` of a call of ``args`` and
         ``kwargs`` (see :meth:`of`, whose error this raises).
@@ -240,13 +261,11 @@ class StaticLeaves(tuple):
         static leaves [1]
         """
         try:
-            made = cls(entries)
-            hash(made)  # hashed in the key: a value that cannot be is named here
-            return made
+            return cls(entries, hashed)
         except TypeError:
             for _, ty, x in entries:
                 try:
-                    hash(x)
+                    static_hash(x)
                 except TypeError:
                     raise TypeError(
                         f"{_leaf_path(x, args, kwargs, naming)}: a static leaf under traced= "
@@ -377,13 +396,15 @@ def flatten_call(
     static_nums: Iterable[int] = (),
     static_names: Iterable[str] = (),
     traced: Callable[[Any], bool] | None = None,
+    hashed: bool = True,
 ) -> Call:
     """Flatten a call's dynamic arguments with identity (see the module docstring).
 
     ``static_nums`` (negative ones count from the end) and ``static_names`` are taken out and
     put in ``Call.statics``, to be part of the traced structure's key. ``traced`` (a rule of
     ``traced=``, resolved) leaves the leaves it rejects static: ``Call.static``, hashed as
-    jit hashes them (an unhashable one is a TypeError naming its key path).
+    jit hashes them (an unhashable one is a TypeError naming its key path; with ``hashed``
+    False it is accepted and the call keyed on nothing, see :class:`StaticLeaves`).
 
     >>> from treeclone._lift import Naming, flatten_call
     >>> w = [1.0]
@@ -410,5 +431,7 @@ def flatten_call(
     except ValueError:
         check_cycles(naming, *given, nums, names)  # the text of every policy, naming the argument
         raise
-    static = None if traced is None else StaticLeaves.of(leaves, traced, args, kwargs, naming)
+    static = None
+    if traced is not None:
+        static = StaticLeaves.of(leaves, traced, args, kwargs, naming, hashed)
     return Call(leaves, sdef, objects, args, kwargs, statics, static)

@@ -88,7 +88,9 @@ class LoopCall:
     ):
         self.fun, self.policy, self.policies = fun, policy, policies[: len(args)]
         self.naming, self.traced = NAMINGS[api], traced
-        self.call = flatten_call(self.naming, args, {}, traced=traced)
+        # An unhashable static leaf is accepted (hashed=False), as eqx.partition's static part
+        # closed over a JAX loop: such a call is keyed on nothing (``loops._entry``).
+        self.call = flatten_call(self.naming, args, {}, traced=traced, hashed=False)
         static = self.call.static
         self.static: frozenset[int] = frozenset() if static is None else static.slots
         self.names = [self.naming.name(i) for i in range(len(args))]
@@ -290,11 +292,7 @@ class LoopCall:
     def _check_static(self, s: int, old: Any, new: Any) -> None:
         """A static leaf of the call (``traced=``) that the body changed: a ValueError naming
         its key path (a JAX loop's constants are the same at every iteration)."""
-        try:
-            same = type(new) is type(old) and bool(new == old)
-        except Exception:  # noqa: BLE001 - not comparable: not the same value
-            same = False
-        if not same:
+        if not _trace.same_static(old, new):
             raise ValueError(
                 f"{qualname(self.fun)} changed {self.slot_path(s)} from {old!r} to {new!r}: a "
                 "leaf that traced= leaves static is a constant of the loop, the same at every "

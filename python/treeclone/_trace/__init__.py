@@ -35,12 +35,17 @@ from treeclone._trace.messages import (
 )
 from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
 from treeclone._trace.tree import (
+    NAN_TYPES,
     Layout,
     Paths,
     child_keys,
     equal_empty_nodes,
     holds_tracer,
+    is_nan,
     same_data,
+    same_static,
+    static_hash,
+    static_key,
     unstable_static_data,
 )
 from treeclone._trace.watch import (
@@ -52,6 +57,7 @@ from treeclone._trace.watch import (
 )
 
 __all__ = [
+    "NAN_TYPES",
     "Called",
     "Layout",
     "Paths",
@@ -67,6 +73,7 @@ __all__ = [
     "enclosing_write_error",
     "equal_empty_nodes",
     "holds_tracer",
+    "is_nan",
     "made_for_a_call",
     "mutation_error",
     "policy_name",
@@ -77,7 +84,10 @@ __all__ = [
     "reporting_discards",
     "run",
     "same_data",
+    "same_static",
     "shallow_state",
+    "static_hash",
+    "static_key",
     "take_successors",
     "traced_remedy",
     "unstable_static_data",

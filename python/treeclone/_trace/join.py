@@ -19,7 +19,7 @@ from treeclone import _native
 from treeclone._jax_compat import DictKey, is_ref, keystr, unflatten_node
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._trace.steps import Traced
-from treeclone._trace.tree import Layout, Paths, child_keys, same_data
+from treeclone._trace.tree import Layout, Paths, child_keys, same_data, same_static
 from treeclone._writeback import write_custom as _write_custom
 
 # CallPlan's stub types the write-back hook; the function is the same.
@@ -86,8 +86,27 @@ def aval_of(x: Any) -> Any:
         return None
     if not hasattr(aval, "shape"):
         return aval
-    pair = (tuple(aval.shape), np.dtype(aval.dtype))
+    pair = (tuple(aval.shape), canonical_dtype(aval.dtype))
     return RefAval(pair) if is_ref(x) else pair
+
+
+def canonical_dtype(dtype: Any) -> Any:
+    """A dtype as the branches' abstract values compare it: NumPy's own, or one of JAX's
+    extended dtypes as it is (a typed PRNG key's ``key<fry>``, which NumPy cannot interpret;
+    JAX's dtypes compare and hash as NumPy's do)."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return np.dtype(dtype)
+
+
+def zeros_of(aval: tuple) -> Any:
+    """A value of abstract value ``aval`` (``(shape, dtype)``): NumPy's zeros, or JAX's for an
+    extended dtype (a typed PRNG key array over zero key data, as ``jnp.zeros`` makes it:
+    NumPy has no such dtype)."""
+    shape, dtype = aval
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return jax.numpy.zeros(shape, dtype)
+    return np.broadcast_to(np.zeros((), dtype), shape)
 
 
 def leaf_positions(info: list) -> dict[int, int]:
@@ -135,15 +154,12 @@ def say_aval(aval: Any) -> str:
 
 def static_difference(a: BranchRecord, pa: int, b: BranchRecord, pb: int) -> tuple | None:
     """How two branches differ at leaf positions ``pa`` and ``pb`` where one (or both) leaves
-    a static leaf (``traced=``): each must leave one equal value of one type there (a JAX
-    cond cannot choose between two Python values), in words; None where they agree."""
+    a static leaf (``traced=``): each must leave one value there (``same_static``: the same
+    object, or equal and of one type, a NaN equal to a NaN; a JAX cond cannot choose between
+    two Python values), in words; None where they agree."""
     missing = object()
     va, vb = a.statics.get(pa, missing), b.statics.get(pb, missing)
-    try:
-        same = type(va) is type(vb) and va is not missing and bool(va == vb)
-    except Exception:  # noqa: BLE001 - not comparable: not one value
-        same = False
-    if same:
+    if va is not missing and vb is not missing and same_static(va, vb):
         return None
 
     def words(r: BranchRecord, p: int, v: Any) -> str:
@@ -273,7 +289,7 @@ def refined(r: BranchRecord) -> Any:
         if isinstance(e, EntryInfo.Leaf):
             aval = r.avals[pos[n]]
             if isinstance(aval, tuple):
-                built.append(np.broadcast_to(np.zeros((), aval[1]), aval[0]))
+                built.append(zeros_of(aval))
             else:
                 built.append(np.zeros(()))
         elif isinstance(e, EntryInfo.Ref):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.core import Tracer
 
 from treeclone import _native
@@ -63,13 +64,107 @@ def argument_tops(info: list, layout: Layout) -> list[tuple[int, int | str]]:
     return tops
 
 
+def is_nan(x: Any) -> bool:
+    """Whether ``x`` is a NaN scalar: a Python float's or complex's, or a NumPy one's.
+
+    >>> from treeclone._trace import is_nan
+    >>> import numpy as np
+    >>> [is_nan(x) for x in (float("nan"), np.float32("nan"), complex(0, float("nan")), 1.0)]
+    [True, True, True, False]
+    """
+    return isinstance(x, (float, complex, np.inexact)) and bool(x != x)
+
+
 def same_data(a: Any, b: Any) -> bool:
+    """Whether two static values (a node's static data, a static leaf, a static argument) are
+    one value: the same object; else equal by ``==`` (an ``==`` that raises or whose result has
+    no truth value counts as different), a NaN equal to a NaN of its type, also inside tuples,
+    lists and dicts of one type (NaN-equality, as ``jax.tree_util`` compares aux data with
+    ``==`` and a Python tuple compares its items by identity first).
+
+    >>> from treeclone._trace import same_data
+    >>> nan = float("nan")
+    >>> same_data(nan, nan), same_data(nan, float("nan")), same_data((1, nan), (1, float("nan")))
+    (True, True, True)
+    >>> same_data(1, 1.0), same_data(nan, 0.0), same_data([nan], (nan,))
+    (True, False, False)
+    """
     if a is b:
         return True
     try:
-        return bool(a == b)
+        if bool(a == b):
+            return True
     except Exception:
         return False
+    return _nan_equal(a, b)
+
+
+def _nan_equal(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b``, unequal by ``==``, differ only by NaNs (see :func:`same_data`)."""
+    if type(a) is not type(b):
+        return False
+    if is_nan(a):
+        return is_nan(b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_data(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_data(a[k], b[k]) for k in a)
+    return False
+
+
+def same_static(a: Any, b: Any) -> bool:
+    """Whether two static leaves (``traced=``) or static arguments are one value: the same
+    object, or of one type (``2`` and ``2.0`` are two, as ``jax.jit`` keys a static argument
+    with its type) and :func:`same_data`, so a NaN is the same value as a NaN.
+
+    >>> from treeclone._trace import same_static
+    >>> same_static(float("nan"), float("nan")), same_static(2, 2.0), same_static("a", "a")
+    (True, False, True)
+    """
+    return a is b or (type(a) is type(b) and same_data(a, b))
+
+
+_NAN_HASH = hash("treeclone: NaN")
+
+# The types of the values whose static hash may differ from ``hash``: NaN scalars (Python's,
+# NumPy's) and tuples, which may hold one. A cache key of many static values checks their
+# types against it (at C speed) before it hashes each with ``static_hash``.
+NAN_TYPES = frozenset(
+    {float, complex, tuple, np.float16, np.float32, np.float64, np.longdouble}
+    | {np.complex64, np.complex128, np.clongdouble}
+)
+
+
+def static_key(x: Any) -> Any:
+    """``x`` as a cache key compared in C keys it: a NaN as every NaN of its type (a tuple
+    standing for it, which no leaf can equal: a tuple is a pytree node), a tuple by its items'
+    keys, anything else as it is.
+
+    >>> from treeclone._trace import static_key
+    >>> static_key(float("nan")) == static_key(float("nan")), static_key("relu")
+    (True, 'relu')
+    """
+    if isinstance(x, (float, complex, np.inexact)) and is_nan(x):
+        return ("treeclone: NaN", type(x))
+    if type(x) is tuple:
+        return tuple(static_key(y) for y in x)
+    return x
+
+
+def static_hash(x: Any) -> int:
+    """``hash(x)`` for a cache key that compares with :func:`same_static`: a NaN hashes as
+    every NaN of its type (Python hashes a float NaN by its identity), and a tuple by its
+    items' static hashes; a TypeError for an unhashable value, as ``hash``.
+
+    >>> from treeclone._trace import static_hash
+    >>> static_hash(float("nan")) == static_hash(float("nan")), static_hash(2) == hash(2)
+    (True, True)
+    """
+    if isinstance(x, (float, complex, np.inexact)):
+        return hash((type(x), _NAN_HASH)) if is_nan(x) else hash(x)
+    if type(x) is tuple:
+        return hash((tuple, *(static_hash(y) for y in x)))
+    return hash(x)
 
 
 def child_keys(obj: Any, entry: NodeInfo) -> list[Any]:
