@@ -35,6 +35,7 @@ from treeclone._trace.messages import (
 )
 from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
 from treeclone._trace.tree import (
+    ChildKeys,
     Layout,
     Paths,
     child_keys,
@@ -54,6 +55,7 @@ from treeclone._trace.watch import (
 __all__ = [
     "Called",
     "Layout",
+    "ChildKeys",
     "Paths",
     "Plan",
     "Prepared",
