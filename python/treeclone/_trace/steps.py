@@ -73,9 +73,13 @@ class Request:
     ``caller_objects``: the caller's object at each node of ``sdef``, watched while the
     function runs: one it changes through another name (a global that is also an argument)
     is put back and reported, since write-back would silently replace that change.
-    ``static_args``: the static arguments to put back around the dynamic ones."""
+    ``static_args``: the static arguments to put back around the dynamic ones.
+    ``arg_named``: per argument, whether a dict without ``...`` named it (None: every policy
+    was chosen); a container of an argument it does not name that a named one also holds
+    follows the named one (rule 39a)."""
 
     __slots__ = (
+        "arg_named",
         "arg_policies",
         "caller_objects",
         "fun",
@@ -95,11 +99,12 @@ class Request:
         policy: Policy,
         *,
         arg_policies: Sequence[Policy] | None = None,
+        arg_named: Sequence[bool] | None = None,
         caller_objects: Sequence[Any] | None = None,
         static_args: StaticArgs | None = None,
     ):
         self.fun, self.sdef, self.leaves, self.layout = fun, sdef, leaves, layout
-        self.policy, self.arg_policies = policy, arg_policies
+        self.policy, self.arg_policies, self.arg_named = policy, arg_policies, arg_named
         self.caller_objects, self.static_args = caller_objects, static_args
 
 
@@ -122,7 +127,7 @@ class Prepared:
         self.node_policy: dict[int, Policy] | None = None
         if req.arg_policies is not None:
             self.node_policy = node_policies(
-                req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies
+                req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies, req.arg_named
             )
         self.unstable = unstable_static_data(root, self.info)
         self.own_attributes = {
