@@ -27,12 +27,13 @@ from treeclone import _native
 from treeclone._jax_compat import first_escaped
 from treeclone._native import Source
 from treeclone._trace.consumed import take_successors
-from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
+from treeclone._trace.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
     leaf_path,
     mutation_lines,
     per_argument_remedy,
     policy_name,
+    qualname,
     raise_escaped,
     raise_mutation_error,
     raise_outside_attribute,
@@ -211,7 +212,8 @@ class Called:
         try:
             post = flatten_after(p.root, self.out, p.objs, container_index)
             handed_over = None
-        except Exception:
+        except Exception as exc:
+            self._check_cycles(exc, container_index)
             # An input the function consumed (equinox's State once set): it takes its
             # successor's contents (``consumed``), then everything reads again.
             handed_over = take_successors(p, self.out, container_index)
@@ -230,6 +232,36 @@ class Called:
             for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
                 del origin_of[n]  # fresh containers, as under their own policy
         return Traced(self, post, origin_of, mutated)
+
+    def _check_cycles(self, exc: Exception, container_index: dict[int, int]) -> None:
+        """The error for a container the function left containing itself (``exc``: the
+        flatten's, naming the internal tree), naming the user's argument and key path. In an
+        input container the function detached from the arguments (``x = state["a"]; del
+        state["a"]; x.append(x)``), a change it does not return: strict's ``MutationError``,
+        alias's ``ValueError`` (no pytree holds a cycle, so it cannot be written back into
+        the caller's container); elsewhere the cycle's own ``ValueError``, naming the root
+        (an argument, or the result). Nothing has been written."""
+        if not (isinstance(exc, ValueError) and str(exc).startswith("cycle detected")):
+            return
+        p, req = self.prepared, self.prepared.req
+        found = cyclic_part(p.root, self.out, (req.sdef, p.objs), container_index, req.layout)
+        if found is None:
+            return
+        where, k, named = found
+        if k is None:
+            raise named from exc
+        if p.policy_of(k).mutations == "error":
+            change = (None, f"detached from the arguments and changed in place: {named}", None)
+            raise_mutation_error(req.fun, [(k, [change])], req.sdef, p.objs, req.layout)
+        raise ValueError(
+            f"{qualname(req.fun)} took the {type(p.objs[k]).__name__} at {where} out of its "
+            f"arguments and made it contain itself ({named}). Under policy "
+            f"{policy_name(p.policy_of(k))} what a function does to a container it detached "
+            "is written back into the caller's container, as plain Python leaves it, but a "
+            "container that contains itself is not a pytree, so it cannot be: nothing was "
+            "written. Break the cycle before the function returns, or use policy='clone' "
+            "(what jax.jit does: the caller's container is left as it was)."
+        ) from exc
 
     def _check_static_objects(self) -> None:
         """Strict's check of the static objects it watches: a change is put back, then raised."""
