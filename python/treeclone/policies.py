@@ -301,6 +301,10 @@ class ArgPolicies:
     positions: tuple[tuple[int, Policy], ...]
     names: tuple[tuple[str, Policy], ...]
     default: Policy
+    # The dict gave no ``...``: the default is for data no named argument holds, so a
+    # container of another argument that a named one also holds follows the named one (rule
+    # 39a) instead of being rule 39's error.
+    implicit_default: bool = dataclasses.field(default=False, compare=True)
 
     @property
     def name(self) -> None:
@@ -354,6 +358,20 @@ class ArgPolicies:
         return tuple(by_position.get(i, self.default) for i in positions) + tuple(
             by_name.get(k, self.default) for k in names
         )
+
+    def named(self, positions: Sequence[int], names: Sequence[str]) -> tuple[bool, ...] | None:
+        """Per argument of a call (as :meth:`per_argument`), whether the dict names it; None
+        when the dict gave ``...`` (every argument's policy was chosen).
+
+        >>> import treeclone
+        >>> spec = treeclone.policies.as_policy_spec({"b": "alias"}, lambda a, b: None)
+        >>> spec.named([0], ["b"])
+        (False, True)
+        """
+        if not self.implicit_default:
+            return None
+        by_position, by_name = dict(self.positions), dict(self.names)
+        return tuple(i in by_position for i in positions) + tuple(k in by_name for k in names)
 
     def __repr__(self) -> str:
         def show(p: Policy) -> str:
@@ -446,7 +464,12 @@ def as_policy_spec(
                 by_position[j] = by_name[k]
     elif any(i < 0 for i in by_position):
         raise ValueError("a negative position in policy needs fun's signature, which is unknown")
-    spec = ArgPolicies(tuple(sorted(by_position.items())), tuple(sorted(by_name.items())), fallback)
+    spec = ArgPolicies(
+        tuple(sorted(by_position.items())),
+        tuple(sorted(by_name.items())),
+        fallback,
+        Ellipsis not in policy,
+    )
     if all(p is fallback for p in spec.policies()):
         return fallback
     return spec

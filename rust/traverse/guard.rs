@@ -7,6 +7,15 @@
 //! whose flatten makes new objects, where only every k-th object on the path repeats) is still
 //! caught once the path is `EXACT_DEPTH` deep: from there the guard also keeps the path's
 //! addresses in a set. Past `MAX_DEPTH` levels a tree is refused.
+//!
+//! The set is built from the path once, when the path first reaches `EXACT_DEPTH`, and from
+//! then on kept equal to the path (each container opened goes in, each closed comes out) until
+//! the path is back to `EXACT_DEPTH / 2` levels. Dropping it as soon as the path went back
+//! above the threshold made a rebuild (`EXACT_DEPTH` addresses) of every container just past
+//! it: many small branches at the bottom of a spine of `EXACT_DEPTH - 1` levels cost
+//! O(branches x depth) (issue 57: 763 ms, against 2.5 ms 1,000 levels higher). With the margin,
+//! each rebuild follows at least `EXACT_DEPTH / 2` containers opened since the last drop, so
+//! the set costs O(1) per container, amortized.
 
 use std::collections::HashSet;
 
@@ -16,6 +25,9 @@ pub const MAX_DEPTH: usize = 1_000_000;
 
 /// From this depth on, the containers on the path are also kept in a set.
 const EXACT_DEPTH: usize = 10_000;
+
+/// The set, once built, is kept while the path is deeper than this.
+const DROP_DEPTH: usize = EXACT_DEPTH / 2;
 
 /// Why a container may not be opened.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,7 +42,8 @@ pub enum Breach {
 /// address, with the addresses of the containers open above it (root first).
 #[derive(Default)]
 pub struct PathGuard {
-    /// Addresses of the containers on the path while it is `EXACT_DEPTH` or more deep.
+    /// Addresses of all the containers on the path, from when it first reached `EXACT_DEPTH`
+    /// levels until it is back to `DROP_DEPTH`.
     on_path: Option<HashSet<usize>>,
 }
 
@@ -49,16 +62,16 @@ impl PathGuard {
                 return Err(Breach::Cycle);
             }
         }
-        if depth >= EXACT_DEPTH {
-            let set = self
-                .on_path
-                .get_or_insert_with(|| (0..depth).map(&path).collect());
+        if depth >= MAX_DEPTH {
+            return Err(Breach::TooDeep);
+        }
+        if self.on_path.is_none() && depth >= EXACT_DEPTH {
+            self.on_path = Some((0..depth).map(&path).collect());
+        }
+        if let Some(set) = self.on_path.as_mut() {
             if !set.insert(address) {
                 return Err(Breach::Cycle);
             }
-        }
-        if depth >= MAX_DEPTH {
-            return Err(Breach::TooDeep);
         }
         Ok(())
     }
@@ -66,14 +79,12 @@ impl PathGuard {
     /// After closing the container at `address`, which was open at `depth`.
     #[inline]
     pub fn leave(&mut self, address: usize, depth: usize) {
-        if depth + 1 >= EXACT_DEPTH {
-            // Deep containers leave the set one by one; back above the threshold, it is
-            // dropped (and rebuilt from the path if the traversal goes that deep again).
-            match self.on_path.as_mut() {
-                Some(set) if depth >= EXACT_DEPTH => {
-                    set.remove(&address);
-                }
-                _ => self.on_path = None,
+        if let Some(set) = self.on_path.as_mut() {
+            if depth <= DROP_DEPTH {
+                // Far enough above the threshold: rebuilt from the path if it comes back.
+                self.on_path = None;
+            } else {
+                set.remove(&address);
             }
         }
     }
@@ -91,6 +102,7 @@ fn anchor(depth: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
 
     #[test]
     fn anchor_is_the_previous_power_of_two() {
@@ -142,6 +154,76 @@ mod tests {
         let mut guard = PathGuard::default();
         let found = (0..EXACT_DEPTH + 10).find(|&d| guard.enter(at(d), d, at).is_err());
         assert!(found.is_some_and(|d| d <= EXACT_DEPTH + 3));
+    }
+
+    /// A path that goes down to the threshold and back up a little, again and again (small
+    /// branches at the bottom of a long spine), builds the set once, not once per branch
+    /// (`reads` counts the path's addresses read: one per container for its anchor, and
+    /// `EXACT_DEPTH` for a build); once back at `DROP_DEPTH`, the set is let go and built again
+    /// if the path goes that deep again.
+    #[test]
+    fn branches_near_the_threshold_build_the_set_once() {
+        let address = |d: usize| 1_000_000 + d;
+        let reads = Cell::new(0usize);
+        let spine = |d: usize| {
+            reads.set(reads.get() + 1);
+            address(d)
+        };
+        let mut guard = PathGuard::default();
+        for d in 0..EXACT_DEPTH - 1 {
+            guard.enter(address(d), d, spine).unwrap();
+        }
+        let before = reads.get();
+        for branch in 0..100 {
+            // A branch at depth EXACT_DEPTH - 1 holding a container at EXACT_DEPTH.
+            let (outer, inner) = (10 * branch, 10 * branch + 1);
+            let at = |d: usize| if d < EXACT_DEPTH - 1 { spine(d) } else { outer };
+            guard.enter(outer, EXACT_DEPTH - 1, at).unwrap();
+            guard.enter(inner, EXACT_DEPTH, at).unwrap();
+            guard.leave(inner, EXACT_DEPTH);
+            guard.leave(outer, EXACT_DEPTH - 1);
+        }
+        let reads_since = |before: usize| reads.get() - before;
+        assert!(
+            reads_since(before) <= EXACT_DEPTH + 200,
+            "{}",
+            reads_since(before)
+        );
+        // Up to just below DROP_DEPTH and down again: the set is kept.
+        for d in (DROP_DEPTH + 1..EXACT_DEPTH - 1).rev() {
+            guard.leave(address(d), d);
+        }
+        let before = reads.get();
+        for d in DROP_DEPTH + 1..=EXACT_DEPTH {
+            guard.enter(address(d), d, spine).unwrap();
+        }
+        assert!(reads_since(before) <= EXACT_DEPTH - DROP_DEPTH);
+        // Up to DROP_DEPTH: let go, built again at EXACT_DEPTH.
+        for d in (DROP_DEPTH..=EXACT_DEPTH).rev() {
+            guard.leave(address(d), d);
+        }
+        let before = reads.get();
+        for d in DROP_DEPTH..=EXACT_DEPTH {
+            guard.enter(address(d), d, spine).unwrap();
+        }
+        assert!(reads_since(before) >= EXACT_DEPTH);
+    }
+
+    /// While the set is held above the threshold, a container already on the path is a cycle
+    /// there too (it is the path's exact set), and one closed is not.
+    #[test]
+    fn the_held_set_is_the_path() {
+        let at = |d: usize| 5_000_000 + d;
+        let mut guard = PathGuard::default();
+        for d in 0..=EXACT_DEPTH {
+            guard.enter(at(d), d, at).unwrap();
+        }
+        for d in (DROP_DEPTH + 10..=EXACT_DEPTH).rev() {
+            guard.leave(at(d), d);
+        }
+        let depth = DROP_DEPTH + 10;
+        assert_eq!(guard.enter(at(7), depth, at), Err(Breach::Cycle));
+        assert_eq!(guard.enter(at(depth + 1), depth, at), Ok(()));
     }
 
     #[test]

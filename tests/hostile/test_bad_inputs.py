@@ -201,6 +201,49 @@ assert tc.tree_leaves([1, [2]]) == [1, 2]
     )
 
 
+def test_branches_at_the_exact_depth_threshold_flatten_and_their_cycles_are_caught():
+    """Many small branches at the bottom of a spine as deep as the guard's exact-depth
+    threshold (10,000): each branch was a rebuild of the path's set (issue 57's cliff, fixed in
+    rust/traverse/guard.rs, whose tests count the work). What must not change with it: the
+    leaves in order, and a cycle through a branch, or through fresh objects past the
+    threshold, still an error."""
+    run_warm(
+        """
+import collections
+
+def spine(depth, branches):
+    root = []
+    cur = root
+    for _ in range(depth - 1):
+        nxt = []
+        cur.append(nxt)
+        cur = nxt
+    cur.extend([[i]] for i in range(branches))
+    return root, cur
+
+for depth in (9_997, 9_998, 9_999, 10_000, 10_001, 15_000):
+    tree, bottom = spine(depth, 300)
+    assert tc.tree_leaves(tree) == list(range(300)), depth
+    assert tc.tree_leaves(tc.tree_map(lambda x: x, tree)) == list(range(300)), depth
+    bottom[150][0].append(tree)  # a branch holding the root: a cycle at that depth
+    try:
+        tc.tree_leaves(tree)
+    except ValueError as e:
+        assert "cycle" in str(e).lower(), e
+    else:
+        raise AssertionError(f"no cycle error at depth {depth}")
+    bottom[150][0].pop()
+    bottom[299][0].append(bottom)  # and one through the bottom of the spine
+    try:
+        tc.tree_leaves(tree)
+    except ValueError as e:
+        assert "cycle" in str(e).lower(), e
+    else:
+        raise AssertionError(f"no cycle error at depth {depth}")
+"""
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # misbehaving custom node functions
 # --------------------------------------------------------------------------------------------

@@ -237,6 +237,29 @@ def test_an_argument_reachable_from_the_bound_ones_is_the_same_object_inside():
     assert values(inner["w"]) == [3.0, 3.0]
 
 
+def test_a_part_of_the_bound_model_passed_at_the_call_under_the_default_policy():
+    """The documented ``p(model.layer)`` with ``model`` bound, under jit_partial's default
+    (bound ``alias``, the others ``clone``): the layer is bound data, so it follows the bound
+    model (rule 39a) and the call does what plain Python does on the same objects; it was rule
+    39's ValueError (issue 57)."""
+
+    def step(model, layer, x):
+        layer["w"] = layer["w"] * x
+        model["count"] = model["count"] + 1
+        return model["layer"] is layer, (layer,)
+
+    model = {"layer": {"w": jnp.ones(2)}, "count": jnp.zeros(())}
+    plain = {"layer": {"w": np.ones(2)}, "count": np.zeros(())}
+    p = tc.jit_partial(step, model)
+    layer = model["layer"]
+    for x in (2.0, 3.0, 0.5):
+        same, (out_layer,) = p(model["layer"], x)
+        plain_same, _ = step(plain, plain["layer"], x)
+        assert bool(same) and plain_same and out_layer is layer
+        assert values(model) == values(plain) and model["layer"] is layer
+    assert values(layer["w"]) == [3.0, 3.0]
+
+
 def test_a_container_replaced_by_an_equal_one_is_followed():
     """One trace puts a new dict of the same structure in place of the old one; another
     (a different static argument) updates that dict in place: the update must reach the dict

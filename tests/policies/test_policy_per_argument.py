@@ -217,6 +217,37 @@ def test_a_container_shared_by_an_alias_and_a_clone_argument_is_an_error_naming_
     tc.jit(step, policy=PARAMS_ALIASED)({"w": jnp.zeros(()), "x": shared["x"]}, shared)
 
 
+@pytest.mark.parametrize("first", ["named", "unnamed"])
+@pytest.mark.parametrize("mode", ["jit", "call"])
+def test_a_container_a_named_argument_shares_with_an_unnamed_one_follows_the_named(mode, first):
+    """Rule 39a: a dict without ``...`` leaves the other arguments ``clone`` for the data no
+    named argument holds; a container of theirs that an alias argument also holds is written
+    back, as plain Python changes it, wherever it is met first."""
+
+    def step(params, batch):
+        batch["x"] = batch["x"] * 2
+        params["w"] = params["w"] + 1
+        return batch["x"].sum()
+
+    def run(params, batch, fun=step):
+        if first == "unnamed":
+            fun = lambda batch, params: step(params, batch)  # noqa: E731
+            args = (batch, params)
+        else:
+            args = (params, batch)
+        if mode == "jit":
+            return tc.jit(fun, policy={"params": "alias"})(*args)
+        return tc.call(fun, *args, policy={"params": "alias"})
+
+    shared = {"x": jnp.ones(2)}
+    params = {"w": jnp.zeros(()), "data": shared}
+    plain_shared = {"x": np.ones(2)}
+    plain = {"w": np.zeros(()), "data": plain_shared}
+    for _ in range(2):
+        assert float(run(params, shared)) == float(step(plain, plain_shared))
+        assert _equal(params, plain) and params["data"] is shared
+
+
 def test_jit_partial_takes_a_policy_per_argument():
     def step(params, batch):
         batch["x"] = batch["x"] / 2

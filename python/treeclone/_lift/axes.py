@@ -21,7 +21,7 @@ from treeclone._jax_compat import keystr, require
 from treeclone._lift.arguments import Call
 from treeclone._lift.naming import Naming, jit_keystr
 from treeclone._native import EntryInfo
-from treeclone._trace import Layout, Paths, Traced, child_keys
+from treeclone._trace import ChildKeys, Layout, Paths, Traced
 
 Node = EntryInfo.Node
 
@@ -129,7 +129,8 @@ class InAxes:
             if isinstance(e, Node)
         }
         self.node_axes: dict[int, Any] = {}
-        self.node_paths = Paths(call.sdef, self.objs, Layout(len(args), names)).paths
+        paths = Paths(call.sdef, self.objs, Layout(len(args), names))
+        self.node_paths, self.keys = paths.paths, paths.keys
 
         def cover(axis: Any, subtree: Any) -> None:
             for obj in _native.flatten_shared(subtree)[2]:
@@ -229,6 +230,7 @@ class Places:
         leaf whose place has another axis than it came in with)."""
         origins, rleaves = traced.origins, traced.result_leaves
         self.info, self.objs = traced.result_def.node_info(), traced.result_objs
+        self.keys = ChildKeys(self.objs, self.info)
         self.origins, self.rleaves = origins, rleaves
         self.place: list[Any] = [_UNSET] * len(rleaves)
         self.where: list[str] = [""] * len(rleaves)
@@ -275,8 +277,7 @@ class Places:
 
     def _path(self, n: int, j: int, base: str) -> str:
         try:
-            keys = child_keys(self.objs[n], self.info[n])
-            return base + keystr((keys[j],))
+            return base + keystr((self.keys.keys(n)[j],))
         except Exception:  # noqa: BLE001 - naming is best effort
             return f"{base}[{j}]"
 
@@ -312,14 +313,12 @@ class Places:
         if axis is not MIXED:
             return axis
         try:
-            key = child_keys(self.objs[n], self.info[n])[j]
-            old = child_keys(self.axes.objs[k], self.axes.pre_info[k])
+            i = self.axes.keys.index(k, self.keys.keys(n)[j])
         except Exception:  # noqa: BLE001
             return MIXED
-        for i, old_key in enumerate(old):
-            if old_key == key:
-                return self.axes.of_node(self.axes.pre_info[k].children[i])
-        return MIXED
+        if i is None:
+            return MIXED
+        return self.axes.of_node(self.axes.pre_info[k].children[i])
 
     def _base(self, k: int) -> str:
         return self.axes.node_paths.get(k, "(the arguments)")
@@ -330,7 +329,7 @@ class Places:
             return self.axes.names[j] if j < len(self.axes.names) else "(keyword arguments)"
         if k == self.axes.kwargs_node:
             try:
-                return str(child_keys(self.objs[n], self.info[n])[j].key)
+                return str(self.keys.keys(n)[j].key)
             except Exception:  # noqa: BLE001 - naming is best effort
                 return f"kwargs[{j}]"
         return self._path(n, j, self._base(k))

@@ -269,6 +269,9 @@ def begin(
     kwargs_node = sdef.children_of(root)[-1]
     keywords = list(sdef.node_info()[kwargs_node].data or ())
     chosen, arg_policies = for_call(policy, positions, keywords)
+    named = None
+    if arg_policies is not None and isinstance(policy, ArgPolicies):
+        named = policy.named(positions, keywords)
     layout = _trace.Layout(num_args, [naming.name(i) for i in positions], positions)
     request = _trace.Request(
         fun,
@@ -277,6 +280,7 @@ def begin(
         layout,
         chosen,
         arg_policies=arg_policies,
+        arg_named=named,
         caller_objects=caller_objects,
         static_args=static_args,
     )

@@ -36,6 +36,7 @@ from treeclone._trace.messages import (
 from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
 from treeclone._trace.tree import (
     NAN_TYPES,
+    ChildKeys,
     Layout,
     Paths,
     child_keys,
@@ -60,6 +61,7 @@ __all__ = [
     "NAN_TYPES",
     "Called",
     "Layout",
+    "ChildKeys",
     "Paths",
     "Plan",
     "Prepared",

@@ -84,13 +84,16 @@ def take_successors(
                 seen = candidates.get(id(x))
                 candidates[id(x)] = (x, in_result or (seen is not None and seen[1]))
     returned = set()
+    successor = _pair(p, consumed, list(candidates.values()))
     for k in consumed:
         e = info[k]
-        found = [
-            (x, r)
-            for x, r in candidates.values()
-            if type(x) is e.node_type and same_data(_node_data(x), e.data)
-        ]
+        found = successor.get(k)
+        if found is None:
+            found = [
+                (x, r)
+                for x, r in candidates.values()
+                if type(x) is e.node_type and same_data(_node_data(x), e.data)
+            ]
         if len(found) == 1 and before is not None and k in before:
             restore_shallow_state(objs[k], before[k][:2])
         elif len(found) == 1:
@@ -103,6 +106,64 @@ def take_successors(
         else:
             _raise_lost(p, k, len(found))
     return returned
+
+
+def _pair(p: Any, consumed: list[int], candidates: list[tuple[Any, bool]]) -> dict[int, list]:
+    """Successors for inputs consumed together: where n inputs of one type and structure were
+    consumed and n new objects of it were left (a model's State and its EMA copy's, both set
+    and both returned), each input takes one. An input whose own unchanged children a single
+    new object still holds (by identity: ``set`` copies the entries it does not change) takes
+    that one; the others are paired in order, the inputs in the arguments' order with the new
+    objects in the order they are found (the inputs, then the result): ``return y, state,
+    ema_state`` for ``step(model, state, ema_state)``. Returns ``{input node: [(successor,
+    whether the result holds it)]}`` for those paired."""
+    objs, info = p.objs, p.info
+    groups: dict[int, list[int]] = {}  # first input of each type and structure -> all of them
+    for k in consumed:
+        e = info[k]
+        first = next(
+            (
+                g
+                for g in groups
+                if info[g].node_type is e.node_type and same_data(info[g].data, e.data)
+            ),
+            k,
+        )
+        groups.setdefault(first, []).append(k)
+    paired: dict[int, list] = {}
+    for first, ks in groups.items():
+        if len(ks) < 2:
+            continue
+        e = info[first]
+        found = [
+            (x, r)
+            for x, r in candidates
+            if type(x) is e.node_type and same_data(_node_data(x), e.data)
+        ]
+        if len(found) != len(ks):
+            continue
+        held = [{id(c) for c in _children(x)} for x, _ in found]
+        free = list(range(len(found)))
+        left = []
+        for k in ks:
+            own = {id(objs[c]) for c in info[k].children}
+            ties = [i for i in free if own & held[i]]
+            if len(ties) == 1:
+                paired[k] = [found[ties[0]]]
+                free.remove(ties[0])
+            else:
+                left.append(k)
+        for k, i in zip(left, free, strict=True):
+            paired[k] = [found[i]]
+    return paired
+
+
+def _children(x: Any) -> list:
+    """``x``'s children, one level (none: it cannot be flattened)."""
+    try:
+        return jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)[0]
+    except Exception:  # noqa: BLE001
+        return []
 
 
 def _raise_lost(p: Any, k: int, count: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._native import EntryInfo
-from treeclone._trace.tree import NodeInfo, equal_empty_nodes, same_data
+from treeclone._trace.tree import NodeInfo, Paths, equal_empty_nodes, same_data
 
 
 def describe_changes(
@@ -78,6 +78,39 @@ def flatten_after(root: Any, out: Any, objs: list, container_index: dict[int, in
     if detached:
         flat = _native.flatten_shared((root, out, detached))
     return flat
+
+
+def cyclic_part(
+    root: Any, out: Any, before: tuple[Any, list], container_index: dict[int, int], layout: Any
+) -> tuple[str, int | None, ValueError] | None:
+    """Where ``flatten_after`` met a cycle, named for the user (its own message names the
+    internal tree ``(inputs, result, detached)``: ``[2][0]``): ``(what, input node, error)``,
+    ``what`` an argument's name, ``"result"``, or None for an input container the function
+    detached from the arguments (its node given), ``error`` the cycle's ``ValueError`` naming
+    that root (``the list at state['a'] contains itself at relative key path [1]``). None: no
+    cycle found. ``before``: the inputs' structure before the call and its objects."""
+    pre_def, objs = before
+    args, kwargs = layout.split(root)
+    named = [(layout.arg_name(i), a) for i, a in enumerate(args)]
+    named += [(str(k), v) for k, v in kwargs.items()]
+    named.append(("result", out))
+    for name, value in named:
+        try:
+            _native.check(value, name if name != "result" else "the result")
+        except ValueError as exc:
+            return name, None, exc
+    reached = {id(o) for o in _native.flatten_shared((root, out))[2]}
+    paths: dict[int, str] | None = None
+    for k in container_index.values():
+        if id(objs[k]) in reached:
+            continue
+        if paths is None:
+            paths = Paths(pre_def, objs, layout).paths
+        try:
+            _native.check(objs[k], paths.get(k, "?"))
+        except ValueError as exc:
+            return paths.get(k, "?"), k, exc
+    return None
 
 
 def returned_nodes(post_info: list, post_objs: list, container_index: dict[int, int]) -> set[int]:

@@ -199,6 +199,7 @@ class PathNamer:
 
     def __init__(self, call: Any, layout: Layout, r: BranchRecord):
         self.call, self.layout, self.r = call, layout, r
+        self.keys: dict[int, list[Any]] = {}  # each node's child keys, made once
         self.parent: dict[int, tuple[int, int]] = {}
         for n, e in enumerate(r.info):
             if isinstance(e, EntryInfo.Node):
@@ -231,13 +232,12 @@ class PathNamer:
         return self.layout.arg_name(i) + "".join(self._key(m, j) for m, j in rest)
 
     def _key(self, m: int, j: int) -> str:
-        e = self.r.info[m]
-        obj = None
-        o = self.r.origins[m]
-        if o is not None:
-            obj = self.call.objects[o.node]
         try:
-            keys = child_keys(obj, e)
+            keys = self.keys.get(m)
+            if keys is None:
+                o = self.r.origins[m]
+                obj = None if o is None else self.call.objects[o.node]
+                keys = self.keys[m] = child_keys(obj, self.r.info[m])
             return keystr((keys[j],))
         except Exception:  # noqa: BLE001 - a name for a message
             return f"[{j}]"

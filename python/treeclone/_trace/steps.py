@@ -27,12 +27,13 @@ from treeclone import _native
 from treeclone._jax_compat import first_escaped
 from treeclone._native import Source
 from treeclone._trace.consumed import take_successors
-from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
+from treeclone._trace.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
 from treeclone._trace.messages import (
     leaf_path,
     mutation_lines,
     per_argument_remedy,
     policy_name,
+    qualname,
     raise_escaped,
     raise_mutation_error,
     raise_outside_attribute,
@@ -73,9 +74,13 @@ class Request:
     ``caller_objects``: the caller's object at each node of ``sdef``, watched while the
     function runs: one it changes through another name (a global that is also an argument)
     is put back and reported, since write-back would silently replace that change.
-    ``static_args``: the static arguments to put back around the dynamic ones."""
+    ``static_args``: the static arguments to put back around the dynamic ones.
+    ``arg_named``: per argument, whether a dict without ``...`` named it (None: every policy
+    was chosen); a container of an argument it does not name that a named one also holds
+    follows the named one (rule 39a)."""
 
     __slots__ = (
+        "arg_named",
         "arg_policies",
         "caller_objects",
         "fun",
@@ -95,11 +100,12 @@ class Request:
         policy: Policy,
         *,
         arg_policies: Sequence[Policy] | None = None,
+        arg_named: Sequence[bool] | None = None,
         caller_objects: Sequence[Any] | None = None,
         static_args: StaticArgs | None = None,
     ):
         self.fun, self.sdef, self.leaves, self.layout = fun, sdef, leaves, layout
-        self.policy, self.arg_policies = policy, arg_policies
+        self.policy, self.arg_policies, self.arg_named = policy, arg_policies, arg_named
         self.caller_objects, self.static_args = caller_objects, static_args
 
 
@@ -122,7 +128,7 @@ class Prepared:
         self.node_policy: dict[int, Policy] | None = None
         if req.arg_policies is not None:
             self.node_policy = node_policies(
-                req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies
+                req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies, req.arg_named
             )
         self.unstable = unstable_static_data(root, self.info)
         self.own_attributes = {
@@ -206,7 +212,8 @@ class Called:
         try:
             post = flatten_after(p.root, self.out, p.objs, container_index)
             handed_over = None
-        except Exception:
+        except Exception as exc:
+            self._check_cycles(exc, container_index)
             # An input the function consumed (equinox's State once set): it takes its
             # successor's contents (``consumed``), then everything reads again.
             handed_over = take_successors(p, self.out, container_index)
@@ -225,6 +232,36 @@ class Called:
             for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
                 del origin_of[n]  # fresh containers, as under their own policy
         return Traced(self, post, origin_of, mutated)
+
+    def _check_cycles(self, exc: Exception, container_index: dict[int, int]) -> None:
+        """The error for a container the function left containing itself (``exc``: the
+        flatten's, naming the internal tree), naming the user's argument and key path. In an
+        input container the function detached from the arguments (``x = state["a"]; del
+        state["a"]; x.append(x)``), a change it does not return: strict's ``MutationError``,
+        alias's ``ValueError`` (no pytree holds a cycle, so it cannot be written back into
+        the caller's container); elsewhere the cycle's own ``ValueError``, naming the root
+        (an argument, or the result). Nothing has been written."""
+        if not (isinstance(exc, ValueError) and str(exc).startswith("cycle detected")):
+            return
+        p, req = self.prepared, self.prepared.req
+        found = cyclic_part(p.root, self.out, (req.sdef, p.objs), container_index, req.layout)
+        if found is None:
+            return
+        where, k, named = found
+        if k is None:
+            raise named from exc
+        if p.policy_of(k).mutations == "error":
+            change = (None, f"detached from the arguments and changed in place: {named}", None)
+            raise_mutation_error(req.fun, [(k, [change])], req.sdef, p.objs, req.layout)
+        raise ValueError(
+            f"{qualname(req.fun)} took the {type(p.objs[k]).__name__} at {where} out of its "
+            f"arguments and made it contain itself ({named}). Under policy "
+            f"{policy_name(p.policy_of(k))} what a function does to a container it detached "
+            "is written back into the caller's container, as plain Python leaves it, but a "
+            "container that contains itself is not a pytree, so it cannot be: nothing was "
+            "written. Break the cycle before the function returns, or use policy='clone' "
+            "(what jax.jit does: the caller's container is left as it was)."
+        ) from exc
 
     def _check_static_objects(self) -> None:
         """Strict's check of the static objects it watches: a change is put back, then raised."""

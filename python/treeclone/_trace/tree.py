@@ -188,12 +188,60 @@ def child_keys(obj: Any, entry: NodeInfo) -> list[Any]:
         return [FlattenedIndexKey(i) for i in range(arity)]
 
 
+class ChildKeys:
+    """``child_keys`` of the nodes of one flattened tree (``objs``, ``info``), each node's
+    made once: a message naming N children of one node costs O(N), not O(N x its width)
+    (``keys(n)[j]`` per child rebuilt the node's whole key list each time)."""
+
+    __slots__ = ("_attrs", "_keys", "_positions", "info", "objs")
+
+    def __init__(self, objs: Sequence[Any], info: Sequence[Any]):
+        self.objs, self.info = objs, info
+        self._keys: dict[int, list[Any]] = {}
+        self._attrs: dict[int, dict[int, str]] = {}
+        self._positions: dict[int, dict[Any, int] | None] = {}
+
+    def keys(self, n: int) -> list[Any]:
+        keys = self._keys.get(n)
+        if keys is None:
+            keys = self._keys[n] = child_keys(self.objs[n], self.info[n])
+        return keys
+
+    def index(self, n: int, key: Any) -> int | None:
+        """The position of the first child of node ``n`` whose key equals ``key``."""
+        positions = self._positions.get(n)
+        if positions is None:
+            positions = {}
+            try:
+                for i, k in enumerate(self.keys(n)):
+                    positions.setdefault(k, i)
+            except TypeError:  # a registered node's unhashable key: look it up in order
+                positions = None
+            self._positions[n] = positions
+        if positions is not None:
+            try:
+                return positions.get(key)
+            except TypeError:
+                pass
+        return next((i for i, k in enumerate(self.keys(n)) if k == key), None)
+
+    def attribute_of(self, n: int, value: Any) -> str | None:
+        """The first attribute of node ``n``'s object that holds ``value`` (by identity)."""
+        names = self._attrs.get(n)
+        if names is None:
+            names = self._attrs[n] = {}
+            for name, held in getattr(self.objs[n], "__dict__", {}).items():
+                names.setdefault(id(held), name)
+        return names.get(id(value))
+
+
 class Paths:
     """Key paths of the nodes of the (rebuilt) input tree, for error messages."""
 
     def __init__(self, sdef: Any, objs: list, layout: Layout):
         self.sdef, self.objs, self.layout = sdef, objs, layout
         self.info = sdef.node_info()
+        self.keys = ChildKeys(objs, self.info)
         self.paths: dict[int, str] = {}
         for i, child in enumerate(self.info[-1].children):
             if i < layout.num_args:
@@ -212,21 +260,19 @@ class Paths:
             self.paths[n] = p
             entry = self.info[n]
             if isinstance(entry, NodeInfo) and entry.arity:
-                keys = child_keys(self.objs[n], entry)
+                keys = self.keys.keys(n)
                 for key, child in zip(keys, entry.children, strict=False):
                     agenda.append((child, p + keystr((key,))))
 
     def child(self, node: int, j: int, now: Any) -> str:
         """Path of child ``j`` of ``node``, whose value is ``now`` after the call."""
-        obj = self.objs[node]
-        keys = child_keys(obj, self.info[node])
+        keys = self.keys.keys(node)
         key = keystr((keys[j],)) if j < len(keys) else f"[{j}]"
         if j >= len(keys) or isinstance(keys[j], FlattenedIndexKey):
             # A node registered without keys: name the attribute that holds the value, if any.
-            for name, value in getattr(obj, "__dict__", {}).items():
-                if value is now:
-                    key = f".{name}"
-                    break
+            name = self.keys.attribute_of(node, now)
+            if name is not None:
+                key = f".{name}"
         return self.paths.get(node, "?") + key
 
 

@@ -40,10 +40,15 @@ def node_policies(
     objs: list,
     layout: Layout,
     arg_policies: Sequence[Policy],
+    named: Sequence[bool] | None = None,
 ) -> dict[int, Policy]:
     """The policy of each container of the arguments: its argument's. A container reachable
     from two arguments with different policies has no single answer (written back for one,
-    left alone for the other): a ValueError naming both key paths."""
+    left alone for the other): a ValueError naming both key paths (rule 39). But where
+    ``named`` says the policy dict did not name an argument (it gave no ``...``: the default
+    is for data no named argument holds), a container of that argument that a named one also
+    holds follows the named one, with everything under it (rule 39a: ``p(model.layer)`` with
+    ``model`` bound to ``jit_partial``)."""
     tops = [top for top, _ in argument_tops(info, layout)]
     found: dict[int, Policy] = {}
     owner: dict[int, int] = {}
@@ -56,9 +61,24 @@ def node_policies(
                 found[n], owner[n] = chosen, a
             elif isinstance(entry, EntryInfo.Ref):
                 refs.append((n, a))
+    if named is not None:  # rule 39a: containers of unnamed arguments claimed by named ones
+        agenda = [(info[n].target, a) for n, a in refs if named[a]]
+        while agenda:
+            target, a = agenda.pop()
+            first = owner.get(target)
+            if first is None or named[first]:
+                continue
+            for m in range(target - info[target].size + 1, target + 1):
+                entry = info[m]
+                if isinstance(entry, NodeInfo) and not named[owner[m]]:
+                    found[m], owner[m] = arg_policies[a], a
+                elif isinstance(entry, EntryInfo.Ref):
+                    agenda.append((entry.target, a))
     for n, a in refs:  # a container met again: in its first place's tree, or another's
         target = info[n].target
         first = owner.get(target)
+        if named is not None and not named[a]:
+            continue  # an unnamed argument's place: the container follows its first one's
         if first is not None and arg_policies[first] != arg_policies[a]:
             paths = Paths(pre_def, objs, layout).paths
             name = qualname(fun)
