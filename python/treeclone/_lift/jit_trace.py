@@ -251,7 +251,7 @@ class Inner:
         num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         skip = frozenset() if static is None else static.slots
         leaves, given, misplaced = self.placement.inputs(
-            sdef, leaves, num_args, placed, self._slot_names, skip
+            sdef, leaves, num_args, placed, self._slot_names, self._argument_name, skip
         )
         static_args = None
         if statics is not None:
@@ -309,6 +309,13 @@ class Inner:
         """Each input leaf's key path, as jax.jit names it, for an error about it."""
         call = self.call()
         return [] if call is None else call.slot_names(self._naming)
+
+    def _argument_name(self, i: int) -> str:
+        """The name of the call's ``i``-th (dynamic) positional argument, as jax.jit names it
+        (the signature's, for a call traced ahead of time)."""
+        call = self.call()
+        names = [] if call is None else [name for name, _ in call.named_arguments(self._naming)]
+        return names[i] if i < len(names) else self._naming.name(i)
 
     def _argument_leaves(self, prepared: Any, names: list[str]) -> list[tuple[str, Any]]:
         """The leaves of the arguments whose policy writes back or checks, by key path."""
