@@ -113,14 +113,17 @@ def fits(sharding: Any, shape: tuple) -> bool:
     try:
         sharding.check_compatible_aval(shape)
         sharding.shard_shape(shape)
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, TypeError, AttributeError):
         return False
     return True
 
 
 def _check_fits(x: Any, sharding: Any, what: str, where: str) -> None:
     """jax.jit's error for an argument (``what``: ``arguments``) or an output (``outputs``)
-    that ``in_shardings`` or ``out_shardings`` cannot place, at key path ``where``."""
+    that ``in_shardings`` or ``out_shardings`` cannot place, at key path ``where`` (a
+    PartitionSpec, which names a mesh made current, is left to JAX)."""
+    if not isinstance(sharding, jax.sharding.Sharding):
+        return
     try:
         sharding.check_compatible_aval(_shape(x))
     except ValueError as exc:
