@@ -170,17 +170,17 @@ def sc_alias_written_back_arrays_keep_a_2d_input_sharding():
     state = {"w": put(w, spec, m2)}
     placed = state["w"]
     g = tc.shard_map(f, mesh=m2, in_specs=({"w": spec}, spec), out_specs=spec, policy="alias")
-    try:  # jax's own shard_map of the same psum, where a release cannot do it (0.6 on "mixed")
-        jax.shard_map(
-            lambda x: jax.lax.psum(jnp.sum(x), ("data", "model")),
-            mesh=m2,
-            in_specs=spec,
-            out_specs=P(),
-        )(put(x, spec, m2))
-    except ValueError as exc:
-        first = str(exc).splitlines()[0]
-        raise Skip(f"jax {jax.__version__}'s shard_map refuses this psum here: {first}") from None
     with meshes.current(KIND, m2):  # this mesh, not the 1-D one, current where the kind says
+        try:  # jax's own shard_map of the same psum, where a release cannot (0.6 on "mixed")
+            jax.shard_map(
+                lambda x: jax.lax.psum(jnp.sum(x), ("data", "model")),
+                mesh=m2,
+                in_specs=spec,
+                out_specs=P(),
+            )(put(x, spec, m2))
+        except ValueError as exc:
+            first = str(exc).splitlines()[0]
+            raise Skip(f"jax {jax.__version__}'s shard_map refuses this psum: {first}") from None
         for call in (g, tc.jit(g, policy="alias")):
             before = np.asarray(state["w"])
             call(state, put(x, spec, m2))
