@@ -454,34 +454,55 @@ def check_rank_change(mesh: str, kind: str) -> str | None:
     m = Mesh(MESHES[mesh], kind)
     split = m.sharding(P(m.model_axis))
 
-    def new() -> dict:
-        return {k: jax.device_put(jnp.arange(16.0) + i, split) for i, k in enumerate("vcuw")}
+    rows = m.sharding(P(m.model_axis, None))  # spelled with a trailing None
 
-    def shrink(st: dict) -> dict:
+    def new() -> dict:
+        state = {k: jax.device_put(jnp.arange(16.0) + i, split) for i, k in enumerate("vcuw")}
+        state["r"] = jax.device_put(jnp.ones((8, 4)), rows)
+        return state
+
+    def shrink(st: dict) -> None:
         st["v"] = st["v"].mean()  # rank 0
         st["c"] = jnp.full(7, st["c"].sum())  # 7 rows: no mesh axis divides them
         st["u"] = st["u"][:8]  # 8 rows: still split evenly
         st["w"] = st["w"] * 2
+        st["r"] = st["r"] + 1
+
+    def returning(st: dict) -> dict:
+        shrink(st)
         return st
 
-    plain = shrink({k: np.asarray(x) for k, x in new().items()})
-    reference = jax.jit(lambda st: shrink(dict(st)))(new())
+    plain = returning({k: np.asarray(x) for k, x in new().items()})
+    reference = jax.jit(lambda st: returning(dict(st)))(new())
     initial = split
     for name in ("alias", "strict", "jit_partial"):
         state = new()
         if name == "alias":
             tc.jit(shrink, policy="alias")(state)
         elif name == "strict":
-            state = tc.jit(shrink, policy="strict")(state)
+            state = tc.jit(returning, policy="strict")(state)
         else:
             tc.jit_partial(shrink, state, policy="alias")()
         for k, want in plain.items():
             got = state[k]
             if got.shape != want.shape or not np.allclose(np.asarray(got), want):
                 return f"{name}: state[{k!r}] is {np.asarray(got)}, plain Python's {want}"
-            ref = reference[k].sharding if k in "vc" else initial
+            ref = reference[k].sharding if k in "vc" else rows if k == "r" else initial
             if not _same_sharding(got.sharding, ref, got.ndim):
                 return f"{name}: state[{k!r}] is placed at {got.sharding}, expected {ref}"
+
+    def bump(st: dict) -> None:
+        st["r"] = st["r"] + 1
+        st["w"] = st["w"] * 2
+
+    # A kept placement is the caller's own, spelled as the caller spelled it (P(model, None);
+    # on a mixed mesh JAX spells what its two functions place itself).
+    state = {"r": jax.device_put(jnp.ones((8, 4)), rows), "w": new()["w"]}
+    tc.jit(bump, policy="alias")(state)
+    if state["r"].sharding != rows and not (
+        kind == "mixed" and _same_sharding(state["r"].sharding, rows, 2)
+    ):
+        return f"state['r'] is placed at {state['r'].sharding}, not {rows}"
     return None
 
 

@@ -34,6 +34,7 @@ from treeclone._lift.placement import (
     argument_leaves,
     pins,
     place_outputs,
+    shardings,
 )
 from treeclone._lift.runner import begin
 from treeclone.policies import ArgPolicies, Policy
@@ -269,7 +270,8 @@ class Inner:
         policy, positions = prepared.req.policy, prepared.req.layout.positions
         names_now = [self._naming.name(i) for i in positions]
         # Where each input leaf was, when an array written back may keep its placement.
-        kept_at = self.placement.kept(placed, given)
+        actual = None if call is None else shardings(call.leaves)
+        kept_at = self.placement.kept(placed, given, actual)
         before = self._argument_leaves(prepared, names_now) if kept_at else []
         called = prepared.call()
         by_leaf = self.placement.outputs(called.out)

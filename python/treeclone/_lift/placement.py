@@ -36,8 +36,13 @@ ShardedArguments = _native.ShardedArguments
 def placements(leaves: Iterable[Any]) -> tuple:
     """Per leaf, the sharding of a committed ``jax.Array`` (None for any other leaf), in one
     spelling (:func:`canonical`): the part of a call's key that says where its arguments are."""
+    return tuple(canonical(s) if s is not None else None for s in shardings(leaves))
+
+
+def shardings(leaves: Iterable[Any]) -> tuple:
+    """Per leaf, the sharding of a committed ``jax.Array`` as it is (None for any other leaf)."""
     return tuple(
-        canonical(x.sharding)
+        x.sharding
         if isinstance(x, jax.Array) and not isinstance(x, Tracer) and x.committed
         else None
         for x in leaves
@@ -264,11 +269,15 @@ class Placement:
             self.out_shardings, out, "out_shardings", lambda path: "result" + jit_keystr(path)
         )
 
-    def kept(self, placed: tuple | None, given: list) -> list | None:
+    def kept(self, placed: tuple | None, given: list, actual: tuple | None = None) -> list | None:
         """Per input slot, the placement an array written back in its place keeps: the one
-        ``in_shardings`` gives it, else its own when on a mesh. None when there is none."""
+        ``in_shardings`` gives it, else its own when on a mesh (spelled as the arguments of the
+        call traced spell it, ``actual``, where known: the key's spelling is
+        :func:`canonical`). None when there is none."""
         if not self.keep or (placed is None and self.in_shardings is None):
             return None
+        if placed is not None and actual is not None and len(actual) == len(placed):
+            placed = actual
         placed = placed or (None,) * len(given)
         kept = [
             g if g is not None else (p if on_a_mesh(p) else None)
