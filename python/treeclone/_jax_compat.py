@@ -504,3 +504,25 @@ def first_escaped(leaves: Any) -> Any:
             if trace is not None and id(trace) not in live:
                 return x
     return None
+
+
+# --- JAX difference 8: explicit mesh axes and ``reshard`` -----------------------------------
+# Every supported release has ``jax.sharding.AxisType`` (Auto, Explicit, Manual) and a mesh's
+# ``axis_types``; jax.make_mesh makes Explicit axes by default from 0.8 on (Auto before).
+# ``with_sharding_constraint`` takes only Auto axes (and under ``jax.set_mesh`` of an all-
+# Explicit mesh only asserts); an Explicit axis is placed by ``reshard``: ``jax.sharding.
+# reshard`` on jax >= 0.7, ``jax.experimental.shard.reshard`` on jax 0.6.
+_AxisType = getattr(jax.sharding, "AxisType", None)
+reshard: Any = getattr(jax.sharding, "reshard", None) or internal(
+    "jax.experimental.shard", "reshard"
+)
+
+
+def explicit_axes(mesh: Any) -> frozenset:
+    """The names of ``mesh``'s Explicit axes (none on a mesh without axis types)."""
+    types = getattr(mesh, "axis_types", None)
+    if _AxisType is None or not types:
+        return frozenset()
+    return frozenset(
+        n for n, t in zip(mesh.axis_names, types, strict=False) if t == _AxisType.Explicit
+    )

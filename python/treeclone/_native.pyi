@@ -153,7 +153,7 @@ class FlattenFailed(ValueError):
 
 class ShardedArguments(FlattenFailed):
     """A call's arguments are on a mesh and its key holds no shardings: the call is made again
-    with them in its key (``_lift.placement``), and so are the later ones."""
+    with them in its key (``_jit.placement``), and so are the later ones."""
 
 class JitCore:
     """The native base of ``treeclone.Jitted``: its ``__call__``."""

@@ -265,7 +265,7 @@ def _donation_differences(old: Record, new: Record) -> list[tuple[str, str]]:
 
 
 def _placement_differences(old: Record, new: Record) -> list[tuple[str, str]]:
-    """The leaves placed otherwise (the key's fifth entry: ``_lift.placement``), when both
+    """The leaves placed otherwise (the key's fifth entry: ``_jit.placement``), when both
     traces were keyed on their arguments' placements and have one structure."""
     a, b = old.key[4], new.key[4]
     if a == b or a is None or b is None or old.key[0] != new.key[0]:

@@ -5,8 +5,10 @@ imported, and the pytest process has imported JAX already: a subprocess imports 
 and runs ``run_all()``, which compares every scenario under ``treeclone.jit`` (each policy)
 with ``jax.jit`` as ``test_jit_conformance`` does (values, dtypes, weak types, structure,
 exception types, trace counts) and also compares the ``.sharding`` of every output array.
-Inputs are placed with ``jax.device_put(x, sharding)``. The pytest side reports the problems
-found for each (scenario, policy).
+Inputs are placed with ``jax.device_put(x, sharding)``. Each scenario runs on the kinds of
+mesh JAX makes (``tests/support/meshes.py``; ``ON_KIND`` says which where, issue 57), jax.jit
+on the same kind the reference. The pytest side reports the problems found for each
+(scenario, policy, mesh kind).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import meshes
 import numpy as np
 import pytest
 from helpers import run_script
@@ -32,28 +35,29 @@ MARKER = "SHARDING-RESULTS:"
 
 
 class Env:
-    """The meshes and shardings, built in the subprocess on first use."""
+    """The meshes and shardings of one mesh kind (``tests/support/meshes.py``; the kind being
+    run: ``Env.kind``), built in the subprocess on first use."""
 
-    _instance: Env | None = None
+    kind = "Mesh"
+    _instances: dict[str, Env] = {}
 
-    def __init__(self) -> None:
-        from jax.sharding import Mesh, NamedSharding
+    def __init__(self, kind: str) -> None:
+        from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        devices = np.array(jax.devices())
-        assert devices.size == NUM_DEVICES, f"{devices.size} devices, expected {NUM_DEVICES}"
-        self.mesh = Mesh(devices, ("x",))
+        assert jax.device_count() == NUM_DEVICES, f"{jax.device_count()} devices"
+        self.mesh = meshes.make(kind, (NUM_DEVICES,), ("x",))
         self.S = NamedSharding(self.mesh, P("x"))  # split over the 8 devices
         self.R = NamedSharding(self.mesh, P())  # replicated
-        self.mesh2 = Mesh(devices.reshape(4, 2), ("x", "y"))
+        self.mesh2 = meshes.make(kind, (4, 2), ("x", "y"))
         self.S2 = NamedSharding(self.mesh2, P("x", "y"))
         self.T2 = NamedSharding(self.mesh2, P("y", None))
 
     @classmethod
     def get(cls) -> Env:
-        if cls._instance is None:
-            cls._instance = Env()
-        return cls._instance
+        if cls.kind not in cls._instances:
+            cls._instances[cls.kind] = Env(cls.kind)
+        return cls._instances[cls.kind]
 
 
 def placed(sharding: Any, n: int = 16, offset: float = 0.0) -> jax.Array:
@@ -307,12 +311,52 @@ def check(actual: Run, expected: Run) -> str | None:
     return None
 
 
+# The mesh kinds the scenarios run on (CI time grows with each case): every scenario on
+# ``Mesh`` (jax.sharding.Mesh, Auto axes) and ``explicit`` (jax.make_mesh's default); the ones
+# that place arguments and results, uncommitted ones too, with an Explicit mesh made current
+# and on a mixed one; the three that place both on a 1-D and a 2-D mesh on a make_mesh with
+# Auto axes and on a Mesh made current (jax.set_mesh, ``with mesh:``).
+PLACING = ("in_and_out", "pytree_in_shardings", "mesh_2d")
+SOME_SCENARIOS = (
+    *PLACING,
+    "out_shardings_on_returned_inputs",
+    "out_shardings_prefix",
+    "uncommitted_input_computed",
+    "donation",
+)
+ON_KIND: dict[str, tuple[str, ...] | None] = {  # None: every scenario
+    "Mesh": None,
+    "explicit": None,
+    "explicit+set_mesh": SOME_SCENARIOS,
+    "mixed": SOME_SCENARIOS,
+    "auto": PLACING,
+    "Mesh+set_mesh": PLACING,
+    "Mesh+with": PLACING,
+}
+
+
+def kinds_of(name: str) -> list[str]:
+    return [k for k in meshes.KINDS if ON_KIND[k] is None or name in ON_KIND[k]]
+
+
 def run_all() -> dict[str, dict[str, str | None]]:
-    """``{scenario: {policy: problem or None}}``."""
+    """``{scenario-kind: {policy: problem or None}}`` (``SKIP: why`` for a kind the installed
+    JAX cannot make)."""
     results: dict[str, dict[str, str | None]] = {}
-    for name, sc in SCENARIOS.items():
-        expected = run(sc, "jax")
-        results[name] = {policy: check(run(sc, policy), expected) for policy in POLICIES}
+    for kind in meshes.KINDS:
+        why = meshes.unavailable(kind)
+        Env.kind = kind
+        for name, sc in SCENARIOS.items():
+            if kind not in kinds_of(name):
+                continue
+            if why is not None:
+                results[f"{name}-{kind}"] = dict.fromkeys(POLICIES, f"SKIP: {why}")
+                continue
+            with meshes.current(kind, Env.get().mesh):
+                expected = run(sc, "jax")
+                results[f"{name}-{kind}"] = {
+                    policy: check(run(sc, policy), expected) for policy in POLICIES
+                }
     return results
 
 
@@ -338,13 +382,46 @@ def results() -> dict[str, dict[str, str | None]]:
 
 def _cases():
     for name in SCENARIOS:
-        for policy in POLICIES:
-            reason = KNOWN.get((name, policy))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            yield pytest.param(name, policy, id=f"{name}-{policy}", marks=marks)
+        for kind in kinds_of(name):
+            for policy in POLICIES:
+                reason = KNOWN.get((name, policy))
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                yield pytest.param(name, policy, kind, id=f"{name}-{policy}-{kind}", marks=marks)
 
 
-@pytest.mark.parametrize(("name", "policy"), list(_cases()))
-def test_sharding_conforms(results: dict, name: str, policy: str) -> None:
-    problem = results[name][policy]
+@pytest.mark.parametrize(("name", "policy", "kind"), list(_cases()))
+def test_sharding_conforms(results: dict, name: str, policy: str, kind: str) -> None:
+    problem = results[f"{name}-{kind}"][policy]
+    if problem is not None and problem.startswith("SKIP: "):
+        pytest.skip(problem[len("SKIP: ") :])
     assert problem is None, problem
+
+
+@pytest.mark.parametrize("policy", ["alias", "strict"])
+def test_one_array_given_two_in_shardings_names_in_shardings_and_the_arguments(
+    policy: str,
+) -> None:
+    """One array passed at two places that in_shardings places differently (under alias and
+    strict one object, as in plain Python): a ValueError naming in_shardings and both places
+    by the user's argument names and key paths, before anything is written back."""
+    import treeclone as tc
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    split, whole = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+
+    def step(params: dict, opt: dict) -> None:
+        params["w"] = params["w"] + opt["m"]
+
+    x = jnp.zeros(4)
+    params, opt = {"w": x}, {"m": x}
+    jitted = tc.jit(step, policy=policy, in_shardings=({"w": split}, {"m": whole}))
+    with pytest.raises(ValueError) as info:
+        jitted(params, opt)
+    text = str(info.value)
+    assert text.startswith("params['w'] and opt['m'] are one array, which in_shardings places"), (
+        text
+    )
+    assert "out_shardings" not in text, text
+    assert params["w"] is x and opt["m"] is x

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from treeclone import _native
+from treeclone._jit.placement import canonical
 from treeclone._lift import (
     Naming,
     StaticLeaves,
@@ -66,7 +67,7 @@ def from_jit_order(
 
 class Key(tuple):
     """The inner jit's static argument: ``(structure, static arguments, donation, static
-    leaves, placements)``, the last the shardings of the arguments (``_lift.placement``; None
+    leaves, placements)``, the last the shardings of the arguments (``_jit.placement``; None
     when the function's calls are not keyed on them). A tuple, hashed and compared in C, but
     of a subclass, so that it is a pytree leaf: JAX before 0.7 flattens static arguments, and a
     key flattened as a tuple would walk the static values (a cyclic one without end,
@@ -248,6 +249,8 @@ class CallShape:
         static = None
         if static_entries is not None:
             static = StaticLeaves.of_entries(static_entries, args, kwargs, self.naming)
+        if placed is not None:  # read natively as they are: keyed in one spelling
+            placed = tuple(None if s is None else canonical(s) for s in placed)
         key = Key((sdef, statics, donation, static, placed))
         if donation is None and static is None:
             return key, None, None

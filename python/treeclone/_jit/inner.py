@@ -31,6 +31,7 @@ from treeclone._jit.placement import (
     argument_leaves,
     pins,
     place_outputs,
+    shardings,
 )
 from treeclone._lift import Naming, as_jit_outputs, begin, debug_info, jit_keystr
 from treeclone.policies import ArgPolicies, Policy
@@ -233,7 +234,7 @@ class Inner:
         num_args = len(sdef.children_of(sdef.num_nodes - 1)) - 1
         skip = frozenset() if static is None else static.slots
         leaves, given, misplaced = self.placement.inputs(
-            sdef, leaves, num_args, placed, self._slot_names, skip
+            sdef, leaves, num_args, placed, self._slot_names, self._argument_name, skip
         )
         static_args = None
         if statics is not None:
@@ -251,7 +252,8 @@ class Inner:
         policy, positions = prepared.req.policy, prepared.req.layout.positions
         names_now = [self._naming.name(i) for i in positions]
         # Where each input leaf was, when an array written back may keep its placement.
-        kept_at = self.placement.kept(placed, given)
+        actual = None if call is None else shardings(call.leaves)
+        kept_at = self.placement.kept(placed, given, actual)
         before = self._argument_leaves(prepared, names_now) if kept_at else []
         called = prepared.call()
         by_leaf = self.placement.outputs(called.out)
@@ -291,6 +293,13 @@ class Inner:
         """Each input leaf's key path, as jax.jit names it, for an error about it."""
         call = self.call()
         return [] if call is None else call.slot_names(self._naming)
+
+    def _argument_name(self, i: int) -> str:
+        """The name of the call's ``i``-th (dynamic) positional argument, as jax.jit names it
+        (the signature's, for a call traced ahead of time)."""
+        call = self.call()
+        names = [] if call is None else [name for name, _ in call.named_arguments(self._naming)]
+        return names[i] if i < len(names) else self._naming.name(i)
 
     def _argument_leaves(self, prepared: Any, names: list[str]) -> list[tuple[str, Any]]:
         """The leaves of the arguments whose policy writes back or checks, by key path."""
@@ -486,7 +495,7 @@ def make_inner(
     """The ``jax.jit`` that runs ``fun`` under ``policy`` on a call's distinct leaves, as
     ``jitted(key, donated, *kept)`` (see :class:`Inner`); ``traced``: the rule that leaves
     the other leaves static (``jit(traced=...)``); ``keep_shardings``: whether arrays written
-    back keep the placement of those they replace (``_lift.placement``)."""
+    back keep the placement of those they replace (``_jit.placement``)."""
     inner = Inner(fun, policy, kwargs, naming, weak, traced, keep_shardings)
     options = {k: v for k, v in kwargs.items() if k not in ARG_OPTIONS + SHARDINGS}
     options["static_argnums"] = (0,)

@@ -211,7 +211,7 @@ class Jitted(_native.JitCore):
             try:
                 return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
             except ShardedArguments:
-                # Arguments on a mesh: the call again, keyed by their shardings (_lift.placement).
+                # Arguments on a mesh: the call again, keyed by their shardings (_jit.placement).
                 return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
         except TypeError as exc:
             explained = self._explain_type_error(exc, args, kwargs)
