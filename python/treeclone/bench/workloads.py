@@ -192,7 +192,8 @@ def functional_runner(jit, fn, params, opt_state, x, y, *, donate=(), **kw: Any)
 
 
 def inplace_runner(jit, fn, state: Any, x, y, *, bound: tuple = (), donate=(), **kw: Any) -> Runner:
-    """``f(*bound, state, x, y)``, which updates ``state`` in place; ``state()``: ``state``."""
+    """``f(*bound, state, x, y)``, which updates ``state`` in place; ``state()``: ``state``.
+    The outputs waited on are ``bound`` and ``state``: every leaf of the state."""
     traces = TraceCounter()
     f = _jit(jit, traces.wrap(fn), donate=donate)
 
@@ -200,7 +201,7 @@ def inplace_runner(jit, fn, state: Any, x, y, *, bound: tuple = (), donate=(), *
         loss = None
         for _ in range(n):
             loss = f(*bound, state, x, y)
-        return loss, state
+        return loss, ((*bound, state) if bound else state)
 
     kw.setdefault("state", lambda: state)
     return Runner(run=run, traces=traces, **kw)
@@ -209,7 +210,8 @@ def inplace_runner(jit, fn, state: Any, x, y, *, bound: tuple = (), donate=(), *
 def partial_runner(
     jit_partial, fn, state: Any, x, y, *, bound: tuple = (), donate=(), **kw: Any
 ) -> Runner:
-    """``jit_partial(step, *bound, state)(x, y)``: the state bound once."""
+    """``jit_partial(step, *bound, state)(x, y)``: the state bound once (the outputs waited
+    on: ``bound`` and ``state``)."""
     traces = TraceCounter()
     f = _jit(jit_partial, traces.wrap(fn), *bound, state, donate=donate)
 
@@ -217,7 +219,7 @@ def partial_runner(
         loss = None
         for _ in range(n):
             loss = f(x, y)
-        return loss, state
+        return loss, ((*bound, state) if bound else state)
 
     kw.setdefault("state", lambda: state)
     return Runner(run=run, traces=traces, **kw)
