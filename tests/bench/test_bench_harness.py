@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from helpers import child_env
-from treeclone.bench.contenders import BASELINE, CONTENDERS
+from treeclone.bench.contenders import BASELINE, GROUPS
 
 STATUSES = {"ok", "skipped", "not applicable", "failed", "error"}
 
@@ -25,7 +25,7 @@ def _run(out: Path, *args: str, prelude: str = "") -> subprocess.CompletedProces
         f"sys.exit(main({['--quick', '--out', str(out), *args]!r}))"
     )
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=child_env()
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=child_env()
     )
 
 
@@ -40,7 +40,7 @@ def _check_files(out: Path, workloads: list[str]) -> dict:
     report = (out / "report.md").read_text()
     for name in workloads:
         wl = results["workloads"][name]
-        assert set(wl["contenders"]) == set(CONTENDERS), name
+        assert set(wl["contenders"]) == set(GROUPS[wl["group"]].contenders), name
         for contender, res in wl["contenders"].items():
             assert res["status"] in STATUSES, (name, contender, res)
             assert f"`{contender}`" in report
@@ -232,4 +232,150 @@ def test_the_floor_ends_where_the_plain_loop_does_and_keeps_what_the_step_leaves
         got = [np.asarray(v).tolist() for v in leaves]
         assert got == [np.asarray(v).tolist() for v in jax.tree.leaves(want)]
         assert leaves[2] is state["frozen"]  # the leaves in key order: a, b, frozen
+    assert runner.traces.n == 1
+
+
+def test_donated_and_equinox_workloads_run_every_contender_to_jax_jit_s_state(
+    tmp_path: Path,
+) -> None:
+    """CI's smoke run of the donated group and the equinox group: each contender traced and
+    run once at the tiny sizes on each form of step (transformer_adam_donated runs
+    mlp_adam_donated's forms, so it is left out here), its losses and final state checked
+    against the un-jitted run and its group's jax.jit (none may fail), every ratio to the
+    group's baseline and floor, one headline table per group, and each group's own section
+    of the docs written, the training one kept."""
+    from treeclone.bench.__main__ import main
+    from treeclone.bench.contenders import DONATED, EQUINOX
+    from treeclone.bench.report import section_markers
+    from treeclone.bench.workloads import WORKLOADS
+
+    out = tmp_path / "bench"
+    args = ["--tiny", "--rounds", "1", "--steps", "1", "--check-steps", "2"]
+    names = ["mlp_adam_donated", "nnx_train_20_donated", "frozen_half_donated", "eqx_mlp_adam"]
+    groups = [n for n, w in WORKLOADS.items() if w.group in (DONATED, EQUINOX)]
+    assert groups == [*names[:3], "transformer_adam_donated", names[3]]
+    proc = _run(out, "--only", ",".join(names), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = _check_files(out, names)
+    assert results["config"]["tiny"] is True
+    for name in names:
+        wl = results["workloads"][name]
+        group = GROUPS[wl["group"]]
+        for contender, res in wl["contenders"].items():
+            assert res["status"] == "ok", (name, contender, res)
+            assert res["ratio_to_jax_jit"] > 0 and res["ratio_to_floor"] > 0
+            assert not any("donated buffers" in n for n in res["notes"]), (contender, res)
+        assert wl["contenders"][group.baseline]["ratio_to_jax_jit"] == 1.0
+        assert wl["contenders"][group.floor]["ratio_to_floor"] == 1.0
+    eqx = results["workloads"]["eqx_mlp_adam"]
+    assert eqx["fastest_peer"] == "equinox.filter_jit"
+    assert eqx["contenders"]["equinox.filter_jit"]["ratio_to_peer"] == 1.0
+    report = (out / "report.md").read_text()
+    assert "| vs jax.jit[donate] | vs fastest peer | vs floor[donate] |" in report
+    assert f"{DONATED.title}: " in report and f"{EQUINOX.title}: " in report
+
+    doc = tmp_path / "benchmarks.md"
+    kept = f"{section_markers('cpu')[0]}\ntraining table\n{section_markers('cpu')[1]}\n"
+    doc.write_text(f"# Benchmarks\n\n{kept}")
+    merged = tmp_path / "merged"
+    json_path = str(out / "results.json")
+    assert main(["--from-results", json_path, "--out", str(merged), "--docs", str(doc)]) == 0
+    text = doc.read_text()
+    assert kept in text  # the training group's section is not this run's
+    for group, first in ((DONATED, "mlp_adam_donated"), (EQUINOX, "eqx_mlp_adam")):
+        begin, end = section_markers("cpu", group.section)
+        section = text[text.index(begin) : text.index(end)]
+        assert f"#### `{first}`" in section and group.title in section
+    # A tiny run is never written into the docs.
+    assert main(["--tiny", "--only", "mlp_adam", "--docs", str(doc), "--out", str(merged)]) == 2
+
+
+def test_only_takes_a_group_s_name_for_its_workloads() -> None:
+    from treeclone.bench.__main__ import expand_only, main
+
+    donated = [
+        "mlp_adam_donated",
+        "nnx_train_20_donated",
+        "frozen_half_donated",
+        "transformer_adam_donated",
+    ]
+    assert expand_only(["donated,equinox"]) == [*donated, "eqx_mlp_adam"]
+    assert expand_only(["mlp_adam", " equinox ,"]) == ["mlp_adam", "eqx_mlp_adam"]
+    assert "nnx_train_100" in expand_only(["training"])
+    assert main(["--only", "equinox,nope"]) == 2  # before running anything
+
+
+def test_a_contender_whose_final_state_differs_from_jax_jit_s_is_not_timed() -> None:
+    """The losses agree, the state after the check steps does not: the check fails, naming
+    the array; the baseline's own state is what the others are compared with; a contender of
+    another semantics is not compared."""
+    import jax.numpy as jnp
+    from treeclone.bench.contenders import TC_ALIAS, TRAINING, Availability
+    from treeclone.bench.harness import Config, _check
+    from treeclone.bench.workloads import STANDARD, TIED, Runner, TraceCounter
+
+    class Fixed:  # a workload whose runners end in the state given
+        def __init__(self, state, semantics=STANDARD):
+            self.state, self.semantics = state, semantics
+
+        def runner(self, contender, jit):
+            return Runner(
+                run=lambda n: (jnp.ones(()), self.state),
+                traces=TraceCounter(),
+                state=lambda: self.state,
+                semantics=self.semantics,
+            )
+
+    cfg = Config(rounds=1, steps=1, check_steps=2, rtol=1e-6, atol=0.0)
+    av = Availability(wrappers={BASELINE: lambda f: f, TC_ALIAS: lambda f: f})
+    refs = {STANDARD: {"losses": [1.0, 1.0]}, TIED: {"losses": [1.0, 1.0]}}
+    baseline: dict = {}
+
+    def check(contender, state, semantics=STANDARD) -> dict:
+        res: dict = {}
+        _check(Fixed(state, semantics), contender, av, cfg, res, refs, baseline, TRAINING)
+        return res
+
+    want = {"w": jnp.arange(3.0), "b": jnp.zeros(())}
+    assert check(BASELINE, want)["status"] == "ok"
+    assert check(TC_ALIAS, {"w": jnp.arange(3.0), "b": jnp.zeros(())})["status"] == "ok"
+    off = check(TC_ALIAS, {"w": jnp.arange(3.0) + 1e-3, "b": jnp.zeros(())})
+    assert off["status"] == "failed"
+    assert off["detail"].startswith("its final state differs from jax.jit's: array 1 of 2")
+    fewer = check(TC_ALIAS, {"w": jnp.arange(3.0)})
+    assert fewer["detail"] == "its final state has 1 arrays, jax.jit's 2: not the same state"
+    assert check(TC_ALIAS, {"w": jnp.ones(5)}, semantics=TIED)["status"] == "ok"
+
+
+def test_the_donated_floor_donates_only_what_the_step_replaces() -> None:
+    """The floor with donation ends where the plain loop does; the arrays the step replaces
+    are donated (deleted after the call, as under jax.jit) and a leaf it leaves alone is the
+    caller's own array, alive; one counted trace (the trace ahead that finds the replaced
+    arrays is not counted)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from treeclone.bench.workloads import floor_runner
+
+    def on_state(state, x, y):
+        state = dict(state)
+        state["a"] = state["a"] * x + state["frozen"].sum()
+        state["b"] = state["b"] + y
+        return state["b"] * 2, state
+
+    state = {"a": jnp.arange(3.0), "frozen": jnp.ones(2), "b": jnp.zeros(())}
+    a0, b0 = state["a"], state["b"]
+    runner = floor_runner(jax.jit, on_state, state, jnp.float32(2.0), jnp.float32(1.0), donate=True)
+    # Not from the arrays given: a NumPy view of a CPU array stops its donation.
+    want = {"a": np.arange(3.0), "frozen": np.ones(2), "b": np.zeros(())}
+    loss, leaves = runner.run(3)
+    for _ in range(3):
+        want_loss, want = on_state(want, 2.0, 1.0)
+    assert float(loss) == float(want_loss)
+    assert [np.asarray(v).tolist() for v in leaves] == [
+        np.asarray(v).tolist() for v in jax.tree.leaves(want)
+    ]
+    assert a0.is_deleted() and b0.is_deleted()
+    assert leaves[2] is state["frozen"] and not state["frozen"].is_deleted()
+    assert jax.tree.leaves(runner.state()) == list(leaves)
     assert runner.traces.n == 1

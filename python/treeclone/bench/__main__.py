@@ -2,6 +2,7 @@
 
 python -m treeclone.bench                      # full run, writes bench-out/
 python -m treeclone.bench --quick --only mlp_adam,seed_pattern --out /tmp/b
+python -m treeclone.bench --only donated,equinox --rounds 9   # the groups' workloads
 python -m treeclone.bench --docs docs/benchmarks.md   # also rewrite the docs section
 python -m treeclone.bench --from-results a/results.json b/results.json --docs docs/benchmarks.md
 """
@@ -20,14 +21,15 @@ FULL = {"rounds": 15, "steps": (0.1, 10, 100), "check_steps": 5}
 QUICK = {"rounds": 3, "steps": (0.02, 5, 20), "check_steps": 3}
 
 
-def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
+def _parser(workload_names: list[str], group_names: list[str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m treeclone.bench",
         description="Time real training loops under jax.jit, treeclone.jit (clone, alias, "
         "strict), treeclone.jit_partial, flax.nnx.jit (graph mode, tree mode, jit_partial) "
         "and equinox.filter_jit, with the floor (one jax.jit over the flat arrays) as a "
-        "reference, after checking that all of them compute the same thing. Writes "
-        "results.json, report.md and bench.png.",
+        "reference, after checking that all of them compute the same thing; the donated "
+        "group again with every contender donating its state, the equinox group under "
+        "traced='arrays'. Writes results.json, report.md and bench.png.",
     )
     p.add_argument(
         "--quick",
@@ -46,7 +48,14 @@ def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
         "--only",
         action="append",
         metavar="NAME",
-        help=f"workloads to run (repeatable or comma-separated): {', '.join(workload_names)}",
+        help="workloads to run (repeatable or comma-separated), or a group's name for all of "
+        f"its workloads ({', '.join(group_names)}): {', '.join(workload_names)}",
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="every workload at its smallest sizes (fewer layers, a shallower nnx model): the "
+        "same steps, compiled faster; for CI's smoke test, never for the docs",
     )
     p.add_argument(
         "--rounds",
@@ -76,8 +85,9 @@ def _parser(workload_names: list[str]) -> argparse.ArgumentParser:
         "--docs",
         type=Path,
         metavar="PATH",
-        help="also write the report into this Markdown file, between the bench-harness "
-        "markers of the device's platform (bench-harness for the CPU, bench-harness-tpu, ...)",
+        help="also write the report into this Markdown file, each group's workloads between "
+        "the markers of its section and the device's platform (bench-harness for the "
+        "training group on the CPU, bench-harness-tpu, bench-donated, bench-equinox-tpu, ...)",
     )
     p.add_argument(
         "--from-results",
@@ -118,12 +128,17 @@ def _load() -> float | None:
 
 
 def _write_docs(path: Path, results: dict[str, Any]) -> None:
+    """Each group's workloads into its section of ``path`` (the other sections kept)."""
     from . import report
+    from .contenders import TRAINING
 
     platform = results.get("platform") or results["device"].split()[0]
-    title = "Training-loop results" + ("" if platform == "cpu" else f" on {results['device']}")
-    report.write_section(path, report.render(results, heading="###", title=title), platform)
-    print(f"wrote the {platform} bench-harness section of {path}", file=sys.stderr)
+    where = "" if platform == "cpu" else f" on {results['device']}"
+    for group in report.groups_in(results):
+        title = ("Training-loop results" if group is TRAINING else f"{group.title}") + where
+        section = report.render(report.select(results, group), heading="###", title=title)
+        report.write_section(path, section, platform, group.section)
+        print(f"wrote the {platform} {group.section} section of {path}", file=sys.stderr)
 
 
 def _from_results(paths: list[Path], out: Path, docs: Path | None) -> int:
@@ -144,24 +159,44 @@ def _from_results(paths: list[Path], out: Path, docs: Path | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def expand_only(items: list[str]) -> list[str]:
+    """The names ``--only`` gives (repeated, comma-separated), a group's name replaced by its
+    workloads' names; unknown names are kept (the caller names them)."""
+    from .contenders import GROUPS
     from .workloads import WORKLOADS
 
-    args = _parser(list(WORKLOADS)).parse_args(argv)
+    only: list[str] = []
+    for item in items:
+        for name in (n.strip() for n in item.split(",")):
+            if name in GROUPS:
+                only += [w for w, cls in WORKLOADS.items() if cls.group.name == name]
+            elif name:
+                only.append(name)
+    return only
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .contenders import GROUPS
+    from .workloads import WORKLOADS, tiny
+
+    args = _parser(list(WORKLOADS), list(GROUPS)).parse_args(argv)
     if args.from_results:
         return _from_results(args.from_results, args.out, args.docs)
-    only: list[str] = []
-    for item in args.only or []:
-        only += [n.strip() for n in item.split(",") if n.strip()]
+    only = expand_only(args.only or [])
     unknown = [n for n in only if n not in WORKLOADS]
     if unknown:
         print(
-            f"error: unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})",
+            f"error: unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)}; "
+            f"groups: {', '.join(GROUPS)})",
             file=sys.stderr,
         )
         return 2
+    if args.tiny and args.docs is not None:
+        print("error: --tiny runs are not for the docs (--docs)", file=sys.stderr)
+        return 2
     names = [n for n in WORKLOADS if n in only] if only else list(WORKLOADS)
+    classes = {n: tiny(WORKLOADS[n]) if args.tiny else WORKLOADS[n] for n in names}
     preset = QUICK if args.quick else FULL
     rounds = args.rounds or preset["rounds"]
     steps = args.steps
@@ -178,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from . import report
-    from .contenders import BASELINE, CONTENDERS, probe
+    from .contenders import probe
     from .harness import Config, run_workload
     from .progress import Progress
 
@@ -201,13 +236,15 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = _load()
     started = time.perf_counter()
-    progress = Progress(len(names) * len(CONTENDERS) * (1 + rounds))
+    contenders = list(dict.fromkeys(c for n in names for c in classes[n].group.contenders))
+    progress = Progress(sum(len(classes[n].group.contenders) for n in names) * (1 + rounds))
     results: dict[str, Any] = {
         "command": report.command_line(argv),
         "device": report.device_label(device),
         "platform": device.platform,
         "config": {
             "quick": args.quick,
+            "tiny": args.tiny,
             "rounds": rounds,
             "steps": steps if steps is not None else "auto",
             "auto_steps": {
@@ -219,14 +256,14 @@ def main(argv: list[str] | None = None) -> int:
             "rtol": rtol,
             "atol": cfg.atol,
             "workloads": names,
-            "contenders": list(CONTENDERS),
+            "contenders": contenders,
         },
         "workloads": {},
     }
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(names):
-        results["workloads"][name] = run_workload(WORKLOADS[name], device, av, cfg, progress)
+        results["workloads"][name] = run_workload(classes[name], device, av, cfg, progress)
         wl = results["workloads"][name]
         summary = ", ".join(
             f"{c} {res['median_us']:.1f}" if "median_us" in res else f"{c} {res.get('status', '?')}"
@@ -264,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         for c, res in wl["contenders"].items()
         if res.get("status") in ("failed", "error")
     ]
-    if any(c == BASELINE for _, c, _ in bad):
+    baselines = {g.baseline for g in GROUPS.values()}
+    if any(c in baselines for _, c, _ in bad):
         print("error: jax.jit itself failed: the harness is broken", file=sys.stderr)
         return 1
     if bad and args.fail_on_error:

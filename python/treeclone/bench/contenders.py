@@ -23,6 +23,36 @@ NNX_TREE = "flax.nnx.jit[graph=False]"
 NNX_PARTIAL = "flax.nnx.jit_partial"
 EQX = "equinox.filter_jit"
 
+# The donated variants (group "donated"): each contender donates the state its step replaces
+# (``donate_argnums``), in the form of the contender without donation named in DONATED_FORM.
+BASELINE_DON = "jax.jit[donate]"
+FLOOR_DON = "floor[donate]"
+TC_ALIAS_DON = "treeclone.jit[alias,donate]"
+TC_STRICT_DON = "treeclone.jit[strict,donate]"
+TC_PARTIAL_DON = "treeclone.jit_partial[alias,donate]"
+NNX_DON = "flax.nnx.jit[donate]"
+NNX_TREE_DON = "flax.nnx.jit[graph=False,donate]"
+NNX_PARTIAL_DON = "flax.nnx.jit_partial[donate]"
+DONATED_FORM = {
+    BASELINE_DON: BASELINE,
+    FLOOR_DON: FLOOR,
+    TC_ALIAS_DON: TC_ALIAS,
+    TC_STRICT_DON: TC_STRICT,
+    TC_PARTIAL_DON: TC_PARTIAL,
+    NNX_DON: NNX,
+    NNX_TREE_DON: NNX_TREE,
+    NNX_PARTIAL_DON: NNX_PARTIAL,
+}
+
+# The equinox workload (group "equinox"): an equinox Module with a function field, which
+# ``jax.jit`` cannot take whole, under treeclone's ``traced="arrays"`` (equinox's rule).
+# ``jax.jit`` and the floor run over ``eqx.partition``'s arrays, the static rest closed over;
+# so does ``treeclone.jit[alias,partitioned]``: alias on the same math's all-array state.
+TC_CLONE_TRACED = "treeclone.jit[clone,traced=arrays]"
+TC_ALIAS_TRACED = "treeclone.jit[alias,traced=arrays]"
+TC_PARTIAL_TRACED = "treeclone.jit_partial[alias,traced=arrays]"
+TC_ALIAS_PARTITIONED = "treeclone.jit[alias,partitioned]"
+
 CONTENDERS = (
     BASELINE,
     FLOOR,
@@ -35,10 +65,25 @@ CONTENDERS = (
     NNX_PARTIAL,
     EQX,
 )
-TC_POLICY = {TC_CLONE: "clone", TC_ALIAS: "alias", TC_STRICT: "strict", TC_PARTIAL: "alias"}
+# Every treeclone contender: (jit or jit_partial, its policy, its fixed options).
+TC_SPECS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    TC_CLONE: ("jit", "clone", {}),
+    TC_ALIAS: ("jit", "alias", {}),
+    TC_STRICT: ("jit", "strict", {}),
+    TC_PARTIAL: ("jit_partial", "alias", {}),
+    TC_ALIAS_DON: ("jit", "alias", {}),
+    TC_STRICT_DON: ("jit", "strict", {}),
+    TC_PARTIAL_DON: ("jit_partial", "alias", {}),
+    TC_CLONE_TRACED: ("jit", "clone", {"traced": "arrays"}),
+    TC_ALIAS_TRACED: ("jit", "alias", {"traced": "arrays"}),
+    TC_PARTIAL_TRACED: ("jit_partial", "alias", {"traced": "arrays"}),
+    TC_ALIAS_PARTITIONED: ("jit", "alias", {}),
+}
+TC_POLICY = {name: policy for name, (_, policy, _) in TC_SPECS.items()}
 # The other libraries' wrappers, each in its fastest documented modes: the "fastest peer" of a
 # workload is the fastest of these there. (FLOOR is a reference, not a peer: see FLOOR_IS.)
 PEERS = (BASELINE, NNX, NNX_TREE, NNX_PARTIAL, EQX)
+PEERS_DON = (BASELINE_DON, NNX_DON, NNX_TREE_DON, NNX_PARTIAL_DON)
 # How many calls the floor's loop keeps each call's arrays after it, per platform
 # (workloads.floor_runner): the fastest hold measured there by benches/floor_probe.py. On a TPU
 # v5e mlp_adam's floor took 457 µs a step letting go of them at once, 416 keeping them one
@@ -65,6 +110,99 @@ FLOOR_IS = (
     "contender's ratio to it is its own overhead."
 )
 
+FLOOR_DON_IS = (
+    "`floor[donate]` is the floor with donation: the same flat `jax.jit` of the state's "
+    "arrays, with `donate_argnums` naming the arrays the step replaces (found at a trace "
+    "ahead), in a loop that holds nothing (a donated array is gone after the call): the "
+    "least a wrapper that donates can do."
+)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of workloads timed under the same contenders, reported in one headline table and
+    one generated section of the docs (``section``, one per platform)."""
+
+    name: str
+    title: str
+    about: str  # what the group measures, for the reports
+    contenders: tuple[str, ...]
+    baseline: str  # the "vs jax.jit" ratios are to this one; the state check compares to it
+    floor: str
+    peers: tuple[str, ...]
+    headline: tuple[str, ...]  # the ratios in the headline table's cells
+    section: str
+    floor_is: str
+
+
+TRAINING = Group(
+    name="training",
+    title="Training loops",
+    about="Each workload's step under every wrapper, none donating.",
+    contenders=CONTENDERS,
+    baseline=BASELINE,
+    floor=FLOOR,
+    peers=PEERS,
+    headline=("jax_jit", "peer"),
+    section="bench-harness",
+    floor_is=FLOOR_IS,
+)
+DONATED = Group(
+    name="donated",
+    title="Training loops with donation",
+    about=(
+        "The training workloads as large training loops run them: every contender donates "
+        "the state its step replaces (`donate_argnums`: `jax.jit` the parameters and the "
+        "optimizer state it returns, `treeclone.jit[alias]` and `jit_partial` the state "
+        "argument, the nnx wrappers the model and the optimizer; on `frozen_half` the frozen "
+        "half is its own argument, not donated). Ratios are to `jax.jit[donate]` and to "
+        "`floor[donate]`."
+    ),
+    contenders=tuple(DONATED_FORM),
+    baseline=BASELINE_DON,
+    floor=FLOOR_DON,
+    peers=PEERS_DON,
+    headline=("jax_jit", "floor"),
+    section="bench-donated",
+    floor_is=FLOOR_DON_IS,
+)
+EQUINOX = Group(
+    name="equinox",
+    title='An equinox model under traced="arrays"',
+    about=(
+        "An equinox Module with a function field (its activation), which `jax.jit` cannot "
+        'take whole: `treeclone.jit(traced="arrays")` (equinox\'s rule) against '
+        "`equinox.filter_jit` (the peer) and against `jax.jit` over `eqx.partition`'s arrays "
+        "and its floor. Ratios are to `jax.jit` over the partition, to `equinox.filter_jit` "
+        "and to the floor."
+    ),
+    contenders=(
+        BASELINE,
+        FLOOR,
+        EQX,
+        TC_CLONE_TRACED,
+        TC_ALIAS_TRACED,
+        TC_PARTIAL_TRACED,
+        TC_ALIAS_PARTITIONED,
+    ),
+    baseline=BASELINE,
+    floor=FLOOR,
+    peers=(EQX,),
+    headline=("jax_jit", "peer", "floor"),
+    section="bench-equinox",
+    floor_is=FLOOR_IS,
+)
+GROUPS = {g.name: g for g in (TRAINING, DONATED, EQUINOX)}
+
+
+def group_of(wl: dict[str, Any]) -> Group:
+    """The group of a workload's results (results written before groups: the training one)."""
+    return GROUPS.get(wl.get("group", TRAINING.name), TRAINING)
+
+
+# Every contender of every group, each once, in the groups' order.
+ALL_CONTENDERS = tuple(dict.fromkeys(c for g in GROUPS.values() for c in g.contenders))
+
 
 @dataclass
 class Availability:
@@ -87,48 +225,52 @@ def probe() -> Availability:
     import jax
 
     av = Availability()
-    av.wrappers[BASELINE] = jax.jit
-    av.wrappers[FLOOR] = jax.jit  # the workloads build the flat-array step around it
+    for name in (BASELINE, FLOOR, BASELINE_DON, FLOOR_DON):
+        av.wrappers[name] = jax.jit  # the workloads build the flat-array step and donation
     try:
-        tc_jit = importlib.import_module("treeclone").jit
+        tc = importlib.import_module("treeclone")
+        tc_jit = tc.jit
         if not callable(tc_jit):
             raise TypeError(f"treeclone.jit is not callable: {tc_jit!r}")
     except ModuleNotFoundError as e:
-        if e.name == "treeclone":
-            for name in TC_POLICY:
-                av.skipped[name] = "not installed"
-        else:
-            for name in TC_POLICY:
-                av.skipped[name] = f"treeclone.jit not available: {_short(e)}"
+        why = (
+            "not installed"
+            if e.name == "treeclone"
+            else f"treeclone.jit not available: {_short(e)}"
+        )
+        for name in TC_SPECS:
+            av.skipped[name] = why
     except Exception as e:  # an ImportError, AttributeError, ... of a half-written package
-        for name in TC_POLICY:
+        for name in TC_SPECS:
             av.skipped[name] = f"treeclone.jit not available: {_short(e)}"
     else:
-        for name, policy in TC_POLICY.items():
-            if name == TC_PARTIAL:
-                partial = getattr(importlib.import_module("treeclone"), "jit_partial", None)
+        for name, (kind, policy, options) in TC_SPECS.items():
+            if kind == "jit_partial":
+                partial = getattr(tc, "jit_partial", None)
                 if partial is None:
                     av.skipped[name] = "this treeclone has no jit_partial"
                     continue
-                av.wrappers[name] = functools.partial(partial, policy=policy)
+                av.wrappers[name] = functools.partial(partial, policy=policy, **options)
             else:
-                av.wrappers[name] = _with_policy(tc_jit, policy)
+                av.wrappers[name] = _with_policy(tc_jit, policy, **options)
             if _preserves_identity(policy):
                 av.preserving |= {name}
+    nnx_names = (NNX, NNX_TREE, NNX_PARTIAL, NNX_DON, NNX_TREE_DON, NNX_PARTIAL_DON)
     try:
         from flax import nnx
     except ImportError:
-        for name in (NNX, NNX_TREE, NNX_PARTIAL):
+        for name in nnx_names:
             av.skipped[name] = "not installed"
     else:
-        av.wrappers[NNX] = nnx.jit
-        av.preserving |= {NNX}
+        av.wrappers[NNX] = av.wrappers[NNX_DON] = nnx.jit
+        av.preserving |= {NNX, NNX_DON}
         # Tree mode and jit_partial refuse shared Variables (they do not preserve identity).
-        av.wrappers[NNX_TREE] = functools.partial(nnx.jit, graph=False)
-        if hasattr(nnx, "jit_partial"):
-            av.wrappers[NNX_PARTIAL] = functools.partial(nnx.jit_partial, graph=False)
-        else:
-            av.skipped[NNX_PARTIAL] = "this flax has no nnx.jit_partial"
+        av.wrappers[NNX_TREE] = av.wrappers[NNX_TREE_DON] = functools.partial(nnx.jit, graph=False)
+        for name in (NNX_PARTIAL, NNX_PARTIAL_DON):
+            if hasattr(nnx, "jit_partial"):
+                av.wrappers[name] = functools.partial(nnx.jit_partial, graph=False)
+            else:
+                av.skipped[name] = "this flax has no nnx.jit_partial"
     try:
         import equinox as eqx
     except ImportError:
@@ -156,12 +298,19 @@ def is_policy_rejection(e: BaseException) -> bool:
     return isinstance(e, error)
 
 
-def _with_policy(tc_jit: Callable[..., Any], policy: str) -> Callable[..., Any]:
+def _with_policy(tc_jit: Callable[..., Any], policy: str, **options: Any) -> Callable[..., Any]:
     def wrap(fun: Callable[..., Any], **kwargs: Any) -> Any:
-        return tc_jit(fun, policy=policy, **kwargs)
+        return tc_jit(fun, policy=policy, **options, **kwargs)
 
     wrap.__name__ = f"treeclone.jit[{policy}]"
     return wrap
+
+
+def donated_form(contender: str) -> tuple[str, bool]:
+    """The contender whose form ``contender`` runs, and whether it donates."""
+    if contender in DONATED_FORM:
+        return DONATED_FORM[contender], True
+    return contender, False
 
 
 def describe_error(e: BaseException) -> str:

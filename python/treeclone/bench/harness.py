@@ -3,9 +3,11 @@
 Per workload:
 
 1. the plain-Python (un-jitted) reference runs, one per semantics the contenders need;
-2. per contender: build its runner, run the check steps one at a time (the first one
-   traces and compiles: that is the warm-up, excluded from timing), compare the losses with
-   the reference of its semantics, run its extra check; a contender that disagrees is a
+2. per contender of the workload's group (``contenders.Group``): build its runner, run the
+   check steps one at a time (the first one traces and compiles: that is the warm-up,
+   excluded from timing), compare the losses with the reference of its semantics, its final
+   state (``Runner.state``) with the group baseline's (``jax.jit``, ``jax.jit[donate]``) where
+   both have the same semantics, and run its extra check; a contender that disagrees is a
    failure and is not timed;
 3. one untimed batch per remaining contender, then interleaved rounds: each round times
    every contender once (a batch of ``steps`` steps, then ``jax.block_until_ready`` on the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +29,10 @@ import jax
 import numpy as np
 
 from .contenders import (
-    BASELINE,
-    CONTENDERS,
-    FLOOR,
-    PEERS,
     TC_POLICY,
+    TRAINING,
     Availability,
+    Group,
     describe_error,
     is_policy_rejection,
 )
@@ -90,7 +91,10 @@ def run_workload(
     progress: Progress,
 ) -> dict[str, Any]:
     name = wl_cls.name
+    group = wl_cls.group
+    contenders = group.contenders
     out: dict[str, Any] = {
+        "group": group.name,
         "title": wl_cls.title,
         "description": wl_cls.description,
         "compared": wl_cls.compared,
@@ -103,7 +107,7 @@ def run_workload(
         progress.set_label(f"{name}: reference run (no jit)")
         try:
             wl = wl_cls(device, av.preserving)
-            for sem in sorted({wl.semantics(c) for c in CONTENDERS}):
+            for sem in sorted({wl.semantics(c) for c in contenders}):
                 t0 = time.perf_counter()
                 losses = wl.reference_losses(sem, cfg.check_steps)
                 out["references"][sem] = {
@@ -112,13 +116,14 @@ def run_workload(
                 }
         except Exception as e:
             out["status"] = f"error in the reference run: {describe_error(e)}"
-            for c in CONTENDERS:
+            for c in contenders:
                 results[c] = {"status": "error", "detail": "the reference run failed"}
-            progress.advance(len(CONTENDERS) * (1 + cfg.rounds))
+            progress.advance(len(contenders) * (1 + cfg.rounds))
             return out
 
         runners: dict[str, Runner] = {}
-        for c in CONTENDERS:
+        baseline: dict[str, Any] = {}  # the group baseline's final state, once checked
+        for c in contenders:
             progress.set_label(f"{name}: check {c}")
             res = results.setdefault(c, {})
             res["semantics"] = wl.semantics(c)
@@ -126,7 +131,7 @@ def run_workload(
                 res.update(status="skipped", detail=av.skipped[c])
                 progress.advance(1 + cfg.rounds)
                 continue
-            runner = _check(wl, c, av, cfg, res, out["references"])
+            runner = _check(wl, c, av, cfg, res, out["references"], baseline, group)
             if runner is None:
                 progress.advance(1 + cfg.rounds)
                 continue
@@ -144,20 +149,22 @@ def run_workload(
                     results[c]["notes"].append(
                         f"retraced during timing: {runner.traces.n} traces in all"
                     )
-            add_ratios(out)
+            add_ratios(out, group)
     return out
 
 
-def add_ratios(out: dict[str, Any]) -> None:
-    """Each timed contender's ratio of medians to jax.jit, to the fastest peer (``PEERS``:
-    the other libraries' wrappers) and to the floor; the fastest peer's name in ``out``."""
+def add_ratios(out: dict[str, Any], group: Group = TRAINING) -> None:
+    """Each timed contender's ratio of medians to the group's baseline (``jax.jit``, or
+    ``jax.jit[donate]``), to the fastest peer (``group.peers``: the other libraries'
+    wrappers) and to the group's floor; the fastest peer's name in ``out``."""
     results = out["contenders"]
     timed = {c: r["median_us"] for c, r in results.items() if "median_us" in r}
-    peers = {c: t for c, t in timed.items() if c in PEERS}
+    peers = {c: t for c, t in timed.items() if c in group.peers}
     fastest = min(peers, key=peers.__getitem__) if peers else None
     out["fastest_peer"] = fastest
     for c, med in timed.items():
-        for key, ref in (("jax_jit", BASELINE), ("peer", fastest), ("floor", FLOOR)):
+        refs = (("jax_jit", group.baseline), ("peer", fastest), ("floor", group.floor))
+        for key, ref in refs:
             base = timed.get(ref) if ref is not None else None
             results[c][f"ratio_to_{key}"] = med / base if base else None
 
@@ -169,21 +176,29 @@ def _check(
     cfg: Config,
     res: dict[str, Any],
     references: dict[str, Any],
+    baseline: dict[str, Any] | None = None,
+    group: Group = TRAINING,
 ) -> Runner | None:
-    """Build and check one contender; fill ``res``; return the runner if it may be timed."""
+    """Build and check one contender; fill ``res``; return the runner if it may be timed.
+
+    ``baseline`` holds the group baseline's final state once it passed (``semantics`` and
+    ``leaves``); filled here when ``c`` is the baseline, compared with otherwise."""
     res["notes"] = []
     losses: list[float] = []
+    caught: list[warnings.WarningMessage] = []
     try:
-        runner = wl.runner(c, av.wrappers[c])
-        res["notes"] = runner.notes  # the same list: notes added later show up too
-        t0 = time.perf_counter()
-        outputs = None
-        for i in range(cfg.check_steps):
-            outputs = runner.run(1)
-            losses.append(float(outputs[0]))
-            if i == 0:
-                res["first_step_s"] = time.perf_counter() - t0
-        res["check_s"] = time.perf_counter() - t0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runner = wl.runner(c, av.wrappers[c])
+            res["notes"] = runner.notes  # the same list: notes added later show up too
+            t0 = time.perf_counter()
+            outputs = None
+            for i in range(cfg.check_steps):
+                outputs = runner.run(1)
+                losses.append(float(outputs[0]))
+                if i == 0:
+                    res["first_step_s"] = time.perf_counter() - t0
+            res["check_s"] = time.perf_counter() - t0
     except NotApplicable as e:
         res.update(status="not applicable", detail=str(e))
         return None
@@ -198,6 +213,10 @@ def _check(
         if losses:
             res["check_losses"] = losses
         return None
+    # What JAX or a wrapper warned of while the contender traced and ran its check steps (a
+    # donation that could not be used, a MutationWarning), each once, in the report's notes.
+    for text in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
+        runner.notes.append("warned: " + text.splitlines()[0])
     res["check_losses"] = losses
     res["traces_after_check"] = runner.traces.n
     want = references[runner.semantics]["losses"]
@@ -216,6 +235,11 @@ def _check(
         res.update(status="failed", detail=detail)
         return None
     problem = _unwaited(runner, outputs)
+    if not problem and baseline is not None:
+        try:
+            problem = _state_differs(c, runner, baseline, group, cfg)
+        except Exception as e:
+            problem = f"reading its final state raised {describe_error(e)}"
     if runner.verify is not None and not problem:
         try:
             problem = runner.verify()
@@ -226,6 +250,41 @@ def _check(
         return None
     res.update(status="ok", detail="")
     return runner
+
+
+def _state_differs(
+    c: str, runner: Runner, baseline: dict[str, Any], group: Group, cfg: Config
+) -> str | None:
+    """None, or how ``runner``'s final state differs from the group baseline's (recorded
+    here when ``c`` is the baseline). Every leaf is compared, to rtol and atol; a contender of
+    another semantics (the tied embeddings kept tied) or without ``state()`` is not."""
+    if runner.state is None:
+        return None
+    # Copies: a NumPy view of a CPU array kept (the baseline's) would stop its donation.
+    leaves = [np.array(a, copy=True) for a in jax.tree.leaves(runner.state())]
+    if c == group.baseline:
+        baseline.update(semantics=runner.semantics, leaves=leaves)
+        return None
+    if "leaves" not in baseline or baseline["semantics"] != runner.semantics:
+        return None
+    want = baseline["leaves"]
+    if len(leaves) != len(want):
+        return (
+            f"its final state has {len(leaves)} arrays, {group.baseline}'s {len(want)}: "
+            "not the same state"
+        )
+    for i, (a, b) in enumerate(zip(leaves, want, strict=True)):
+        if a.shape != b.shape or not np.allclose(a, b, rtol=cfg.rtol, atol=cfg.atol):
+            diff = (
+                f"shape {a.shape} against {b.shape}"
+                if a.shape != b.shape
+                else f"largest difference {float(np.max(np.abs(a - b))):.3g}"
+            )
+            return (
+                f"its final state differs from {group.baseline}'s: array {i} of "
+                f"{len(leaves)}, {diff} (rtol {cfg.rtol:g}, atol {cfg.atol:g})"
+            )
+    return None
 
 
 def _unwaited(runner: Runner, outputs: Any) -> str | None:

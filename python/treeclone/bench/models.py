@@ -8,6 +8,7 @@ variables' values, so every contender computes the same math.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -279,3 +280,28 @@ def nnx_classes() -> dict[str, Any]:
             }
 
     return {"MLP": MLP, "Transformer": Transformer, "Tied": Tied, "Frozen": Frozen}
+
+
+# --------------------------------------------------------------------------- equinox version
+
+
+@functools.cache
+def eqx_mlp_class() -> type:
+    """An equinox Module version of the MLP of ``mlp_apply`` (imports equinox; call only when
+    it is installed): the layers' arrays and the activation function as a field, a leaf that
+    is not an array, so ``jax.jit`` cannot take the model whole (``eqx.partition`` or
+    ``traced="arrays"`` can)."""
+    import equinox as eqx
+
+    class EqxMLP(eqx.Module):
+        layers: tuple[dict[str, jax.Array], ...]
+        activation: Any
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for i, layer in enumerate(self.layers):
+                x = dense(x, layer["w"], layer["b"])
+                if i < len(self.layers) - 1:
+                    x = self.activation(x)
+            return x
+
+    return EqxMLP

@@ -11,19 +11,31 @@ from pathlib import Path
 from typing import Any
 
 from . import timing
-from .contenders import CONTENDERS, FLOOR_IS
+from .contenders import GROUPS, TRAINING, Group, group_of
 from .timing import format_us
 
 BEGIN = "<!-- bench-harness:begin -->"
 END = "<!-- bench-harness:end -->"
 
 
-def section_markers(platform: str) -> tuple[str, str]:
+def section_markers(platform: str, section: str = TRAINING.section) -> tuple[str, str]:
     """The markers of a run's section in the docs: ``bench-harness`` for the CPU, one section
-    per accelerator platform (``bench-harness-tpu``, ``bench-harness-gpu``) beside it."""
-    if platform == "cpu":
-        return BEGIN, END
-    return f"<!-- bench-harness-{platform}:begin -->", f"<!-- bench-harness-{platform}:end -->"
+    per accelerator platform (``bench-harness-tpu``, ``bench-harness-gpu``) beside it; each
+    group of workloads has its own (``section``: ``bench-donated``, ``bench-equinox``)."""
+    name = section if platform == "cpu" else f"{section}-{platform}"
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def groups_in(results: dict[str, Any]) -> list[Group]:
+    """The groups of the workloads in ``results``, in ``GROUPS``' order."""
+    present = {group_of(wl).name for wl in results["workloads"].values()}
+    return [g for g in GROUPS.values() if g.name in present]
+
+
+def select(results: dict[str, Any], group: Group) -> dict[str, Any]:
+    """``results`` with only the workloads of ``group``."""
+    workloads = {n: wl for n, wl in results["workloads"].items() if group_of(wl) is group}
+    return {**results, "workloads": workloads}
 
 
 # --------------------------------------------------------------------------- machine
@@ -65,13 +77,23 @@ def _ratio(res: dict[str, Any], key: str) -> str:
     return "—" if ratio is None else f"{ratio:.2f}x"
 
 
+def _ratio_header(group: Group, key: str) -> str:
+    if key == "jax_jit":
+        return f"vs {group.baseline}"
+    if key == "floor":
+        return f"vs {group.floor}"
+    return "vs fastest peer" if len(group.peers) > 1 else f"vs {group.peers[0]}"
+
+
 def workload_table(wl: dict[str, Any]) -> list[str]:
+    group = group_of(wl)
+    ratios = " | ".join(_ratio_header(group, k) for k in ("jax_jit", "peer", "floor"))
     lines = [
-        "| contender | µs/step (median) | spread: IQR (min–max) | vs jax.jit | vs fastest peer "
-        "| vs floor | steps/s | traces | 1st step s | semantics | status |",
+        f"| contender | µs/step (median) | spread: IQR (min–max) | {ratios} "
+        "| steps/s | traces | 1st step s | semantics | status |",
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|",
     ]
-    for c in CONTENDERS:
+    for c in group.contenders:
         res = wl["contenders"].get(c, {})
         if "median_us" in res:
             cells = [
@@ -93,27 +115,49 @@ def workload_table(wl: dict[str, Any]) -> list[str]:
     return lines
 
 
-def headline_table(results: dict[str, Any]) -> list[str]:
-    """Contenders by workload: each cell is the ratio of medians to jax.jit, then to the
-    workload's fastest peer (below 1x: faster)."""
-    names = list(results["workloads"])
+def headline_table(results: dict[str, Any], group: Group = TRAINING) -> list[str]:
+    """Contenders of ``group`` by workload of that group: each cell is the ratios of medians
+    of ``group.headline`` (the training group's: to jax.jit, then to the workload's fastest
+    peer; below 1x: faster)."""
+    names = [n for n, wl in results["workloads"].items() if group_of(wl) is group]
     lines = [
         "| contender | " + " | ".join(f"`{n}`" for n in names) + " |",
         "|---|" + "--:|" * len(names),
-        "| *fastest peer* | "
-        + " | ".join(f"`{results['workloads'][n].get('fastest_peer') or '—'}`" for n in names)
-        + " |",
     ]
-    for c in CONTENDERS:
+    if len(group.peers) > 1:
+        lines.append(
+            "| *fastest peer* | "
+            + " | ".join(f"`{results['workloads'][n].get('fastest_peer') or '—'}`" for n in names)
+            + " |"
+        )
+    for c in group.contenders:
         cells = []
         for n in names:
             res = results["workloads"][n]["contenders"].get(c, {})
             if "median_us" in res:
-                cells.append(f"{_ratio(res, 'jax_jit')} / {_ratio(res, 'peer')}")
+                cells.append(" / ".join(_ratio(res, k) for k in group.headline))
             else:
                 cells.append(res.get("status", "—").replace("|", "\\|"))
         lines.append(f"| `{c}` | " + " | ".join(cells) + " |")
     return lines
+
+
+def headline_text(group: Group) -> str:
+    """What the cells of ``group``'s headline table are."""
+    if group is TRAINING:
+        return (
+            "Headline: each contender's ratio of median step times to `jax.jit`, then to the "
+            "workload's fastest peer (the fastest of `jax.jit` and the flax nnx and equinox "
+            "wrappers; below 1x is faster). Details, the floor and every other figure follow "
+            "per workload."
+        )
+    names = {"jax_jit": f"`{group.baseline}`", "floor": f"`{group.floor}`"}
+    names["peer"] = f"`{group.peers[0]}`" if len(group.peers) == 1 else "the fastest peer"
+    ratios = ", then ".join(f"to {names[k]}" for k in group.headline)
+    return (
+        f"{group.title}: {group.about} Headline: each contender's ratio of median step "
+        f"times {ratios} (below 1x is faster). Every figure follows per workload."
+    )
 
 
 def noise_warning(results: dict[str, Any]) -> str:
@@ -157,22 +201,23 @@ def render(
         f"{cfg['rounds']} interleaved rounds per workload, each timing one batch of steps "
         f"per contender, after {cfg['check_steps']} checked warm-up steps (compilation "
         "excluded)."
-        + (" **Quick run: few steps and rounds, indicative only.**" if cfg["quick"] else ""),
+        + (" **Quick run: few steps and rounds, indicative only.**" if cfg["quick"] else "")
+        + (
+            " **Tiny run: the workloads at their smallest sizes (CI's smoke test), not the "
+            "sizes their descriptions give.**"
+            if cfg.get("tiny")
+            else ""
+        ),
         "",
     ]
     warning = noise_warning(results)
     if warning:
         lines += [warning, ""]
-    lines += [
-        "Headline: each contender's ratio of median step times to `jax.jit`, then to the "
-        "workload's fastest peer (the fastest of `jax.jit` and the flax nnx and equinox "
-        "wrappers; below 1x is faster). Details, the floor and every other figure follow "
-        "per workload.",
-        "",
-        *headline_table(results),
-        "",
-    ]
+    groups = groups_in(results)
+    for group in groups:
+        lines += [headline_text(group), "", *headline_table(results, group), ""]
     lines += [f"- {k}: {v}" for k, v in results["machine"].items()]
+    floors = " ".join(dict.fromkeys(g.floor_is for g in groups))
     lines += [
         "",
         "µs/step is the median over rounds of (batch time / steps), the batch ending with "
@@ -180,12 +225,15 @@ def render(
         "its Variables, a functional one's by treeclone's native flatten); the spread is the "
         "interquartile range over "
         "rounds (and min–max); *vs jax.jit*, *vs fastest peer* and *vs floor* are ratios of "
-        f"medians (below 1x is faster). {FLOOR_IS} "
+        f"medians (below 1x is faster). {floors} "
         "*traces* counts how often the step's Python body ran (1 = traced once); "
         "*1st step s* is the wall time of the first step: tracing and compiling. "
         "Before timing, each contender's losses over the check steps must agree with a "
-        f"plain-Python (un-jitted) run of the same semantics (rtol {cfg['rtol']:g}); one that "
-        "disagrees is marked failed and not timed.",
+        f"plain-Python (un-jitted) run of the same semantics (rtol {cfg['rtol']:g}), and its "
+        "state after them (every array of the parameters, or of the whole state where the "
+        "workload's forms share one) with its group baseline's (`jax.jit`'s, "
+        "`jax.jit[donate]`'s) where they have the same semantics; one that disagrees is "
+        "marked failed and not timed.",
         "",
     ]
     if results.get("plot"):
@@ -200,7 +248,7 @@ def render(
         lines += workload_table(wl)
         notes = [
             f"- `{c}`: {note}"
-            for c in CONTENDERS
+            for c in group_of(wl).contenders
             for note in wl["contenders"].get(c, {}).get("notes", [])
         ]
         if notes:
@@ -229,7 +277,7 @@ def write_plot(path: Path, results: dict[str, Any]) -> str:
     workloads = list(results["workloads"])
     contenders = [
         c
-        for c in CONTENDERS
+        for c in dict.fromkeys(c for g in groups_in(results) for c in g.contenders)
         if any("median_us" in wl["contenders"].get(c, {}) for wl in results["workloads"].values())
     ]
     if not workloads or not contenders:
@@ -265,10 +313,12 @@ def write_plot(path: Path, results: dict[str, Any]) -> str:
     return ""
 
 
-def write_section(path: Path, section: str, platform: str = "cpu") -> None:
-    """Put ``section`` between the markers of ``platform``'s section of ``path``, keeping the
-    rest of the file."""
-    timing.write_section(path, section, *section_markers(platform))
+def write_section(
+    path: Path, section: str, platform: str = "cpu", name: str = TRAINING.section
+) -> None:
+    """Put ``section`` between the markers of ``platform``'s section ``name`` of ``path``,
+    keeping the rest of the file."""
+    timing.write_section(path, section, *section_markers(platform, name))
 
 
 def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:

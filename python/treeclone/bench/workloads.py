@@ -21,6 +21,19 @@ form of a step computes the same math; what differs is how state goes in and out
 
 The seed pattern is the exception: there the same ``train_step(model, x, y, optimizer)``,
 whose ``Optimizer`` object is mutated in place and returned, runs under every jit wrapper.
+
+Two more groups (``contenders.Group``) have contenders of their own:
+
+* ``donated``: ``mlp_adam``, ``nnx_train_20``, ``frozen_half`` and ``transformer_adam`` again
+  (``<name>_donated``), each contender running the form of its undonated twin
+  (``contenders.DONATED_FORM``) with the state it replaces donated (``donate_argnums``; the
+  floor donates the arrays its step replaces and holds nothing);
+* ``equinox``: ``eqx_mlp_adam``, an equinox Module with a function field under
+  ``traced="arrays"``, ``equinox.filter_jit``, and ``jax.jit`` and the floor over
+  ``eqx.partition``'s arrays.
+
+Every runner gives its state (``Runner.state``) in a form its workload's contenders share; the
+harness compares it with the group baseline's after the check steps.
 """
 
 from __future__ import annotations
@@ -37,13 +50,23 @@ import numpy as np
 
 from . import models as M
 from .contenders import (
+    BASELINE,
+    DONATED,
+    EQUINOX,
     EQX,
     FLOOR,
     NNX,
     NNX_PARTIAL,
     NNX_TREE,
     TC_ALIAS,
+    TC_ALIAS_PARTITIONED,
+    TC_ALIAS_TRACED,
+    TC_CLONE_TRACED,
     TC_PARTIAL,
+    TC_PARTIAL_TRACED,
+    TRAINING,
+    Group,
+    donated_form,
     floor_hold,
 )
 
@@ -83,7 +106,10 @@ class Runner:
     and everything to block on. ``arrays(outputs)``, where given, reads the arrays ``outputs``
     hold without flattening them (the harness waits on those; it checks once that they are
     all of the outputs' arrays). ``verify()`` returns None or why the result is wrong, beyond
-    the loss comparison. ``notes`` are facts worth reporting (e.g. object identity).
+    the loss comparison. ``state()``, where given, is the training state after the steps run
+    so far, in a form every contender of the workload shares (the harness compares its
+    leaves with the group's ``jax.jit``'s after the check steps). ``notes`` are facts worth
+    reporting (e.g. object identity).
     """
 
     run: Callable[[int], tuple[Any, Any]]
@@ -92,6 +118,21 @@ class Runner:
     semantics: str = STANDARD
     verify: Callable[[], str | None] | None = None
     notes: list[str] = field(default_factory=list)
+    state: Callable[[], Any] | None = None
+
+    def project(self, view: Callable[[Any], Any]) -> Runner:
+        """This runner, its ``state()`` seen through ``view`` (the workload's shared form)."""
+        own = self.state
+        if own is not None:
+            self.state = lambda: view(own())
+        return self
+
+
+def _jit(jit: Callable[..., Any], fn: Callable[..., Any], *bound: Any, donate=()) -> Any:
+    """``jit(fn, *bound)``, with ``donate_argnums=donate`` when it donates."""
+    if donate:
+        return jit(fn, *bound, donate_argnums=donate)
+    return jit(fn, *bound)
 
 
 # --------------------------------------------------------------------------- step forms
@@ -132,9 +173,10 @@ def nnx_step(nnx_loss: Callable[..., Any]) -> Callable[..., Any]:
     return train_step
 
 
-def functional_runner(jit, fn, params, opt_state, x, y, **kw: Any) -> Runner:
+def functional_runner(jit, fn, params, opt_state, x, y, *, donate=(), **kw: Any) -> Runner:
+    """``params, opt_state, loss = f(params, opt_state, x, y)``; ``state()``: the pair."""
     traces = TraceCounter()
-    f = jit(traces.wrap(fn))
+    f = _jit(jit, traces.wrap(fn), donate=donate)
     p, o = params, opt_state
 
     def run(n: int):
@@ -145,33 +187,41 @@ def functional_runner(jit, fn, params, opt_state, x, y, **kw: Any) -> Runner:
         p, o = pp, oo
         return loss, (pp, oo)
 
+    kw.setdefault("state", lambda: (p, o))
     return Runner(run=run, traces=traces, **kw)
 
 
-def inplace_runner(jit, fn, state: dict[str, Any], x, y, **kw: Any) -> Runner:
+def inplace_runner(jit, fn, state: Any, x, y, *, bound: tuple = (), donate=(), **kw: Any) -> Runner:
+    """``f(*bound, state, x, y)``, which updates ``state`` in place; ``state()``: ``state``.
+    The outputs waited on are ``bound`` and ``state``: every leaf of the state."""
     traces = TraceCounter()
-    f = jit(traces.wrap(fn))
+    f = _jit(jit, traces.wrap(fn), donate=donate)
 
     def run(n: int):
         loss = None
         for _ in range(n):
-            loss = f(state, x, y)
-        return loss, state
+            loss = f(*bound, state, x, y)
+        return loss, ((*bound, state) if bound else state)
 
+    kw.setdefault("state", lambda: state)
     return Runner(run=run, traces=traces, **kw)
 
 
-def partial_runner(jit_partial, fn, state: Any, x, y, **kw: Any) -> Runner:
-    """``jit_partial(step, state)(x, y)``: the state bound once."""
+def partial_runner(
+    jit_partial, fn, state: Any, x, y, *, bound: tuple = (), donate=(), **kw: Any
+) -> Runner:
+    """``jit_partial(step, *bound, state)(x, y)``: the state bound once (the outputs waited
+    on: ``bound`` and ``state``)."""
     traces = TraceCounter()
-    f = jit_partial(traces.wrap(fn), state)
+    f = _jit(jit_partial, traces.wrap(fn), *bound, state, donate=donate)
 
     def run(n: int):
         loss = None
         for _ in range(n):
             loss = f(x, y)
-        return loss, state
+        return loss, ((*bound, state) if bound else state)
 
+    kw.setdefault("state", lambda: state)
     return Runner(run=run, traces=traces, **kw)
 
 
@@ -183,12 +233,18 @@ def floor_runner(
     y,
     *,
     hold: int | None = None,
+    donate: bool = False,
     **kw: Any,
 ) -> Runner:
     """The floor: one ``jax.jit`` of ``state``'s arrays, each its own positional argument, that
     returns the arrays the step replaces and the loss as one flat tuple; the loop keeps each
     call's arrays for ``hold`` calls more (default ``floor_hold`` of the state's platform).
     ``run_on_state(state, x, y) -> (loss, state_after)`` runs at trace time only.
+    ``state()`` is the state unflattened from the current arrays.
+
+    ``donate=True`` is the floor with donation (``contenders.FLOOR_DON_IS``): the arrays the
+    step replaces, found by a trace ahead (``jax.eval_shape``, not counted), are donated, and
+    the loop holds nothing (a donated array is gone after the call).
 
     Each choice is the fastest measured by ``benches/floor_probe.py`` (docs/benchmarks.md):
     on a TPU v5e, letting go of the replaced arrays right after the call that reads them,
@@ -196,12 +252,13 @@ def floor_runner(
     treeclone's lean path, which holds them; on the CPU holding them is what costs. A list
     argument and a list of outputs cost at most 2% more than positional arrays and a flat
     tuple. The next flat tuple is gathered from the old one and the outputs by one
-    ``operator.itemgetter`` (made at the trace), so the loop does no Python work per leaf. No
-    donation: no contender is offered it.
+    ``operator.itemgetter`` (made at the trace), so the loop does no Python work per leaf.
+    Without ``donate`` it donates nothing: the contenders it is the floor of donate nothing.
     """
     flat, treedef = jax.tree.flatten(state)
     n_leaves = len(flat)
     gather: list[Callable[[tuple], tuple]] = []
+    replaced: list[int] = []
 
     def flat_step(*args):
         leaves, (x, y) = list(args[:n_leaves]), args[n_leaves:]
@@ -211,10 +268,16 @@ def floor_runner(
         # Leaf i of the next call: the old one (index i of old + outputs) or its output.
         where = dict(zip(changed, range(n_leaves, n_leaves + len(changed)), strict=True))
         gather[:] = [_tuple_getter([where.get(i, i) for i in range(n_leaves)])]
+        replaced[:] = changed
         return (*(new[i] for i in changed), loss)
 
     traces = TraceCounter()
-    f = jit(traces.wrap(flat_step))
+    options: dict[str, Any] = {}
+    if donate:  # which arrays the step replaces: one trace ahead, outside the counted ones
+        jax.eval_shape(flat_step, *flat, x, y)
+        options["donate_argnums"] = tuple(replaced)
+        hold = 0
+    f = jit(traces.wrap(flat_step), **options)
     leaves = tuple(flat)
     if hold is None:
         hold = floor_hold(_platform(flat))
@@ -231,6 +294,7 @@ def floor_runner(
             loss = outputs[-1]
         return loss, leaves
 
+    kw.setdefault("state", lambda: jax.tree.unflatten(treedef, list(leaves)))
     return Runner(run=run, traces=traces, **kw)
 
 
@@ -252,13 +316,17 @@ def _tuple_getter(indices: list[int]) -> Callable[[tuple], tuple]:
     return operator.itemgetter(*indices)
 
 
-def inplace_form(contender: str, jit, fn, state: dict[str, Any], x, y, **kw: Any) -> Runner:
-    """The runner of an in-place contender (``INPLACE``) for ``fn(state, x, y) -> loss``."""
+def inplace_form(
+    contender: str, jit, fn, state: dict[str, Any], x, y, *, donate: bool = False, **kw: Any
+) -> Runner:
+    """The runner of an in-place contender (``INPLACE``) for ``fn(state, x, y) -> loss``;
+    ``donate``: ``state`` donated (the floor: the arrays the step replaces)."""
     if contender == TC_PARTIAL:
-        return partial_runner(jit, fn, state, x, y, **kw)
+        return partial_runner(jit, fn, state, x, y, donate=(0,) if donate else (), **kw)
     if contender == FLOOR:
-        return floor_runner(jit, lambda st, x, y: (fn(st, x, y), st), state, x, y, **kw)
-    return inplace_runner(jit, fn, state, x, y, **kw)
+        run_on_state = lambda st, x, y: (fn(st, x, y), st)  # noqa: E731
+        return floor_runner(jit, run_on_state, state, x, y, donate=donate, **kw)
+    return inplace_runner(jit, fn, state, x, y, donate=(0,) if donate else (), **kw)
 
 
 def nnx_arrays(*roots: Any) -> Callable[[tuple[Any, Any]], list[Any]]:
@@ -284,12 +352,21 @@ def state_arrays(outputs: Any) -> list[Any]:
     return treeclone.tree_util.tree_leaves(outputs)
 
 
-def nnx_form(contender: str, jit, fn, model, optimizer, x, y, **kw: Any) -> Runner:
-    """The runner of an nnx contender (``NNX_FORMS``) for ``fn(model, optimizer, x, y)``."""
+def nnx_donation(contender: str) -> tuple[int, ...]:
+    """The ``donate_argnums`` that donate the model and the optimizer under ``contender``'s
+    form: ``nnx.jit_partial`` hands its bound arguments to ``jax.jit`` as one list, argument 0
+    (flax 0.12.8), so its 0 donates both and its 1 would donate the batch; ``nnx.jit`` and
+    treeclone's wrappers, ``jit_partial`` included, count each argument."""
+    return (0,) if contender == NNX_PARTIAL else (0, 1)
+
+
+def nnx_form(contender: str, jit, fn, model, optimizer, x, y, *, donate=(), **kw: Any) -> Runner:
+    """The runner of an nnx contender (``NNX_FORMS``) for ``fn(model, optimizer, x, y)``;
+    ``state()``: ``(model, optimizer)``."""
     if contender != NNX_PARTIAL:
-        return nnx_runner(jit, fn, model, optimizer, x, y, **kw)
+        return nnx_runner(jit, fn, model, optimizer, x, y, donate=donate, **kw)
     traces = TraceCounter()
-    f = jit(traces.wrap(fn), model, optimizer)
+    f = _jit(jit, traces.wrap(fn), model, optimizer, donate=donate)
 
     def run(n: int):
         loss = None
@@ -297,12 +374,13 @@ def nnx_form(contender: str, jit, fn, model, optimizer, x, y, **kw: Any) -> Runn
             loss = f(x, y)
         return loss, (model, optimizer)
 
+    kw.setdefault("state", lambda: (model, optimizer))
     return Runner(run=run, traces=traces, arrays=nnx_arrays(model, optimizer), **kw)
 
 
-def nnx_runner(jit, fn, model, optimizer, x, y, **kw: Any) -> Runner:
+def nnx_runner(jit, fn, model, optimizer, x, y, *, donate=(), **kw: Any) -> Runner:
     traces = TraceCounter()
-    f = jit(traces.wrap(fn))
+    f = _jit(jit, traces.wrap(fn), donate=donate)
 
     def run(n: int):
         loss = None
@@ -310,6 +388,7 @@ def nnx_runner(jit, fn, model, optimizer, x, y, **kw: Any) -> Runner:
             loss = f(model, optimizer, x, y)
         return loss, (model, optimizer)
 
+    kw.setdefault("state", lambda: (model, optimizer))
     return Runner(run=run, traces=traces, arrays=nnx_arrays(model, optimizer), **kw)
 
 
@@ -322,6 +401,10 @@ class Workload:
     name = ""
     title = ""
     description = ""
+    group: Group = TRAINING
+    # The class attributes a --tiny run (CI's smoke test) sets: the smallest sizes that run
+    # the same code paths.
+    tiny: dict[str, Any] = {}
     compared = (
         "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
         "of the functional step from the same initial parameters."
@@ -383,7 +466,9 @@ class _ParamsWorkload(Workload):
         return losses
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
-        if contender in NNX_FORMS:
+        """``state()``: the parameters (``model.params()`` of the nnx forms)."""
+        form, donate = donated_form(contender)
+        if form in NNX_FORMS:
             from flax import nnx
 
             model = self.nnx_model(M.nnx_classes(), self.params0())
@@ -393,15 +478,20 @@ class _ParamsWorkload(Workload):
                 return M.cross_entropy(model(x), y)
 
             step = nnx_step(nnx_loss)
-            return nnx_form(contender, jit, step, model, optimizer, self.x, self.y)
+            donated = nnx_donation(form) if donate else ()
+            r = nnx_form(form, jit, step, model, optimizer, self.x, self.y, donate=donated)
+            return r.project(lambda mo: mo[0].params())
         params = self.put(self.params0())
         opt_state = self.tx.init(params)
-        if contender in INPLACE:
+        if form in INPLACE:
             state = {"params": params, "opt_state": opt_state}
             fn = inplace_step(self.loss_fn, self.tx)
-            return inplace_form(contender, jit, fn, state, self.x, self.y)
+            r = inplace_form(form, jit, fn, state, self.x, self.y, donate=donate)
+            return r.project(lambda st: st["params"])
         fn = functional_step(self.loss_fn, self.tx)
-        return functional_runner(jit, fn, params, opt_state, self.x, self.y)
+        donated = (0, 1) if donate else ()
+        r = functional_runner(jit, fn, params, opt_state, self.x, self.y, donate=donated)
+        return r.project(lambda po: po[0])
 
 
 class MlpAdam(_ParamsWorkload):
@@ -444,6 +534,7 @@ class TransformerAdam(_ParamsWorkload):
         "196 parameter leaves, 589 with Adam's state."
     )
     n_layers, d, heads, vocab, seq, batch = 12, 64, 4, 64, 8, 2
+    tiny = {"n_layers": 2}
 
     def params0(self):
         return M.transformer_init(0, self.n_layers, self.d, self.vocab, self.seq)
@@ -574,6 +665,7 @@ class TiedEmbeddings(Workload):
 
             step = nnx_step(nnx_loss)
             r = nnx_form(contender, jit, step, model, optimizer, self.x, self.y)
+            r.project(lambda mo: mo[0].params())
             r.semantics = sem
             r.verify = self._tie_check(
                 sem,
@@ -598,9 +690,11 @@ class TiedEmbeddings(Workload):
                 return loss
 
             r = inplace_form(contender, jit, inplace, state, self.x, self.y, semantics=sem)
+            r.project(lambda st: st["params"])
             get = lambda: state["params"]  # noqa: E731
         else:
             r = functional_runner(jit, fn, params, opt_state, self.x, self.y, semantics=sem)
+            r.project(lambda po: po[0])
             get = lambda: r.run(0)[1][0]  # noqa: E731  (run(0): the current state, no step)
 
         def tie() -> tuple[Any, Any, bool, str]:
@@ -639,6 +733,7 @@ class FrozenHalf(Workload):
     )
     n_layers, n_frozen = 8, 4
     d, heads, vocab, seq, batch = 64, 4, 64, 8, 2
+    tiny = {"n_layers": 2, "n_frozen": 1}
 
     def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
         super().__init__(device, preserving)
@@ -683,8 +778,13 @@ class FrozenHalf(Workload):
         return losses
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        """``state()``: the parameters, frozen and trained (``model.params()`` of the nnx
+        forms). Donated, every form donates the trained half and Adam's state only: the
+        in-place step takes the frozen half as an argument of its own (donating it would
+        delete the arrays the step leaves alone, as ``jax.jit`` deletes them)."""
         x, y = self.x, self.y
-        if contender in NNX_FORMS:
+        form, donate = donated_form(contender)
+        if form in NNX_FORMS:
             from flax import nnx
 
             classes = M.nnx_classes()
@@ -694,11 +794,25 @@ class FrozenHalf(Workload):
             def nnx_loss(model, x, y):
                 return M.cross_entropy(model(x), y)
 
-            return nnx_form(contender, jit, nnx_step(nnx_loss), model, optimizer, x, y)
+            donated = nnx_donation(form) if donate else ()
+            r = nnx_form(form, jit, nnx_step(nnx_loss), model, optimizer, x, y, donate=donated)
+            return r.project(lambda mo: mo[0].params())
         frozen, trainable = self.halves()
         opt_state = self.tx.init(trainable)
         step = self.functional()
-        if contender in INPLACE:
+        if form in INPLACE and donate and form != FLOOR:
+            state = {"trainable": trainable, "opt_state": opt_state}
+
+            def apart(frozen, state, x, y):
+                _, state["trainable"], state["opt_state"], loss = step(
+                    frozen, state["trainable"], state["opt_state"], x, y
+                )
+                return loss
+
+            runner = partial_runner if form == TC_PARTIAL else inplace_runner
+            r = runner(jit, apart, state, x, y, bound=(frozen,), donate=(1,))
+            return r.project(lambda st: merge_halves(frozen, st["trainable"]))
+        if form in INPLACE:
             state = {"frozen": frozen, "trainable": trainable, "opt_state": opt_state}
 
             def inplace(state, x, y):
@@ -707,9 +821,10 @@ class FrozenHalf(Workload):
                 )
                 return loss
 
-            return inplace_form(contender, jit, inplace, state, x, y)
+            r = inplace_form(form, jit, inplace, state, x, y, donate=donate)
+            return r.project(lambda st: merge_halves(st["frozen"], st["trainable"]))
         traces = TraceCounter()
-        f = jit(traces.wrap(step))
+        f = _jit(jit, traces.wrap(step), donate=(1, 2) if donate else ())
         fz, tr, o = frozen, trainable, opt_state
 
         def run(n: int):
@@ -720,7 +835,7 @@ class FrozenHalf(Workload):
             fz, tr, o = a, b, c
             return loss, (a, b, c)
 
-        return Runner(run=run, traces=traces)
+        return Runner(run=run, traces=traces, state=lambda: merge_halves(fz, tr))
 
 
 # --------------------------------------------------------------------------- seed pattern
@@ -820,7 +935,12 @@ class SeedPattern(Workload):
                     loss = f(model, x, y, optimizer)
                 return loss, (model, optimizer)
 
-            return Runner(run=run_nnx, traces=traces, arrays=nnx_arrays(model, optimizer))
+            return Runner(
+                run=run_nnx,
+                traces=traces,
+                arrays=nnx_arrays(model, optimizer),
+                state=model.params,
+            )
 
         model, optimizer = self.fresh()
         traces = TraceCounter()
@@ -845,7 +965,118 @@ class SeedPattern(Workload):
             state["model"], state["optimizer"] = m, o
             return loss, (m, o)
 
-        return Runner(run=run, traces=traces, notes=notes)
+        return Runner(run=run, traces=traces, notes=notes, state=lambda: state["model"])
+
+
+# --------------------------------------------------------------------------- equinox
+
+
+class EqxMlpAdam(Workload):
+    name = "eqx_mlp_adam"
+    group = EQUINOX
+    title = "an equinox MLP with a function field, Adam"
+    description = (
+        "The MLP of mlp_adam (32->64->64->10, batch 32, optax Adam lr 1e-3) as an equinox "
+        "Module whose activation (`jax.nn.relu`) is a field: a leaf that is not an array. "
+        "`equinox.filter_jit` and `treeclone.jit[clone,traced=arrays]` run the functional "
+        "step `(model, opt_state, x, y) -> (model, opt_state, loss)` "
+        "(`eqx.filter_value_and_grad`, `eqx.apply_updates`); "
+        "`treeclone.jit[alias,traced=arrays]` and `treeclone.jit_partial[alias,traced=arrays]` "
+        "(the state bound) an in-place step that assigns the new model and optimizer state "
+        "into a `{'model', 'opt_state'}` dict; `jax.jit` (functional), the floor and "
+        "`treeclone.jit[alias,partitioned]` (in place) the same step over "
+        "`eqx.partition(model, eqx.is_array)`'s arrays, the rest (the activation) closed over "
+        "and combined inside."
+    )
+    compared = (
+        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+        "of the functional step, and its final arrays (the model's and Adam's state) against "
+        "`jax.jit`'s."
+    )
+    sizes, batch = MlpAdam.sizes, MlpAdam.batch
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        super().__init__(device, preserving)
+        self.x, self.y = (self.put(a) for a in mlp_data(self.sizes, self.batch))
+
+    def fresh(self) -> tuple[Any, Any]:
+        import equinox as eqx
+
+        p = self.put(M.mlp_init(0, self.sizes))
+        layers = tuple(p[f"layer{i}"] for i in range(len(p)))
+        model = M.eqx_mlp_class()(layers, jax.nn.relu)
+        return model, self.tx.init(eqx.filter(model, eqx.is_array))
+
+    def step(self) -> Callable[..., Any]:
+        import equinox as eqx
+
+        tx = self.tx
+
+        def loss_fn(model, x, y):
+            return M.cross_entropy(model(x), y)
+
+        def train_step(model, opt_state, x, y):
+            loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+            updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+            return eqx.apply_updates(model, updates), opt_state, loss
+
+        return train_step
+
+    def reference_losses(self, semantics: str, n: int) -> list[float]:
+        step, (model, opt_state) = self.step(), self.fresh()
+        losses = []
+        for _ in range(n):
+            model, opt_state, loss = step(model, opt_state, self.x, self.y)
+            losses.append(float(loss))
+        return losses
+
+    def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        """``state()``: the model's arrays (``eqx.filter(model, eqx.is_array)``) and Adam's
+        state."""
+        import equinox as eqx
+
+        step, (model, opt_state) = self.step(), self.fresh()
+        x, y = self.x, self.y
+
+        def arrays(model: Any) -> Any:
+            return eqx.filter(model, eqx.is_array)
+
+        if contender in (EQX, TC_CLONE_TRACED):
+            r = functional_runner(jit, step, model, opt_state, x, y)
+            return r.project(lambda mo: (arrays(mo[0]), mo[1]))
+        if contender in (TC_ALIAS_TRACED, TC_PARTIAL_TRACED):
+            state = {"model": model, "opt_state": opt_state}
+
+            def inplace(state, x, y):
+                state["model"], state["opt_state"], loss = step(
+                    state["model"], state["opt_state"], x, y
+                )
+                return loss
+
+            form = TC_PARTIAL if contender == TC_PARTIAL_TRACED else TC_ALIAS
+            r = inplace_form(form, jit, inplace, state, x, y)
+            return r.project(lambda st: (arrays(st["model"]), st["opt_state"]))
+        if contender not in (BASELINE, FLOOR, TC_ALIAS_PARTITIONED):
+            raise NotApplicable(f"{contender} is not one of this workload's forms")
+        params, static = eqx.partition(model, eqx.is_array)
+
+        def on_arrays(params, opt_state, x, y):
+            model, opt_state, loss = step(eqx.combine(params, static), opt_state, x, y)
+            return arrays(model), opt_state, loss
+
+        if contender == BASELINE:
+            return functional_runner(jit, on_arrays, params, opt_state, x, y)
+        state = {"params": params, "opt_state": opt_state}
+
+        def inplace_arrays(state, x, y):
+            state["params"], state["opt_state"], loss = on_arrays(
+                state["params"], state["opt_state"], x, y
+            )
+            return loss
+
+        form = FLOOR if contender == FLOOR else TC_ALIAS
+        r = inplace_form(form, jit, inplace_arrays, state, x, y)
+        return r.project(lambda st: (st["params"], st["opt_state"]))
 
 
 # --------------------------------------------------------------------------- nnx overhead
@@ -902,6 +1133,7 @@ class NnxOverhead(Workload):
     depth = 20
     width = 32
     lr = 1e-3
+    tiny = {"depth": 3}
     compared = (
         "Each contender's losses over the check steps against eager nnx (no jit) on the "
         "same model; an empty step's loss is 0. Forms: `jax.jit`, `treeclone.jit[clone]` "
@@ -948,16 +1180,22 @@ class NnxOverhead(Workload):
         return [_loss(step(model, optimizer, self.x, self.y)) for _ in range(n)]
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
+        """``state()``: the nnx state of ``(model, optimizer)`` (every Variable). Donated: the
+        model and the optimizer (``nnx.split``'s state in the functional form)."""
         from flax import nnx
 
-        if contender == EQX:
+        form, donate = donated_form(contender)
+        if form == EQX:
             raise NotApplicable("equinox.filter_jit is not a way to run flax nnx modules")
         step, (model, optimizer) = self.step(), self.fresh()
         x, y = self.x, self.y
-        if contender in (TC_ALIAS, NNX, NNX_TREE):
-            r = nnx_runner(jit, step, model, optimizer, x, y)
-        elif contender in (TC_PARTIAL, NNX_PARTIAL):
-            r = nnx_form(NNX_PARTIAL, jit, step, model, optimizer, x, y)
+        donated = nnx_donation(form) if donate else ()
+        if form in (TC_ALIAS, NNX, NNX_TREE):
+            r = nnx_runner(jit, step, model, optimizer, x, y, donate=donated)
+            r.project(nnx.state)
+        elif form in (TC_PARTIAL, NNX_PARTIAL):
+            r = nnx_form(NNX_PARTIAL, jit, step, model, optimizer, x, y, donate=donated)
+            r.project(nnx.state)
         else:
             graphdef, state = nnx.split((model, optimizer))
 
@@ -966,8 +1204,8 @@ class NnxOverhead(Workload):
                 loss = step(m, o, x, y)
                 return loss, nnx.split((m, o))[1]
 
-            if contender == FLOOR:
-                r = floor_runner(jit, on_state, state, x, y)
+            if form == FLOOR:
+                r = floor_runner(jit, on_state, state, x, y, donate=donate)
             else:  # jax.jit, treeclone clone and strict: flax's functional form
                 r = functional_runner(
                     jit,
@@ -977,7 +1215,9 @@ class NnxOverhead(Workload):
                     x,
                     y,
                     arrays=state_arrays,
+                    donate=(1,) if donate else (),
                 )
+                r.project(lambda gs: gs[1])
         run = r.run
         r.run = lambda n: (lambda out: (_loss(out[0]), out[1]))(run(n))
         return r
@@ -1006,6 +1246,16 @@ def _overhead(body: str, depth: int) -> type[NnxOverhead]:
     return type(f"Nnx{body.title()}{depth}", (NnxOverhead,), attrs)
 
 
+def _donated(base: type[Workload]) -> type[Workload]:
+    """``base`` under the donated group's contenders (``contenders.DONATED``): the same step,
+    each contender donating the state it replaces (the runners read ``donated_form``)."""
+    attrs = {"name": f"{base.name}_donated", "title": f"{base.title}, donated", "group": DONATED}
+    return type(f"{base.__name__}Donated", (base,), attrs)
+
+
+_OVERHEAD = {
+    (body, depth): _overhead(body, depth) for depth in (20, 100) for body in ("empty", "train")
+}
 WORKLOADS: dict[str, type[Workload]] = {
     w.name: w
     for w in (
@@ -1014,6 +1264,15 @@ WORKLOADS: dict[str, type[Workload]] = {
         TiedEmbeddings,
         FrozenHalf,
         SeedPattern,
-        *(_overhead(body, depth) for depth in (20, 100) for body in ("empty", "train")),
+        *_OVERHEAD.values(),
+        *(_donated(w) for w in (MlpAdam, _OVERHEAD["train", 20], FrozenHalf, TransformerAdam)),
+        EqxMlpAdam,
     )
 }
+
+
+def tiny(workload: type[Workload]) -> type[Workload]:
+    """``workload`` at its ``tiny`` sizes (a --tiny run): the same steps, smaller."""
+    if not workload.tiny:
+        return workload
+    return type(workload.__name__, (workload,), dict(workload.tiny))
