@@ -319,12 +319,13 @@ class Traced:
         held: dict[int, HeldLeaves] | None = None,
     ):
         self.called, self.mutated = called, mutated
-        self.held = held or {}
         req = called.prepared.req
+        self.held: dict[int, HeldLeaves] = {}  # by result node, as ``origins``
         if req.policy.mutations == "propagate":
             self.result_leaves, self.result_def, self.result_objs = post
             self.origins: list[Any] = [origin_of.get(n) for n in range(self.result_def.num_nodes)]
             self.result_child: int | None = 1
+            self.held = held or {}
         else:
             self.result_leaves, self.result_def, self.result_objs = _native.flatten_shared(
                 called.out
