@@ -241,7 +241,13 @@ class _Stage:
     _stage: Any
 
     def __init__(self, made: StagedCall, stage: Any):
-        self._made, self._stage = made, stage
+        self._hold(made, stage)
+
+    def _hold(self, made: StagedCall, stage: Any) -> None:
+        # (The slots are the concrete classes': two bases with slots of their own cannot be
+        # combined, and jax's classes have theirs.)
+        object.__setattr__(self, "_made", made)
+        object.__setattr__(self, "_stage", stage)
 
     @property
     def args_info(self) -> Any:
@@ -285,30 +291,10 @@ class _Stage:
         return self._made, self._stage
 
     def __setstate__(self, state: tuple[StagedCall, Any]) -> None:
-        self._made, self._stage = state
+        self._hold(*state)
 
     def __repr__(self) -> str:
         return f"<treeclone {type(self).__name__} of {fun_name(self._made.source.fun)}>"
-
-
-def _in_user_structure(of: str) -> property:
-    """``of`` (``input_shardings``, ``input_formats``) of the inner stage, one per leaf of the
-    arguments, in their structure (as ``args_info``)."""
-
-    def get(self: _Stage) -> Any:
-        return self._made.args_info(self._stage, of)
-
-    return property(get, doc=f"The inner stage's ``{of}``, in the arguments' structure.")
-
-
-def _out_in_user_structure(of: str, inputs: str) -> property:
-    """``of`` (``output_shardings``, ``output_formats``) of the inner stage, in the structure
-    of the function's result (a result that is an argument: its ``inputs``)."""
-
-    def get(self: _Stage) -> Any:
-        return self._made.out_info(self._stage, of, inputs)
-
-    return property(get, doc=f"The inner stage's ``{of}``, in the result's structure.")
 
 
 def _pass_through(cls: type, base: type) -> type:
@@ -349,6 +335,17 @@ class Traced(_Stage, jax.stages.Traced):
 
     __slots__ = ("_made", "_stage")
 
+    @property
+    def fun_name(self) -> str:
+        """The traced function's name (the inner stage's)."""
+        return self._stage.fun_name
+
+    @property
+    def jaxpr(self) -> Any:
+        """The inner computation's jaxpr (its parameters: the donated leaves, then the
+        others)."""
+        return self._stage.jaxpr
+
     def lower(self, **kwargs: Any) -> Lowered:
         return Lowered(self._made, self._stage.lower(**kwargs))
 
@@ -356,7 +353,9 @@ class Traced(_Stage, jax.stages.Traced):
         return self._made.call(self._stage, args, kwargs)
 
 
-class Lowered(_Stage, jax.stages.Lowered):
+# jax's ``Lowered`` and ``Compiled`` hold ``out_tree`` in a slot; here it is read from the call
+# the stage was made for (the user's structure).
+class Lowered(_Stage, jax.stages.Lowered):  # type: ignore[override]
     """``jitted.lower(...)``: :meth:`compile` it."""
 
     __slots__ = ("_made", "_stage")
@@ -365,16 +364,32 @@ class Lowered(_Stage, jax.stages.Lowered):
         return Compiled(self._made, self._stage.compile(*args, **kwargs))
 
 
-class Compiled(_Stage, jax.stages.Compiled):
+class Compiled(_Stage, jax.stages.Compiled):  # type: ignore[override]
     """``jitted.lower(...).compile()``: called, it is the jitted call (write-back, strict's
     checks, static leaves, identity) running this executable."""
 
     __slots__ = ("_made", "_stage")
 
-    input_shardings = _in_user_structure("input_shardings")
-    input_formats = _in_user_structure("input_formats")
-    output_shardings = _out_in_user_structure("output_shardings", "input_shardings")
-    output_formats = _out_in_user_structure("output_formats", "input_formats")
+    @property
+    def input_shardings(self) -> Any:
+        """Each argument leaf's sharding, in the arguments' structure (as ``args_info``)."""
+        return self._made.args_info(self._stage, "input_shardings")
+
+    @property
+    def input_formats(self) -> Any:
+        """Each argument leaf's format, in the arguments' structure."""
+        return self._made.args_info(self._stage, "input_formats")
+
+    @property
+    def output_shardings(self) -> Any:
+        """Each result leaf's sharding, in the result's structure (a result that is an
+        argument: its input sharding)."""
+        return self._made.out_info(self._stage, "output_shardings", "input_shardings")
+
+    @property
+    def output_formats(self) -> Any:
+        """Each result leaf's format, in the result's structure."""
+        return self._made.out_info(self._stage, "output_formats", "input_formats")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._made.call(self._stage, args, kwargs)

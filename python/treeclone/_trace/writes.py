@@ -233,7 +233,7 @@ def _held_leaves(
     """``(input slot, attribute)`` for each attribute of ``after`` (not among ``attrs``) that
     holds one of the node's input leaves as it came in."""
     pre_info, objs = info
-    leaves = {}
+    leaves: dict[int, tuple[int, Any]] = {}
     for c in pre.children:
         entry = pre_info[c]
         if isinstance(entry, EntryInfo.Leaf):
@@ -364,7 +364,7 @@ def _custom_write(
     key_order = tuple(obj) if isinstance(obj, dict) else None
     # A defaultdict was seen with its keys sorted (rule 7); other dict kinds in their own
     # order, which the function may change.
-    options = {
+    options: dict[str, Any] = {
         "node": k,
         "old_children": pre.children,
         "same_data": same_data(pre.data, post.data),
