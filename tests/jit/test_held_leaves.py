@@ -127,16 +127,24 @@ def _step(state: dict) -> dict:
 
 
 @pytest.mark.parametrize("make", [_param_state, _box_state], ids=["nnx.Param", "dataclass"])
-def test_a_donated_custom_node_returned_as_it_came_holds_the_computed_array(make) -> None:
+@pytest.mark.parametrize("how", ["jit", "jit_partial"])
+def test_a_donated_custom_node_returned_as_it_came_holds_the_computed_array(make, how: str) -> None:
     """Donated and returned as it came, ``state["k"]``'s array is deleted by the call (as
     under jax.jit); the caller's node must hold the array the computation output in its place
-    (as plain Python would leave it: the same values), not the deleted one. Under jax.jit the
-    returned state holds new arrays with those values."""
-    expected = jax.jit(_step, donate_argnums=0)(make())
+    (as plain Python would leave it: the same values), not the deleted one, at every call.
+    Under jax.jit the returned state holds new arrays with those values."""
+    expected = make()
+    for _ in range(2):
+        expected = jax.jit(_step, donate_argnums=0)(expected)
     state = make()
     old = _read(state["k"])
-    out = tc.jit(_step, policy="alias", donate_argnums=0)(state)
-    assert out is state
+    if how == "jit":
+        step = tc.jit(_step, policy="alias", donate_argnums=0)
+        outs = [step(state) for _ in range(2)]
+    else:
+        step = tc.jit_partial(_step, state, policy="alias", donate_argnums=0)
+        outs = [step() for _ in range(2)]
+    assert all(out is state for out in outs)
     assert old.is_deleted()
     for key in ("k", "n"):
         assert not _read(state[key]).is_deleted()
