@@ -451,6 +451,17 @@ def is_ref(x: Any) -> bool:
         return False
 
 
+# --- JAX difference 8: the ahead-of-time stages' classes ------------------------------------
+# treeclone's stages subclass ``jax.stages.Traced``, ``Lowered`` and ``Compiled`` and define
+# every public name the installed release's classes have (``_lift.jit_stages``), which differ:
+# ``Traced`` holds ``jaxpr``/``fun_name`` in slots on 0.6, reads them from its parameters on
+# 0.7 and later (and has ``out_avals``, ``lojax`` on 0.10); ``Compiled.out_info`` exists from
+# 0.7 on, each output a ``ShapeDtypeStruct`` whose sharding is its ``Format`` (a result that is
+# an argument, put back by treeclone, is given its argument's input format, as jax's stage
+# would give it).
+COMPILED_OUT_INFO_HAS_FORMATS = "out_info" in vars(jax.stages.Compiled)
+
+
 # --- Which JAX transformation a tracer belongs to (for messages) ----------------------------
 # A staging tracer (jit, scan, cond, checkify, ...) has ``_debug_info.traced_for``, JAX's own
 # name for what traced it; vmap's and the autodiff tracers are told by their type. Whether its

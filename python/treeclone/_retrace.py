@@ -177,7 +177,7 @@ def _change(a: tuple | None, b: tuple | None) -> tuple[str, bool]:
                 verb = "grew" if new > old else "shrank"
                 return f"{ty.__name__} {verb} from {old} to {new}", True
             return f"{ty.__name__} changed from {old} to {new} children", True
-        return f"{ty.__name__}'s static data changed", False
+        return f"{ty.__name__}'s static data changed from {_short(a[3])} to {_short(b[3])}", False
     # Two leaves.
     if a[5] != b[5]:
         if b[5] is None:
@@ -190,6 +190,12 @@ def _change(a: tuple | None, b: tuple | None) -> tuple[str, bool]:
     if a[3] != b[3]:
         return f"weak type changed from {a[3]} to {b[3]} ({b[4]})", False
     return f"type changed from {a[4]} to {b[4]}", False
+
+
+def _short(x: Any) -> str:
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    return short.repr(x)
 
 
 def _under(path: str, parent: str) -> bool:
@@ -357,9 +363,36 @@ def call_differences(old: Record, new: Record, name: Callable[[int], str]) -> li
     return [
         *static_differences(old.key[1], new.key[1], name),
         *differences(old.where, new.where),
+        *_passing_differences(old, new),
         *_donation_differences(old, new),
         *_placement_differences(old, new),
     ]
+
+
+def _passing_differences(old: Record, new: Record) -> list[tuple[str, str]]:
+    """The arguments given by position in one call and by keyword in the other: the same key
+    paths, but another structure of ``(args, kwargs)`` (as under jax.jit, which traces
+    again)."""
+    a = set(old.layout.names[: old.layout.num_args])
+    b = set(new.layout.names[: new.layout.num_args])
+    changes = [(n, "now given by keyword (before: by position)") for n in a - b if n in new.where]
+    changes += [(n, "now given by position (before: by keyword)") for n in b - a if n in old.where]
+    return sorted(changes)
+
+
+def structure_difference(old: Record, new: Record) -> str:
+    """The structure of ``(args, kwargs)`` of ``old`` and ``new`` as JAX prints it, for two
+    calls whose key paths, types, sharing and static values :func:`call_differences` found
+    the same."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 300
+
+    def text(record: Record) -> str:
+        sdef = record.key[0]
+        root = sdef.unflatten([_StandIn(a) for a in record.avals])
+        return short.repr(jax.tree_util.tree_structure(root))
+
+    return f"the arguments' structure changed from {text(old)} to {text(new)}"
 
 
 class History:

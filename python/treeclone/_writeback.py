@@ -39,7 +39,7 @@ def has_updater(obj: Any) -> bool:
     return type(obj) in _UPDATERS
 
 
-def _attribute_names(obj: Any) -> list[str]:
+def attribute_names(obj: Any) -> list[str]:
     """The instance attributes of ``obj`` that write-back may set."""
     names = list(getattr(obj, "__dict__", ()))
     names.extend(_slots_of(type(obj)))
@@ -69,7 +69,7 @@ def changed_attributes(before: Any, after: Any) -> tuple[str, ...]:
     flatten does not carry (an attribute it leaves out, a dataclass's ``drop_fields``).
     """
     missing = object()
-    names = dict.fromkeys([*_attribute_names(before), *_attribute_names(after)])
+    names = dict.fromkeys([*attribute_names(before), *attribute_names(after)])
     return tuple(
         n for n in names if not _same(getattr(before, n, missing), getattr(after, n, missing))
     )

@@ -292,3 +292,70 @@ def test_a_stage_called_with_too_few_arguments_says_what_differs() -> None:
     _same(compiled(jnp.ones(2), jnp.ones(2)), jnp.full(2, 4.0))
     with pytest.raises(TypeError, match="(?s)scaled was traced.*not static"):
         compiled(jnp.ones(2))
+
+
+def test_a_stage_names_an_argument_given_by_keyword_where_it_was_positional() -> None:
+    """jax.jit's Compiled refuses an argument given by keyword that was positional when it was
+    lowered, naming ``args`` and ``kwargs``; treeclone's names the argument and how it was
+    given then and now (the key paths and types alone are the same)."""
+
+    def step(state: dict, x: jax.Array) -> jax.Array:
+        return (state["w"] * x).sum()
+
+    args = ({"w": jnp.ones(2)}, jnp.ones(2))
+    with pytest.raises(TypeError, match="kwargs"):
+        jax.jit(step).lower(*args).compile()(args[0], x=args[1])
+    compiled = tc.jit(step, policy="alias").lower(*args).compile()
+    with pytest.raises(TypeError, match=r"\* x: now given by keyword \(before: by position\)"):
+        compiled(args[0], x=args[1])
+    keyword = tc.jit(step, policy="alias").lower(args[0], x=args[1]).compile()
+    with pytest.raises(TypeError, match=r"\* x: now given by position \(before: by keyword\)"):
+        keyword(*args)
+
+
+def test_a_stage_names_a_node_s_old_and_new_static_data() -> None:
+    """A registered node whose static data differs: the key path, and the data before and
+    now (as jax.jit's Compiled says what it saw and what it is given)."""
+
+    def step(state: dict) -> jax.Array:
+        return state["w"].sum()
+
+    compiled = tc.jit(step, policy="alias").lower({"w": jnp.ones(2), "p": Mode("train")})
+    compiled = compiled.compile()
+    with pytest.raises(
+        TypeError,
+        match=r"\* state\['p'\]: Mode's static data changed from 'train' to 'eval'",
+    ):
+        compiled({"w": jnp.ones(2), "p": Mode("eval")})
+
+
+def test_a_stage_says_both_structures_where_no_key_path_differs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where no key path, type, sharing or static value tells the two calls apart, the message
+    prints the structure the stage was made for and the one it was given (never only "the
+    arguments' structure")."""
+    from treeclone import _retrace
+
+    monkeypatch.setattr(_retrace, "call_differences", lambda *_: [])
+    compiled = _compiled()
+    with pytest.raises(TypeError) as info:
+        compiled({"w": jnp.zeros(2), "v": jnp.zeros(2)}, jnp.ones(2))
+    message = str(info.value)
+    assert "the arguments' structure changed from PyTreeDef(" in message
+    assert "{'w': *}" in message and "{'v': *, 'w': *}" in message
+
+
+@jax.tree_util.register_pytree_node_class
+class Mode:
+    """A node with no children and its mode as static data."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def tree_flatten(self) -> tuple[tuple, str]:
+        return (), self.mode
+
+    @classmethod
+    def tree_unflatten(cls, mode: str, children: tuple) -> Mode:
+        return cls(mode)

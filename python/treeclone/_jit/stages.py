@@ -10,12 +10,17 @@ static leaves put back, ``jit_partial``'s cache followed), for arguments of the 
 sharing, static values and static leaves it was made for (another is a TypeError saying what
 differs). JAX's introspection (``as_text``, ``cost_analysis``, ``memory_analysis``,
 ``compiler_ir``, ``jaxpr``, ...) is that of the stage; ``args_info``, ``in_tree``,
-``out_tree`` and ``out_info`` are in the user's structure.
+``out_tree`` and ``out_info`` (and a compiled stage's ``input_shardings``,
+``output_shardings`` and formats) are in the user's structure. Each stage class subclasses
+``jax.stages``' own, so ``isinstance`` and annotated type checks hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -174,9 +179,9 @@ class StagedCall:
             "arguments that differ from these (their structure, sharing, static values and "
             "static leaves are part of the compiled code, as the structure is under jax.jit):"
         ]
-        lines += [f"  * {p}: {text}" if p else f"  * {text}" for p, text in changes] or [
-            "  * the arguments' structure"
-        ]
+        if not changes:
+            changes = [("", _retrace.structure_difference(self.record, new))]
+        lines += [f"  * {p}: {text}" if p else f"  * {text}" for p, text in changes]
         lines.append(
             "Lower and compile again for these arguments, or call the jitted function itself "
             "(it traces and compiles for new arguments as needed)."
@@ -201,21 +206,31 @@ class StagedCall:
         root = self.key[0].unflatten(self.slots(stage, of))
         return tuple(root[self.num_bound : self.num_args]), root[self.num_args]
 
-    def out_info(self, stage: Any) -> Any:
+    def out_info(self, stage: Any, of: str = "out_info", inputs: str = "in_avals") -> Any:
         """The function's result, each array a ``jax.ShapeDtypeStruct`` (None: not worked out
-        for this result)."""
+        for this result); ``of="output_shardings"`` (and ``inputs="input_shardings"``): each
+        its sharding, and the same for the formats."""
         info = self.info
         if info.out_sources is None:
             return None
-        outputs = [_as_shape(x) for x in stage.out_info.leaves]
+        shapes = of == "out_info"
+        outputs = [_as_shape(x) if shapes else x for x in getattr(stage, of).leaves]
         for i, value in info.static_outputs:
-            outputs[i] = value
-        inputs = self.slots(stage, "in_avals")
+            outputs[i] = value if shapes else None
+        ins = self.slots(stage, inputs)
+        formats: list | None = None
+        if shapes and _jax_compat.COMPILED_OUT_INFO_HAS_FORMATS and hasattr(stage, "input_formats"):
+            formats = self.slots(stage, "input_formats")
         static = () if self.key[3] is None else self.key[3].slots
-        for s, aval in enumerate(inputs):
-            if s not in static:  # (a static leaf is returned as it is)
-                inputs[s] = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-        result = [(outputs if kind == "out" else inputs)[i] for kind, i in info.out_sources]
+        for s, x in enumerate(ins):
+            if s in static:  # (a static leaf is returned as it is)
+                ins[s] = x if shapes else None
+            elif shapes:
+                sharding = None if formats is None else formats[s]
+                ins[s] = jax.ShapeDtypeStruct(
+                    x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type
+                )
+        result = [(outputs if kind == "out" else ins)[i] for kind, i in info.out_sources]
         return jax.tree_util.tree_unflatten(info.out_tree, result)
 
 
@@ -230,16 +245,31 @@ def _as_shape(x: Any) -> Any:
 
 
 class _Stage:
-    """What every stage has: the user's view of its arguments and result; everything else is
-    the stage of the inner ``jax.jit`` (``as_text``, ``cost_analysis``, ``compiler_ir``,
-    ``memory_analysis``, ``jaxpr``, ...), passed through, in the inner computation's own
-    terms where it has a structure (``input_shardings``: its parameters are the distinct
-    leaves, the donated ones first)."""
+    """What every stage has: the user's view of its arguments and result (``args_info``,
+    ``in_tree``, ``in_avals``, ``donate_argnums``, ``out_tree``, ``out_info``,
+    ``input_shardings``, ``output_shardings`` and the formats, in the user's structures);
+    everything else ``jax.stages`` defines (``as_text``, ``cost_analysis``, ``compiler_ir``,
+    ``memory_analysis``, ``jaxpr``, ``runtime_executable``, ...) is the stage of the inner
+    ``jax.jit``'s, passed through (:func:`_pass_through`).
 
-    __slots__ = ("_made", "_stage")
+    Each stage class is also a subclass of ``jax.stages``' own (``Traced``, ``Lowered``,
+    ``Compiled``), so ``isinstance`` and annotated type checks (equinox's, jaxtyping's) hold.
+    The base's ``__init__`` is not run: its attributes (slots such as ``_lowering`` or
+    ``_executable``) stay unset, every public name is defined here, and a private one read by
+    code outside (unset here, an AttributeError) is the inner stage's (``__getattr__``)."""
+
+    __slots__ = ()
+    _made: StagedCall
+    _stage: Any
 
     def __init__(self, made: StagedCall, stage: Any):
-        self._made, self._stage = made, stage
+        self._hold(made, stage)
+
+    def _hold(self, made: StagedCall, stage: Any) -> None:
+        # (The slots are the concrete classes': two bases with slots of their own cannot be
+        # combined, and jax's classes have theirs.)
+        object.__setattr__(self, "_made", made)
+        object.__setattr__(self, "_stage", stage)
 
     @property
     def args_info(self) -> Any:
@@ -273,19 +303,70 @@ class _Stage:
         return self._made.out_info(self._stage)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in _Stage.__slots__:  # not set yet (a copy)
+        if name.startswith("__") or name in ("_made", "_stage"):  # not set yet (a copy)
             raise AttributeError(name)
         return getattr(self._stage, name)
+
+    def __getstate__(self) -> tuple[StagedCall, Any]:
+        # (The default would also read the base's slots, ``args_info`` among them: properties
+        # here, which a copy could not set.)
+        return self._made, self._stage
+
+    def __setstate__(self, state: tuple[StagedCall, Any]) -> None:
+        self._hold(*state)
 
     def __repr__(self) -> str:
         return f"<treeclone {type(self).__name__} of {fun_name(self._made.source.fun)}>"
 
 
-class Traced(_Stage):
+def _pass_through(cls: type, base: type) -> type:
+    """Define on ``cls`` every public attribute of ``base`` (a ``jax.stages`` class, of the
+    installed release) that ``cls`` does not: a method calls the inner stage's, a property or
+    attribute reads it. So ``dir()`` lists what ``jax.stages`` documents, and no method of
+    ``base`` runs on a stage whose base attributes are unset."""
+    own = set().union(*(vars(k) for k in cls.__mro__[: cls.__mro__.index(base)]))
+    for name in dir(base):
+        if name.startswith("_") or name in own:
+            continue
+        raw = inspect.getattr_static(base, name)
+        if isinstance(raw, (staticmethod, classmethod)):  # (``Compiled.call``: jax's own)
+            continue
+        if inspect.isfunction(raw):
+            setattr(cls, name, _forwarding_method(cls, name, raw))
+        else:
+            doc = getattr(raw, "__doc__", None) if isinstance(raw, property) else None
+            setattr(cls, name, property(operator.attrgetter(f"_stage.{name}"), doc=doc))
+    return cls
+
+
+def _forwarding_method(cls: type, name: str, raw: Callable) -> Callable:
+    """``cls.name``: the inner stage's method ``name`` (``raw``, whose signature and doc it
+    shows)."""
+
+    def method(self: _Stage, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._stage, name)(*args, **kwargs)
+
+    functools.update_wrapper(method, raw)
+    method.__qualname__ = f"{cls.__name__}.{name}"
+    return method
+
+
+class Traced(_Stage, jax.stages.Traced):
     """``jitted.trace(...)``: :meth:`lower` it; called, it evaluates the trace as the jitted
     call (write-back included), as ``jax.stages.Traced``'s call evaluates its jaxpr."""
 
-    __slots__ = ()
+    __slots__ = ("_made", "_stage")
+
+    @property
+    def fun_name(self) -> str:
+        """The traced function's name (the inner stage's)."""
+        return self._stage.fun_name
+
+    @property
+    def jaxpr(self) -> Any:
+        """The inner computation's jaxpr (its parameters: the donated leaves, then the
+        others)."""
+        return self._stage.jaxpr
 
     def lower(self, **kwargs: Any) -> Lowered:
         return Lowered(self._made, self._stage.lower(**kwargs))
@@ -294,20 +375,48 @@ class Traced(_Stage):
         return self._made.call(self._stage, args, kwargs)
 
 
-class Lowered(_Stage):
+# jax's ``Lowered`` and ``Compiled`` hold ``out_tree`` in a slot; here it is read from the call
+# the stage was made for (the user's structure).
+class Lowered(_Stage, jax.stages.Lowered):  # type: ignore[override]
     """``jitted.lower(...)``: :meth:`compile` it."""
 
-    __slots__ = ()
+    __slots__ = ("_made", "_stage")
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         return Compiled(self._made, self._stage.compile(*args, **kwargs))
 
 
-class Compiled(_Stage):
+class Compiled(_Stage, jax.stages.Compiled):  # type: ignore[override]
     """``jitted.lower(...).compile()``: called, it is the jitted call (write-back, strict's
     checks, static leaves, identity) running this executable."""
 
-    __slots__ = ()
+    __slots__ = ("_made", "_stage")
+
+    @property
+    def input_shardings(self) -> Any:
+        """Each argument leaf's sharding, in the arguments' structure (as ``args_info``)."""
+        return self._made.args_info(self._stage, "input_shardings")
+
+    @property
+    def input_formats(self) -> Any:
+        """Each argument leaf's format, in the arguments' structure."""
+        return self._made.args_info(self._stage, "input_formats")
+
+    @property
+    def output_shardings(self) -> Any:
+        """Each result leaf's sharding, in the result's structure (a result that is an
+        argument: its input sharding)."""
+        return self._made.out_info(self._stage, "output_shardings", "input_shardings")
+
+    @property
+    def output_formats(self) -> Any:
+        """Each result leaf's format, in the result's structure."""
+        return self._made.out_info(self._stage, "output_formats", "input_formats")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._made.call(self._stage, args, kwargs)
+
+
+_pass_through(Traced, jax.stages.Traced)
+_pass_through(Lowered, jax.stages.Lowered)
+_pass_through(Compiled, jax.stages.Compiled)

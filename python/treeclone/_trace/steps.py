@@ -55,7 +55,13 @@ from treeclone._trace.watch import (
     static_snapshot,
     watch_callers,
 )
-from treeclone._trace.writes import container_writes, next_inputs, node_policies
+from treeclone._trace.writes import (
+    HeldLeaves,
+    Writes,
+    container_writes,
+    next_inputs,
+    node_policies,
+)
 from treeclone._writeback import write_custom
 from treeclone.policies import Policy
 
@@ -226,12 +232,14 @@ class Called:
         returned = returned_nodes(post_info, post[2], container_index)
         if handed_over:
             returned |= handed_over  # a successor returned returns the input it replaced
-        origin_of, origin_node, mutated = self._container_writes(post, post_info, container_index)
+        writes = self._container_writes(post, post_info, container_index)
+        origin_of, origin_node, mutated = writes.origin_of, writes.origin_node, writes.mutated
         self._check_unreturned(mutated, returned)
         if p.node_policy is not None:  # only alias's containers keep an origin
             for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
                 del origin_of[n]  # fresh containers, as under their own policy
-        return Traced(self, post, origin_of, mutated)
+        held = {n: h for n, h in writes.held.items() if n in origin_of}
+        return Traced(self, post, origin_of, mutated, held)
 
     def _check_cycles(self, exc: Exception, container_index: dict[int, int]) -> None:
         """The error for a container the function left containing itself (``exc``: the
@@ -275,10 +283,11 @@ class Called:
 
     def _container_writes(
         self, post: tuple, post_info: list, container_index: dict[int, int]
-    ) -> tuple[dict[int, Any], dict[int, int], list[tuple[int, list]]]:
+    ) -> Writes:
         """For each input container found after the call: its ``Origin`` (by result node,
-        ``writes.container_writes``), the input node of each origin, and what changed, per
-        input node."""
+        ``writes.container_writes``), the input node of each origin, the attributes holding
+        leaves left as they came (``held``), and what changed, per input node
+        (``mutated``)."""
         p, req = self.prepared, self.prepared.req
         post_objs = post[2]
 
@@ -306,7 +315,8 @@ class Called:
                 changes.append((None, f"attribute {name!r} set outside the pytree", None))
             if changes:
                 mutated.append((k, changes))
-        return writes.origin_of, writes.origin_node, mutated
+        writes.mutated = mutated
+        return writes
 
     def _check_unreturned(self, mutated: list[tuple[int, list]], returned: set[int]) -> None:
         """Each argument's own rule for a container changed in place and not returned:
@@ -337,13 +347,22 @@ class Traced:
     outputs)`` and its child 1 is the function's; None: the result is the function's own).
     ``mutated``: per input container changed in place, its changes (``describe_changes``)."""
 
-    def __init__(self, called: Called, post: tuple, origin_of: dict[int, Any], mutated: list):
+    def __init__(
+        self,
+        called: Called,
+        post: tuple,
+        origin_of: dict[int, Any],
+        mutated: list,
+        held: dict[int, HeldLeaves] | None = None,
+    ):
         self.called, self.mutated = called, mutated
         req = called.prepared.req
+        self.held: dict[int, HeldLeaves] = {}  # by result node, as ``origins``
         if req.policy.mutations == "propagate":
             self.result_leaves, self.result_def, self.result_objs = post
             self.origins: list[Any] = [origin_of.get(n) for n in range(self.result_def.num_nodes)]
             self.result_child: int | None = 1
+            self.held = held or {}
         else:
             self.result_leaves, self.result_def, self.result_objs = _native.flatten_shared(
                 called.out
@@ -373,6 +392,7 @@ class Traced:
         outputs: list[Any] = []
         # For each result leaf, its index in ``in_leaves + outputs`` (for next_inputs).
         pool_index: dict[int, int] = {}
+        produced: set[int] = set()  # input slots whose leaf the computation outputs
         for r, leaf in enumerate(self.result_leaves):
             s = slot_of.get(id(leaf))
             if (
@@ -387,10 +407,21 @@ class Traced:
                 sources.append(Source.Output(index=len(outputs)))
                 pool_index.setdefault(id(leaf), len(in_leaves) + len(outputs))
                 outputs.append(leaf)
+                if s is not None and in_leaves[s] is leaf:
+                    produced.add(s)
+        origins = self.origins
+        if produced and self.held:
+            # An input leaf the computation outputs (donated, resharded, placed, batched) is
+            # written into the custom node that holds it, as into a dict (rule 6).
+            origins = list(origins)
+            for n, held in self.held.items():
+                origin = held.origin(produced)
+                if origin is not None:
+                    origins[n] = origin
         plan = _native.CallPlan(
             self.result_def,
             sources,
-            self.origins,
+            origins,
             self.result_child,
             write_custom,
             self.prepared.req.sdef,

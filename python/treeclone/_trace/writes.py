@@ -29,7 +29,7 @@ from treeclone._trace.tree import (
     holds_tracer,
     same_data,
 )
-from treeclone._writeback import changed_attributes, has_updater, writable
+from treeclone._writeback import attribute_names, changed_attributes, has_updater, writable
 from treeclone.policies import Policy
 
 
@@ -211,13 +211,62 @@ class Writes:
     a trace meets one per container of the arguments, and every object kept alive until the
     end of the pass is more work for Python's cyclic garbage collector during it."""
 
-    __slots__ = ("custom", "found", "origin_node", "origin_of")
+    __slots__ = ("custom", "found", "held", "mutated", "origin_node", "origin_of")
 
     def __init__(self) -> None:
         self.origin_of: dict[int, Any] = {}
         self.origin_node: dict[int, int] = {}  # result node -> input node
         self.found: list[int] = []
         self.custom: dict[int, tuple[tuple[Any, Any] | None, list[str]]] = {}
+        self.held: dict[int, HeldLeaves] = {}
+        self.mutated: list[tuple[int, list]] = []  # filled by ``Called.diff``
+
+
+class HeldLeaves:
+    """A custom node written back by its changed attributes, whose other attributes hold input
+    leaves the function left as they were (``held``: ``(input slot, attribute)``): when the
+    computation outputs such a leaf in place of the caller's (it was donated, or resharded by
+    ``in_shardings``, or placed by ``out_shardings``), its attribute is written too
+    (:meth:`origin`), as a dict's entry is (rule 6). ``options``: the node's ``Origin``'s
+    arguments; ``after`` and ``children``: the node rebuilt from the function's contents and
+    those contents, for the direct writes."""
+
+    __slots__ = ("after", "children", "held", "options")
+
+    def __init__(self, held: list, options: dict, after: Any, children: list) -> None:
+        self.held, self.options, self.after, self.children = held, options, after, children
+
+    def origin(self, produced: Collection[int]) -> Any:
+        """The node's ``Origin`` when the input slots ``produced`` are the computation's
+        outputs (None: the one found at trace time holds)."""
+        extra = tuple(name for s, name in self.held if s in produced)
+        if not extra:
+            return None
+        attrs = (*self.options["attrs"], *extra)
+        direct = direct_writes(attrs, self.after, self.children)
+        return Origin(**{**self.options, "attrs": attrs, "direct": direct})
+
+
+def _held_leaves(
+    pre: NodeInfo, info: tuple[list, list], after: Any, attrs: tuple[str, ...]
+) -> list[tuple[int, str]]:
+    """``(input slot, attribute)`` for each attribute of ``after`` (not among ``attrs``) that
+    holds one of the node's input leaves as it came in."""
+    pre_info, objs = info
+    leaves: dict[int, tuple[int, Any]] = {}
+    for c in pre.children:
+        entry = pre_info[c]
+        if isinstance(entry, EntryInfo.Leaf):
+            leaves.setdefault(id(objs[c]), (entry.slot, objs[c]))
+    held = []
+    for name in attribute_names(after):
+        if name in attrs:
+            continue
+        value = getattr(after, name, None)
+        found = leaves.get(id(value))
+        if found is not None and found[1] is value:
+            held.append((found[0], name))
+    return held
 
 
 def container_writes(
@@ -277,10 +326,12 @@ def container_writes(
         else:
             if written_by_attributes(ty, obj) and holds_tracer(entry.data):
                 traced_static(k)
-            origin, keys, outside = _custom_write(
-                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, ())
+            origin, keys, outside, held = _custom_write(
+                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, ()), pre_info
             )
             writes.custom[n] = (keys, outside)
+            if held is not None:
+                writes.held[n] = held
         origin_of[n], origin_node[n] = origin, k
         writes.found.append(n)
         for j, c in enumerate(entry.children):
@@ -304,16 +355,23 @@ def _custom_write(
     obj: Any,
     objects: tuple[list, list],
     own: Collection[str],
-) -> tuple[Any, tuple[Any, Any] | None, list[str]]:
+    pre_info: list,
+) -> tuple[Any, tuple[Any, Any] | None, list[str], HeldLeaves | None]:
     """``container_writes`` for a node other than a plain list or dict: ``(origin, keys,
-    outside)``. ``objects``: the objects of the flattens before and after the call; ``own``:
-    the attributes ``obj`` had before the call."""
+    outside, held)``. ``objects``: the objects of the flattens before and after the call;
+    ``own``: the attributes ``obj`` had before the call; ``pre_info``: the node info before
+    it. ``held``: the attributes holding input leaves left as they came (:class:`HeldLeaves`;
+    None: none, or the node is not written by its attributes)."""
     objs, post_objs = objects
     ty = post.node_type
     attrs, keys, outside, direct = None, None, [], None
     by_entry, old_keys = False, None
+    held_leaves: list[tuple[int, str]] = []
+    after = None
     if written_by_attributes(ty, obj):
         attrs, keys, after = custom_changes(pre, post, objs, post_objs)
+        if attrs is not None:
+            held_leaves = _held_leaves(pre, (pre_info, objs), after, attrs)
         # Rule 17: a dict or list subclass whose unflatten keeps its children is written entry
         # by entry too.
         by_entry, old_keys = entrywise(pre, objs)
@@ -326,18 +384,22 @@ def _custom_write(
     key_order = tuple(obj) if isinstance(obj, dict) else None
     # A defaultdict was seen with its keys sorted (rule 7); other dict kinds in their own
     # order, which the function may change.
-    origin = Origin(
-        node=k,
-        old_children=pre.children,
-        same_data=same_data(pre.data, post.data),
-        writable=writable(obj),
-        key_order=key_order,
-        reordered=key_order is not None
+    options: dict[str, Any] = {
+        "node": k,
+        "old_children": pre.children,
+        "same_data": same_data(pre.data, post.data),
+        "writable": writable(obj),
+        "key_order": key_order,
+        "reordered": key_order is not None
         and ty is not defaultdict
         and reordered(keys and keys[0], key_order),
-        attrs=attrs,
-        direct=direct,
-        by_entry=by_entry,
-        old_keys=None if old_keys is None else tuple(old_keys),
-    )
-    return origin, keys, outside
+        "attrs": attrs,
+        "direct": direct,
+        "by_entry": by_entry,
+        "old_keys": None if old_keys is None else tuple(old_keys),
+    }
+    held = None
+    if held_leaves:
+        children = [post_objs[c] for c in post.children]
+        held = HeldLeaves(held_leaves, options, after, children)
+    return Origin(**options), keys, outside, held
