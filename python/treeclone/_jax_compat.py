@@ -453,7 +453,7 @@ def is_ref(x: Any) -> bool:
 
 # --- JAX difference 8: the ahead-of-time stages' classes ------------------------------------
 # treeclone's stages subclass ``jax.stages.Traced``, ``Lowered`` and ``Compiled`` and define
-# every public name the installed release's classes have (``_lift.jit_stages``), which differ:
+# every public name the installed release's classes have (``_jit.stages``), which differ:
 # ``Traced`` holds ``jaxpr``/``fun_name`` in slots on 0.6, reads them from its parameters on
 # 0.7 and later (and has ``out_avals``, ``lojax`` on 0.10); ``Compiled.out_info`` exists from
 # 0.7 on, each output a ``ShapeDtypeStruct`` whose sharding is its ``Format`` (a result that is
