@@ -118,9 +118,9 @@ pub struct LeanCall {
 }
 
 /// Of a `_TraceInfo`: itself, whether its result hands inputs back (`returned_inputs`),
-/// whether it writes back (`writes`), whether the call's leaves are held until the next
-/// call (`hold_inputs`), and its plan.
-type InfoParts = (Py<PyAny>, bool, bool, bool, Py<CallPlan>);
+/// whether the call's leaves are held until the next call (`hold_inputs`), and its plan
+/// (whose `apply` checks rule 25a itself).
+type InfoParts = (Py<PyAny>, bool, bool, Py<CallPlan>);
 
 /// `(structure, static arguments' key or None, the call's key)`.
 type Last = (Py<PyAny>, Option<Py<PyAny>>, Py<PyAny>);
@@ -196,7 +196,7 @@ impl LeanCall {
             }
         }
         if let Ok(last) = self.last_info.try_lock() {
-            if let Some((info, _, _, _, plan)) = last.as_ref() {
+            if let Some((info, _, _, plan)) = last.as_ref() {
                 visit.call(info)?;
                 visit.call(plan)?;
             }
@@ -413,13 +413,13 @@ impl LeanCall {
         let result = result.cast::<ResultBox>()?.get();
         let info = result.info.bind(py).clone();
         let outputs = result.leaves.bind(py).clone();
-        let (returns_inputs, writes, hold_inputs, plan) = self.info_parts(&info)?;
-        let traced = if writes || hold_inputs {
+        let (returns_inputs, hold_inputs, plan) = self.info_parts(&info)?;
+        let traced = if hold_inputs {
             self.traced(&outputs)?
         } else {
             None
         };
-        let out = if returns_inputs || (writes && traced == Some(true)) {
+        let out = if returns_inputs {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
             plan.bind(py).get().apply(py, &leaves, &objects, &outputs)?
@@ -452,20 +452,19 @@ impl LeanCall {
         drop(before);
     }
 
-    /// `(info.returned_inputs, info.writes, info.hold_inputs, info.plan)`, the first three as
-    /// bools: the last info's when `info` is it.
-    fn info_parts(&self, info: &Bound<'_, PyAny>) -> PyResult<(bool, bool, bool, Py<CallPlan>)> {
+    /// `(info.returned_inputs, info.hold_inputs, info.plan)`, the first two as bools: the
+    /// last info's when `info` is it.
+    fn info_parts(&self, info: &Bound<'_, PyAny>) -> PyResult<(bool, bool, Py<CallPlan>)> {
         let py = info.py();
         if let Ok(last) = self.last_info.lock() {
-            if let Some((last, returns_inputs, writes, hold_inputs, plan)) = last.as_ref() {
+            if let Some((last, returns_inputs, hold_inputs, plan)) = last.as_ref() {
                 if last.is(info) {
-                    return Ok((*returns_inputs, *writes, *hold_inputs, plan.clone_ref(py)));
+                    return Ok((*returns_inputs, *hold_inputs, plan.clone_ref(py)));
                 }
             }
         }
         // Python code may run in these reads: nothing is held locked meanwhile.
         let returns_inputs = info.getattr(intern!(py, "returned_inputs"))?.is_truthy()?;
-        let writes = info.getattr(intern!(py, "writes"))?.is_truthy()?;
         let hold_inputs = info.getattr(intern!(py, "hold_inputs"))?.is_truthy()?;
         let plan = info
             .getattr(intern!(py, "plan"))?
@@ -475,11 +474,10 @@ impl LeanCall {
             *last = Some((
                 info.clone().unbind(),
                 returns_inputs,
-                writes,
                 hold_inputs,
                 plan.clone_ref(py),
             ));
         }
-        Ok((returns_inputs, writes, hold_inputs, plan))
+        Ok((returns_inputs, hold_inputs, plan))
     }
 }

@@ -24,15 +24,17 @@ from typing import Any
 from jax.errors import UnexpectedTracerError
 
 from treeclone import _native
-from treeclone._jax_compat import first_escaped
+from treeclone._jax_compat import current_trace, first_escaped
 from treeclone._native import Source
 from treeclone._trace.consumed import take_successors
 from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
+from treeclone._trace.enclosing import EnclosingWrites
 from treeclone._trace.messages import (
     leaf_path,
     mutation_lines,
     per_argument_remedy,
     policy_name,
+    qualname,
     raise_escaped,
     raise_mutation_error,
     raise_outside_attribute,
@@ -73,11 +75,14 @@ class Request:
     ``caller_objects``: the caller's object at each node of ``sdef``, watched while the
     function runs: one it changes through another name (a global that is also an argument)
     is put back and reported, since write-back would silently replace that change.
-    ``static_args``: the static arguments to put back around the dynamic ones."""
+    ``static_args``: the static arguments to put back around the dynamic ones. ``eager``: the
+    function runs in the caller's own JAX trace (``treeclone.call``), not in one a JAX
+    transformation made for it (rule 25a, ``_trace.enclosing``)."""
 
     __slots__ = (
         "arg_policies",
         "caller_objects",
+        "eager",
         "fun",
         "layout",
         "leaves",
@@ -97,10 +102,12 @@ class Request:
         arg_policies: Sequence[Policy] | None = None,
         caller_objects: Sequence[Any] | None = None,
         static_args: StaticArgs | None = None,
+        eager: bool = False,
     ):
         self.fun, self.sdef, self.leaves, self.layout = fun, sdef, leaves, layout
         self.policy, self.arg_policies = policy, arg_policies
         self.caller_objects, self.static_args = caller_objects, static_args
+        self.eager = eager
 
 
 def prepare(req: Request) -> Prepared:
@@ -164,7 +171,7 @@ class Prepared:
             args = tuple(positional[i] if i in positional else next(it) for i in range(total))
             kwargs = {**kwargs, **keywords}
         try:
-            with running_on(self.objs):
+            with running_on(self.objs, None if self.req.eager else current_trace()):
                 out = self.req.fun(*args, **kwargs)
         except UnexpectedTracerError as exc:  # JAX's, where treeclone can name the fix
             self.check_escaped(_native.leaves(self.root), exc)
@@ -357,8 +364,17 @@ class Traced:
             self.result_child,
             write_custom,
             self.prepared.req.sdef,
+            self.enclosing_writes(),
         )
         return Plan(plan, outputs, pool_index)
+
+    def enclosing_writes(self) -> EnclosingWrites | None:
+        """Rule 25a's check for a plan that writes into the caller's containers (None when
+        it writes none): ``CallPlan.apply`` runs it inside an enclosing JAX transformation."""
+        if not any(o is not None for o in self.origins):
+            return None
+        req = self.prepared.req
+        return EnclosingWrites(qualname(req.fun), req.sdef, req.layout)
 
     def next_inputs(self, plan: Plan) -> tuple[tuple[int, ...], tuple[int, ...]] | bool | None:
         """Where the arguments' leaves are after a call (``writes.next_inputs``), for
