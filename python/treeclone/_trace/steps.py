@@ -132,8 +132,10 @@ class Prepared:
                 req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies
             )
         self.unstable = unstable_static_data(root, self.info)
+        # Each custom node's attributes before the call, with their values: an attribute
+        # holding the same plain dict or list after it was changed in place (``writes``).
         self.own_attributes = {
-            k: set(vars(o))
+            k: dict(vars(o))
             for k, (o, e) in enumerate(zip(objs, self.info, strict=True))
             if isinstance(e, NodeInfo)
             and e.node_type not in (list, dict)

@@ -11,7 +11,7 @@ container, ``CallPlan`` (``rust/writeback``) carries it out.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import NoneType
 from typing import Any
 
@@ -29,7 +29,7 @@ from treeclone._trace.tree import (
     holds_tracer,
     same_data,
 )
-from treeclone._writeback import changed_attributes, has_updater, writable
+from treeclone._writeback import InPlace, changed_attributes, has_updater, writable
 from treeclone.policies import Policy
 
 
@@ -171,6 +171,13 @@ def direct_writes(
     return direct
 
 
+def kept_container(own: Mapping[str, Any], name: str, now: Any) -> bool:
+    """Whether attribute ``name`` holds, after the call, the plain dict or list it held before
+    (``own``): the function changed it in place, or left it alone."""
+    before = own.get(name)
+    return before is now and type(now) in (dict, list)
+
+
 def written_by_attributes(ty: type, obj: Any) -> bool:
     """Whether the write-back gives container ``obj`` (of node type ``ty``) the function's
     changes by setting its attributes: a custom node that can be written, without an updater
@@ -204,7 +211,7 @@ def container_writes(
     before: tuple[list, list],
     after: tuple[list, list],
     container_index: dict[int, int],
-    own_attributes: dict[int, set[str]],
+    own_attributes: dict[int, dict[str, Any]],
     traced_static: Callable[[int], None],
 ) -> Writes:
     """How the write-back treats each input container the function's result holds: the
@@ -258,7 +265,7 @@ def container_writes(
             if written_by_attributes(ty, obj) and holds_tracer(entry.data):
                 traced_static(k)
             origin, keys, outside = _custom_write(
-                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, ())
+                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, {})
             )
             writes.custom[n] = (keys, outside)
         origin_of[n], origin_node[n] = origin, k
@@ -283,17 +290,27 @@ def _custom_write(
     post: NodeInfo,
     obj: Any,
     objects: tuple[list, list],
-    own: Collection[str],
+    own: Mapping[str, Any],
 ) -> tuple[Any, tuple[Any, Any] | None, list[str]]:
     """``container_writes`` for a node other than a plain list or dict: ``(origin, keys,
     outside)``. ``objects``: the objects of the flattens before and after the call; ``own``:
-    the attributes ``obj`` had before the call."""
+    the attributes ``obj`` had before the call, with their values.
+
+    A changed attribute that holds the same plain dict or list as before the call (a flatten
+    that reads its children from ``self.d``, whose entries the function set) is named as
+    ``InPlace``: write-back updates the caller's container there entry by entry, as plain
+    Python did, instead of setting the attribute to a new one."""
     objs, post_objs = objects
     ty = post.node_type
     attrs, keys, outside, direct = None, None, [], None
     by_entry, old_keys = False, None
     if written_by_attributes(ty, obj):
         attrs, keys, after = custom_changes(pre, post, objs, post_objs)
+        if attrs:
+            attrs = tuple(
+                InPlace(name) if kept_container(own, name, getattr(obj, name, None)) else name
+                for name in attrs
+            )
         # Rule 17: a dict or list subclass whose unflatten keeps its children is written entry
         # by entry too.
         by_entry, old_keys = entrywise(pre, objs)
