@@ -269,3 +269,31 @@ def test_every_lifted_transformation_inside_every_jax_transformation_keeps_no_tr
         got = _ENCLOSING[enclosing](make(run), _W4, given)
         jax.tree.map(np.testing.assert_allclose, got, want)
         np.testing.assert_array_equal(given["m"], 1.0)  # JAX's copy took the write
+
+
+def test_the_issues_nnx_step_is_refused_as_nnx_refuses_it() -> None:
+    # Issue 57's program: a jax.jit step closing over a global nnx model (BatchNorm statistics
+    # updated in place) and calling treeclone.value_and_grad under alias. nnx refuses the same
+    # program at once (its graph nodes are from another trace level); treeclone refuses it
+    # too, naming the statistic, before anything is written.
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Model(nnx.Module):
+        def __init__(self) -> None:
+            self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+            self.bn = nnx.BatchNorm(2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x: Any) -> Any:
+            return self.bn(self.lin(x))
+
+    def loss(m: Any, x: Any) -> Any:
+        return (m(x) ** 2).mean()
+
+    model, x = Model(), jnp.ones((4, 3))
+    step = jax.jit(lambda x: tc.value_and_grad(loss, policy="alias", wrt=nnx.Param)(model, x)[0])
+    with pytest.raises(ValueError, match=r"(?s)inside a JAX transformation \(jax\.jit\).*m\.bn"):
+        step(x)
+    assert not isinstance(model.bn.mean.value, Tracer)
+    np.testing.assert_array_equal(model.bn.mean.value, 0.0)
+    with pytest.raises(ValueError, match="trace level"):  # nnx's own refusal
+        nnx.jit(lambda x: nnx.value_and_grad(loss)(model, x)[0])(x)
