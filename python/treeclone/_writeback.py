@@ -144,7 +144,7 @@ def write_custom(target: Any, source: Any, attrs: tuple[str, ...] | None) -> Cal
         names = _field_names(cls)
     if names is None:
         names = (*getattr(source, "__dict__", ()), *_slots_of(cls))
-    missing = object()
+    missing: Any = object()
     before = [(name, getattr(target, name, missing)) for name in names]
     # object.__setattr__: frozen dataclasses are updated too (alias means "as if the function
     # had run on the caller's object", and that object changed).
@@ -173,7 +173,7 @@ def write_custom(target: Any, source: Any, attrs: tuple[str, ...] | None) -> Cal
             if value is missing:
                 continue
             if isinstance(name, InPlace):
-                current = getattr(target, name, missing)
+                current: Any = getattr(target, name, missing)
                 if type(current) is type(value) and type(value) in (dict, list):
                     updated.append(_update_container(current, value))
                     continue
