@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import subprocess
 import sys
 
-from helpers import SUPPORT_DIR
+from helpers import SUPPORT_DIR, child_env
 
 TESTS = pathlib.Path(__file__).parent
 # The fuzzer's hypothesis driver runs batches until its time is up (--seconds, longer under
@@ -35,7 +34,6 @@ def test_the_budget_scales_with_the_profile():
         "import profiles\n"
         "print(profiles.load(), profiles.max_examples(6), profiles.max_examples(25))\n"
     )
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TREECLONE_")}
     for env, want in (
         ({}, "ci 6 25"),
         ({"TREECLONE_LONG": "1"}, "long 150 625"),
@@ -44,7 +42,7 @@ def test_the_budget_scales_with_the_profile():
         out = subprocess.run(
             [sys.executable, "-c", script],
             cwd=SUPPORT_DIR,
-            env={**clean, **env},
+            env=child_env(drop=("TREECLONE_",), **env),
             capture_output=True,
             text=True,
             check=True,

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 import jax
+from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
 from treeclone._native import TypeKind
@@ -238,6 +239,10 @@ except ImportError:
 # public way to ask, so it reads the tracer type and the current trace (vmap.py).
 BatchTracer = internal("jax._src.interpreters.batching", "BatchTracer")
 trace_ctx = internal("jax._src.core", "trace_ctx")
+# Rule 25a's write-back check runs only inside a JAX transformation: the native CallPlan reads
+# ``trace_ctx.trace`` and compares its type with the top level's (rust/registry/compat.rs);
+# without these it looks at the values instead.
+EvalTrace = internal("jax._src.core", "EvalTrace")
 # vmap's in_axes broadcast to the arguments' leaves, with JAX's own errors.
 flatten_axes = internal("jax.api_util", "flatten_axes") or internal(
     "jax._src.api_util", "flatten_axes"
@@ -363,6 +368,11 @@ __all__ = [
     "require",
     "to_jax_node",
     "trace_ctx",
+    "trace_of",
+    "Tracer",
+    "EvalTrace",
+    "current_trace",
+    "stages_constants",
     "traced_out_tree",
     "unflatten_node",
 ]
@@ -499,6 +509,26 @@ def live_traces() -> set[int] | None:
             return live
         trace = getattr(trace, "parent_trace", None)
     return None
+
+
+def current_trace() -> Any:
+    """The trace of the innermost JAX transformation running now in this thread (the
+    top-level ``EvalTrace`` outside any), or None when it cannot be read."""
+    return trace_ctx.trace if trace_ctx else None
+
+
+def trace_of(tracer: Any) -> Any:
+    """The trace ``tracer`` belongs to, or None when it cannot be read."""
+    return getattr(tracer, "_trace", None)
+
+
+def stages_constants(trace: Any) -> bool:
+    """Whether a value made from constants under ``trace`` is one of its tracers (a jaxpr
+    trace: ``jit``, ``scan``, ``cond``, ``checkpoint``, ...), as opposed to a concrete array
+    (``grad``'s and ``vmap``'s traces wrap only what depends on their inputs). True when it
+    cannot be told."""
+    name = type(trace).__name__
+    return name not in ("JVPTrace", "LinearizeTrace", "BatchTrace")
 
 
 def first_escaped(leaves: Any) -> Any:

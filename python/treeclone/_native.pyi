@@ -285,6 +285,10 @@ class CallPlan:
         result_child: int | None,
         write_custom: Callable[[Any, Any, tuple[str, ...] | None], Callable[[], None]],
         input_def: SharedTreeDef | None = None,
+        enclosing: Callable[
+            [list[Any], list[Any], Sequence[Any], list[tuple[int, tuple[Any, ...]]]], None
+        ]
+        | None = None,
     ) -> None: ...
     def apply(
         self, input_leaves: list[Any], input_objects: list[Any], outputs: list[Any]

@@ -18,6 +18,16 @@ from typing import Any
 _UPDATERS: dict[type, Callable[[Any, Any], None]] = {}
 
 
+class InPlace(str):
+    """An attribute name for :func:`write_custom` whose plain dict or list the function changed
+    in place (it held the same container after the call, ``_trace.writes``): write-back
+    updates the caller's container there, entry by entry, instead of setting the attribute to
+    a new one, so that another reference to that container (``ref = obj.d``) sees the change,
+    as in plain Python."""
+
+    __slots__ = ()
+
+
 def set_updater(cls: type, update: Callable[[Any, Any], None]) -> None:
     """Use ``update(target, source)`` for instances of ``cls`` (``policies.register_inplace``)."""
     _UPDATERS[cls] = update
@@ -134,13 +144,13 @@ def write_custom(target: Any, source: Any, attrs: tuple[str, ...] | None) -> Cal
         names = _field_names(cls)
     if names is None:
         names = (*getattr(source, "__dict__", ()), *_slots_of(cls))
-    missing = object()
+    missing: Any = object()
     before = [(name, getattr(target, name, missing)) for name in names]
     # object.__setattr__: frozen dataclasses are updated too (alias means "as if the function
     # had run on the caller's object", and that object changed).
     setattr_ = object.__setattr__
 
-    def undo() -> None:
+    def set_back() -> None:
         for name, value in before:
             if value is missing:
                 try:
@@ -150,12 +160,63 @@ def write_custom(target: Any, source: Any, attrs: tuple[str, ...] | None) -> Cal
             else:
                 setattr_(target, name, value)
 
+    updated: list[Callable[[], None]] = []  # the containers updated in place, to undo
+
+    def undo() -> None:
+        for put_back in reversed(updated):
+            put_back()
+        set_back()
+
     try:
         for name in names:
             value = getattr(source, name, missing)
-            if value is not missing:
-                setattr_(target, name, value)
+            if value is missing:
+                continue
+            if isinstance(name, InPlace):
+                current: Any = getattr(target, name, missing)
+                if type(current) is type(value) and type(value) in (dict, list):
+                    updated.append(_update_container(current, value))
+                    continue
+            setattr_(target, name, value)
     except BaseException:
         undo()
         raise
     return undo
+
+
+def _update_container(target: dict | list, source: dict | list) -> Callable[[], None]:
+    """Give the plain dict or list ``target`` the entries of ``source`` (of its type) in place,
+    setting only those that differ (a dict's kept keys keep their place, new ones follow in
+    ``source``'s order); return a function that puts its old entries back."""
+    if isinstance(target, dict):
+        assert isinstance(source, dict)
+        old_items = list(target.items())
+        for key in [k for k in target if k not in source]:
+            del target[key]
+        missing = object()
+        for key, value in source.items():
+            if target.get(key, missing) is not value:
+                target[key] = value
+        if list(target) != list(source):  # the function reordered its keys
+            target.clear()
+            target.update(source)
+
+        def put_back_dict() -> None:
+            target.clear()
+            target.update(old_items)
+
+        return put_back_dict
+    assert isinstance(source, list)
+    old_list = list(target)
+    for i, value in enumerate(source[: len(target)]):
+        if target[i] is not value:
+            target[i] = value
+    if len(source) > len(target):
+        target.extend(source[len(target) :])
+    elif len(source) < len(target):
+        del target[len(source) :]
+
+    def put_back_list() -> None:
+        target[:] = old_list
+
+    return put_back_list

@@ -59,7 +59,7 @@ def call(
     root = (*args, dict(sorted(kwargs.items())))
     work = [_copy_if_mutable(x) for x in leaves]
     changed = _Changed(leaves, work)
-    prepared = _lift.begin(fun, spec, naming, sdef, work, None, caller_objects=objects)
+    prepared = _lift.begin(fun, spec, naming, sdef, work, None, caller_objects=objects, eager=True)
     called = prepared.call()
     # strict hands a changed array back as the function's copy; alias writes it into the
     # caller's array below, so the caller's own array is handed back.

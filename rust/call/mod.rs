@@ -137,13 +137,12 @@ pub struct LeanCall {
 }
 
 /// Of a `TraceInfo`: itself, the input slots its result hands back as `jax.jit`'s arrays
-/// (`returned_inputs`, strict's), whether it writes back (`writes`), whether the call's leaves
-/// are held (`hold_inputs`), the outputs `traced=` left static (`static_outputs`, None when
-/// none) and its plan.
+/// (`returned_inputs`, strict's), whether the call's leaves are held (`hold_inputs`), the
+/// outputs `traced=` left static (`static_outputs`, None when none) and its plan (whose
+/// `apply` checks rule 25a itself).
 struct InfoParts {
     info: Py<PyAny>,
     returned_inputs: Arc<[usize]>,
-    writes: bool,
     hold_inputs: bool,
     static_outputs: Option<Py<PyAny>>,
     plan: Py<CallPlan>,
@@ -643,16 +642,14 @@ impl LeanCall {
             }
             outputs = list.into_any();
         }
-        let traced = if parts.writes || parts.hold_inputs {
+        let traced = if parts.hold_inputs {
             self.traced(&outputs)?
         } else {
             None
         };
-        // Python's end: a write-back inside a JAX transformation (rule 25a's check), or an
-        // input handed back that is not a `jax.Array` (made one as `jax.jit` makes it).
-        let out = if (parts.writes && traced == Some(true))
-            || !self.all_arrays(leaves, &parts.returned_inputs)?
-        {
+        // Python's end: an input handed back that is not a `jax.Array` (made one as `jax.jit`
+        // makes it).
+        let out = if !self.all_arrays(leaves, &parts.returned_inputs)? {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
             parts
@@ -719,7 +716,6 @@ impl LeanCall {
                 return Ok(InfoParts {
                     info: parts.info.clone_ref(py),
                     returned_inputs: parts.returned_inputs.clone(),
-                    writes: parts.writes,
                     hold_inputs: parts.hold_inputs,
                     static_outputs: parts.static_outputs.as_ref().map(|s| s.clone_ref(py)),
                     plan: parts.plan.clone_ref(py),
@@ -734,7 +730,6 @@ impl LeanCall {
                 .getattr(intern!(py, "returned_inputs"))?
                 .extract::<Vec<usize>>()?
                 .into(),
-            writes: info.getattr(intern!(py, "writes"))?.is_truthy()?,
             hold_inputs: info.getattr(intern!(py, "hold_inputs"))?.is_truthy()?,
             static_outputs: static_outputs.is_truthy()?.then(|| static_outputs.unbind()),
             plan: info
@@ -745,7 +740,6 @@ impl LeanCall {
         let kept = InfoParts {
             info: parts.info.clone_ref(py),
             returned_inputs: parts.returned_inputs.clone(),
-            writes: parts.writes,
             hold_inputs: parts.hold_inputs,
             static_outputs: parts.static_outputs.as_ref().map(|s| s.clone_ref(py)),
             plan: parts.plan.clone_ref(py),

@@ -17,6 +17,12 @@ pub struct Compat {
     pub keystr: Py<PyAny>,
     pub to_jax_node: Py<PyAny>,
     pub prefix_error: Py<PyAny>,
+    /// `jax.core.Tracer`.
+    pub tracer: Py<PyAny>,
+    /// JAX's tracing context and the type of its top-level trace (None where the installed
+    /// JAX has not these internals: see [`at_top_level`]).
+    pub trace_ctx: Option<Py<PyAny>>,
+    pub eval_trace: Option<Py<PyAny>>,
 }
 
 static COMPAT: PyOnceLock<Compat> = PyOnceLock::new();
@@ -36,6 +42,26 @@ pub fn compat(py: Python<'_>) -> PyResult<&Compat> {
             keystr: get("keystr")?,
             to_jax_node: get("to_jax_node")?,
             prefix_error: get("prefix_error")?,
+            tracer: get("Tracer")?,
+            trace_ctx: present(m.getattr("trace_ctx")?)?,
+            eval_trace: present(m.getattr("EvalTrace")?)?,
         })
     })
+}
+
+/// `obj`, unless it is `_jax_compat`'s stand-in for an internal the installed JAX lacks
+/// (false as a bool).
+fn present(obj: Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+    Ok(obj.is_truthy()?.then(|| obj.unbind()))
+}
+
+/// Whether no JAX transformation is tracing in this thread now (JAX's current trace is its
+/// top-level `EvalTrace`). False where that cannot be read: callers then look at the values.
+pub fn at_top_level(py: Python<'_>) -> PyResult<bool> {
+    let c = compat(py)?;
+    let (Some(ctx), Some(eval)) = (&c.trace_ctx, &c.eval_trace) else {
+        return Ok(false);
+    };
+    let trace = ctx.bind(py).getattr(pyo3::intern!(py, "trace"))?;
+    Ok(trace.get_type().is(eval.bind(py)))
 }

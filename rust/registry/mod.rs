@@ -8,7 +8,7 @@
 
 mod compat;
 
-pub use compat::compat;
+pub use compat::{at_top_level, compat};
 
 use crate::cpython::SlotReader;
 use crate::node::{Known, KnownFlatten};

@@ -4,6 +4,7 @@
 
 use crate::cpython::internals;
 use crate::node::{build_node, Node, NodeKind};
+use crate::registry::{at_top_level, compat};
 use crate::sharing::{Entry, SharedTreeDef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -158,6 +159,12 @@ pub struct CallPlan {
     input_slots: Vec<Option<usize>>,
     /// Where attributes written directly are stored, by type version (`slots.rs`).
     slot_places: Mutex<Vec<SlotPlace>>,
+    /// Rule 25a (docs/semantics.md): `check(input_leaves, input_objects, outputs, writes)`,
+    /// called before anything is written when the call runs inside a JAX transformation and
+    /// an output is one of its tracers; `writes` lists each caller container to be written
+    /// as `(its node in the caller's tree, its new children)`. It raises when a traced value
+    /// would land in an object from outside that transformation.
+    enclosing: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -165,8 +172,12 @@ impl CallPlan {
     /// `sources`: a `Source` per leaf slot of `def`; `origins`: per node of `def`, its
     /// `Origin` in the caller's tree, or None; `input_def`: the structure of the caller's
     /// tree the origins point into (given, subtrees the function left alone are skipped).
+    /// `enclosing`: rule 25a's check of what is written inside a JAX transformation (see the
+    /// field).
     #[new]
-    #[pyo3(signature = (def, sources, origins, result_child, write_custom, input_def=None))]
+    #[pyo3(signature = (
+        def, sources, origins, result_child, write_custom, input_def=None, enclosing=None
+    ))]
     fn new(
         def: Py<SharedTreeDef>,
         sources: Vec<Py<Source>>,
@@ -174,6 +185,7 @@ impl CallPlan {
         result_child: Option<usize>,
         write_custom: Py<PyAny>,
         input_def: Option<Py<SharedTreeDef>>,
+        enclosing: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let d = def.get();
         if sources.len() != d.num_slots || origins.len() != d.entries.len() {
@@ -211,6 +223,7 @@ impl CallPlan {
             targets,
             input_slots,
             slot_places: Mutex::new(Vec::new()),
+            enclosing,
         })
     }
 
@@ -309,6 +322,14 @@ impl CallPlan {
             stack.push(obj);
         }
         let root = stack.pop().expect("one root");
+        self.check_enclosing(
+            py,
+            &writes,
+            &children,
+            input_leaves,
+            input_objects,
+            &outputs,
+        )?;
         self.write_all(py, writes, &children, input_leaves, input_objects)?;
         match self.result_child {
             None => Ok(root),
@@ -511,6 +532,51 @@ impl Undo<'_> {
 }
 
 impl CallPlan {
+    /// Rule 25a, before anything is written: inside a JAX transformation (not at the top
+    /// level, one look at JAX's trace state), when an output is a tracer, `enclosing` is
+    /// handed the pending writes and raises for a traced value bound for an object from
+    /// outside the transformation.
+    fn check_enclosing<'py>(
+        &self,
+        py: Python<'py>,
+        writes: &[Write<'_, 'py>],
+        children: &[Bound<'py, PyAny>],
+        input_leaves: &Bound<'py, PyList>,
+        input_objects: &Bound<'py, PyList>,
+        outputs: &Outputs<'py>,
+    ) -> PyResult<()> {
+        let Some(check) = &self.enclosing else {
+            return Ok(());
+        };
+        if writes.is_empty() || at_top_level(py)? {
+            return Ok(());
+        }
+        let tracer = compat(py)?.tracer.bind(py);
+        let mut traced = false;
+        for i in 0..outputs.len() {
+            if outputs.get(i)?.is_instance(tracer)? {
+                traced = true;
+                break;
+            }
+        }
+        if !traced {
+            return Ok(());
+        }
+        let pending = PyList::empty(py);
+        for (_, _, origin, at) in writes {
+            let new = PyTuple::new(py, &children[at.clone()])?;
+            pending.append((origin.node, new))?;
+        }
+        let outputs = match outputs {
+            Outputs::List(list) => list.clone().into_any(),
+            Outputs::Tuple(tuple) => tuple.clone().into_any(),
+        };
+        check
+            .bind(py)
+            .call1((input_leaves, input_objects, outputs, pending))?;
+        Ok(())
+    }
+
     /// What the caller's tree held at entry `old` when the call started.
     fn old_child<'py>(
         &self,

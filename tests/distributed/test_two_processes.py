@@ -26,12 +26,15 @@ results. Here:
 
 The workers run once per module (a fixture) and are bounded: each attempt has a deadline,
 after which (or once one worker has failed) every worker still running is killed, and a
-failure shows both workers' output. The coordinator's port is found by binding port 0; if it
-was taken in between (the coordinator cannot bind it), the run is retried once on a new port.
+failure shows both workers' output. The coordinator's address is a loopback this host can
+open (127.0.0.1, else ::1; none: the module is skipped, saying why) and its port is found by
+binding port 0; if it was taken in between (the coordinator cannot bind it), the run is
+retried once on a new port.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -58,17 +61,38 @@ RTOL = 1e-5
 ATOL = 1e-6
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# The loopback addresses the coordinator may listen on, in the order tried: IPv4 first (what
+# JAX's own tests use), IPv6 where the host has no IPv4 loopback (a sandbox may lack either).
+LOOPBACKS = (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6))
+# Signs, in a worker's output, that its runtime opened a socket of a family the host lacks.
+NO_SUCH_FAMILY = ("address family not supported", "eafnosupport")
+
+
+def free_port() -> tuple[str, int]:
+    """A loopback address this host can open and a free port on it, found by binding port 0
+    (``(host, port)``; the host as ``jax.distributed`` takes it, IPv6 in brackets). Skips the
+    module, saying why, when no loopback can be opened."""
+    failures = []
+    for host, family in LOOPBACKS:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+        except OSError as exc:
+            failures.append(f"{host}: {exc}")
+            continue
+        return (f"[{host}]" if ":" in host else host), port
+    pytest.skip(
+        "two processes need a loopback socket for JAX's coordinator, and none can be opened "
+        "on this host (" + "; ".join(failures) + ")"
+    )
 
 
 class Attempt:
     """One launch of the workers: their exit codes and output."""
 
-    def __init__(self, out_dir: Path, port: int) -> None:
-        self.port = port
+    def __init__(self, out_dir: Path, address: tuple[str, int]) -> None:
+        self.host, self.port = address
         self.out_dir = out_dir
         self.timed_out = False  # the attempt's deadline passed
         self.cut_short = False  # one worker failed and the others were killed after a grace
@@ -85,7 +109,8 @@ class Attempt:
                     self.procs.append(
                         subprocess.Popen(
                             [sys.executable, worker_path]
-                            + [str(i), str(NUM_PROCESSES), str(port), str(out_dir)],
+                            + [str(i), str(NUM_PROCESSES), str(self.port), str(out_dir)]
+                            + [self.host],
                             stdout=sink,
                             stderr=subprocess.STDOUT,
                             env=env,
@@ -123,13 +148,20 @@ class Attempt:
         return self.logs[i].read_text(errors="replace")
 
     @property
+    def no_such_family(self) -> bool:
+        """Whether a worker failed opening a socket of a family the host lacks."""
+        return not self.ok and any(
+            sign in self.output(i).lower() for i in range(NUM_PROCESSES) for sign in NO_SUCH_FAMILY
+        )
+
+    @property
     def port_in_use(self) -> bool:
         text = self.output(0).lower()
         return not self.ok and any(sign in text for sign in PORT_IN_USE)
 
     def report(self) -> str:
         lines = [
-            f"port {self.port}; exit codes {self.returncodes}"
+            f"address {self.host}:{self.port}; exit codes {self.returncodes}"
             + (f"; still running after {ATTEMPT_TIMEOUT:.0f} s, killed" if self.timed_out else "")
             + (
                 f"; one failed, the others killed {GRACE_AFTER_FAILURE:.0f} s later"
@@ -145,6 +177,37 @@ class Attempt:
         return "\n".join(lines)
 
 
+def _refuse(families: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make sockets of ``families`` fail to open, as on a host that lacks them."""
+    real = socket.socket
+
+    def opening(family: int = socket.AF_INET, *args, **kwargs):
+        if family in families:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", opening)
+
+
+def test_the_coordinator_falls_back_to_the_ipv6_loopback(monkeypatch: pytest.MonkeyPatch):
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"this host has no IPv6 loopback either: {exc}")
+    _refuse({socket.AF_INET}, monkeypatch)
+    host, port = free_port()
+    assert host == "[::1]" and port > 0
+
+
+def test_without_a_loopback_the_module_is_skipped_saying_why(monkeypatch: pytest.MonkeyPatch):
+    _refuse({socket.AF_INET, socket.AF_INET6}, monkeypatch)
+    with pytest.raises(
+        pytest.skip.Exception, match=r"loopback.*none can be opened.*127\.0\.0\.1.*::1"
+    ):
+        free_port()
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.ndarray]]:
     """Each process's results (the worker's npz: scenario + key path -> array)."""
@@ -154,6 +217,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.ndarr
     if attempt.port_in_use:  # taken between free_port() and the coordinator's bind
         failed.append(attempt.report())
         attempt = Attempt(tmp_path_factory.mktemp("distributed"), free_port())
+    if attempt.no_such_family:
+        pytest.skip(
+            f"JAX's distributed runtime opened a socket of a family this host lacks (on "
+            f"{attempt.host}):\n{attempt.report()}"
+        )
     if not attempt.ok:
         pytest.fail("\n\n".join([*failed, attempt.report()]))
     for i in range(NUM_PROCESSES):

@@ -13,7 +13,9 @@ import sys
 import sysconfig
 import textwrap
 
+import pytest
 import treeclone as tc
+from helpers import child_env
 
 VERIFIED = (3, 11) <= sys.version_info[:2] <= (3, 13) and not sysconfig.get_config_var(
     "Py_GIL_DISABLED"
@@ -33,8 +35,8 @@ def test_the_internals_are_read_where_verified_unless_switched_off():
 
 SWITCHED_OFF = """
 import warnings
-warnings.simplefilter("error")  # switched off on purpose: nothing is said at import
-import jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp, numpy as np  # JAX may warn at its import (a TPU v5e VM does)
+warnings.simplefilter("error")  # switched off on purpose: treeclone says nothing at import
 import treeclone as tc
 warnings.resetwarnings()
 assert tc._native.cpython_internals() == ("switched off", None)
@@ -84,8 +86,15 @@ print("SCRIPT-OK")
 """
 
 
-def test_switched_off_jit_partial_flattens_at_every_call_with_the_same_results():
-    env = dict(os.environ, TREECLONE_NO_CPYTHON_INTERNALS="1", JAX_PLATFORMS="cpu")
+# A variable that makes JAX itself warn at its import, as it does on a TPU v5e VM without
+# transparent hugepages (jax/_src/cloud_tpu_init.py): the child must not take that for
+# treeclone's, nor open the accelerator the parent holds (``child_env``).
+JAX_WARNS_AT_IMPORT = {"TPU_LIBRARY_PATH": "/nonexistent/libtpu.so"}
+
+
+@pytest.mark.parametrize("extra", [{}, JAX_WARNS_AT_IMPORT], ids=["quiet", "jax-warns"])
+def test_switched_off_jit_partial_flattens_at_every_call_with_the_same_results(extra):
+    env = child_env(TREECLONE_NO_CPYTHON_INTERNALS="1", **extra)
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SWITCHED_OFF)],
         capture_output=True,

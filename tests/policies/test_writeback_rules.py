@@ -777,3 +777,85 @@ def test_a_writer_threads_entries_are_never_reverted_by_a_write_back(kind, calle
     assert acc == steps + 1  # every step's own update is written
     assert all(a <= b for a, b in itertools.pairwise(seen)), "ext went backwards"
     assert final == last
+
+
+# --- Rule 17b: a registered node's attribute-held dict or list is updated in place ----------
+
+
+class DictHeld:
+    """A registered node whose flatten reads its children from a dict attribute, and whose
+    unflatten builds a new object (and a new dict)."""
+
+    def __init__(self, d: dict):
+        self.d = d
+
+
+class ListHeld:
+    """The same with a list attribute."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+
+jax.tree_util.register_pytree_node(
+    DictHeld,
+    lambda p: (list(p.d.values()), tuple(p.d)),
+    lambda keys, children: DictHeld(dict(zip(keys, children, strict=True))),
+)
+jax.tree_util.register_pytree_node(
+    ListHeld, lambda p: (list(p.items), len(p.items)), lambda n, children: ListHeld(list(children))
+)
+
+
+def _set_entry(p):
+    p.d["w"] = p.d["w"] + 1
+
+
+def _add_and_delete(p):
+    p.d["c"] = p.d["w"] * 2
+    del p.d["b"]
+
+
+def _replace_dict(p):
+    p.d = {"w": p.d["w"] - 1, "b": p.d["b"]}
+
+
+def _set_item(p):
+    p.items[1] = p.items[1] * 3
+
+
+def _append(p):
+    p.items.append(p.items[0] + 5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "make,fun",
+    [
+        (lambda: DictHeld({"w": np.zeros(2), "b": np.ones(())}), _set_entry),
+        (lambda: DictHeld({"w": np.zeros(2), "b": np.ones(())}), _add_and_delete),
+        (lambda: DictHeld({"w": np.zeros(2), "b": np.ones(())}), _replace_dict),
+        (lambda: ListHeld([np.zeros(2), np.ones(2)]), _set_item),
+        (lambda: ListHeld([np.zeros(2), np.ones(2)]), _append),
+    ],
+    ids=["set", "add-delete", "replace", "list-set", "list-append"],
+)
+def test_alias_updates_an_attribute_held_container_in_place_as_plain_python(mode, make, fun):
+    name = "d" if isinstance(make(), DictHeld) else "items"
+    # Plain Python on NumPy copies: what the caller's object and a held reference end with.
+    plain = make()
+    plain_ref = getattr(plain, name)
+    fun(plain)
+    # alias on the same objects (as jax arrays).
+    obj = jax.tree.map(jnp.asarray, make())
+    ref = getattr(obj, name)
+    runner(mode, fun, "alias")(obj)
+    assert (getattr(obj, name) is ref) == (getattr(plain, name) is plain_ref)
+    for got, want in ((getattr(obj, name), getattr(plain, name)), (ref, plain_ref)):
+        assert type(got) is type(want)
+        if isinstance(want, dict):
+            assert list(got) == list(want)
+            got, want = list(got.values()), list(want.values())
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -1,9 +1,10 @@
 """One process of the two-process data-parallel test (``tests/distributed``); not a test.
 
-Run as ``python distributed_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR`` with
+Run as ``python distributed_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR [HOST]`` with
 ``JAX_PLATFORMS=cpu`` and ``XLA_FLAGS=--xla_force_host_platform_device_count=DEVICES_PER_PROCESS``
 (the test sets both). The process joins a JAX multi-controller run through
-``jax.distributed.initialize`` (coordinator on 127.0.0.1:PORT, started by process 0), builds
+``jax.distributed.initialize`` (coordinator on HOST:PORT, a loopback: 127.0.0.1 unless the
+test found only ``[::1]``, started by process 0), builds
 the same model state as every other process, places the global batch over a ``data`` axis
 of a mesh of all global devices (each process supplies its own rows), and runs each
 *scenario* below: ``STEPS`` training steps with a step function that updates its state dict
@@ -400,13 +401,14 @@ def flat(result: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def main(argv: list[str]) -> None:
     process_id, num_processes, port, out_dir = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    host = argv[4] if len(argv) > 4 else "127.0.0.1"  # a loopback the test could open
     # Short timeouts: a peer that never comes (or died) fails this process in seconds rather
     # than minutes; the test's own timeout is the backstop.
     jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
+        coordinator_address=f"{host}:{port}",
         # Process 0 runs the coordinator; it listens on the loopback interface only (the
         # default binds every interface).
-        coordinator_bind_address=f"127.0.0.1:{port}",
+        coordinator_bind_address=f"{host}:{port}",
         num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=30,

@@ -235,14 +235,17 @@ def float_rtol(on_cpu: float = 0.0) -> float:
     return on_cpu if jax.default_backend() == "cpu" else max(on_cpu, 1e-4)
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a child Python that imports JAX: this one's, on the CPU.
+def child_env(*, drop: Sequence[str] = (), **extra: str) -> dict[str, str]:
+    """The environment for a child Python: this one's, on the CPU, less the variables whose
+    names start with one of ``drop``, with ``extra`` added. Every test that starts a Python
+    child builds its environment here (``tests/test_child_processes.py`` checks it).
 
     One process at a time can hold a TPU (and a child that opens the GPU the parent holds
     competes for its memory): a child started while pytest runs on an accelerator would fail
     to open it, so every child runs on the CPU, whatever backend the parent uses.
     """
-    return {**os.environ, "JAX_PLATFORMS": "cpu", **extra}
+    kept = {k: v for k, v in os.environ.items() if not any(k.startswith(p) for p in drop)}
+    return {**kept, "JAX_PLATFORMS": "cpu", **extra}
 
 
 def run_script(

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from treeclone import _native, _retrace, _trace, tree_util
+from treeclone import _native, _retrace, _trace
 from treeclone._jax_compat import DebugInfo, fun_sourceinfo
 from treeclone._jit.call import (
     JitCall,
@@ -71,12 +71,11 @@ class TraceInfo:
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
     the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
-    under alias, whose result is plain Python's. ``writes``: under alias, for each output
-    written back into an argument, ``(output index, argument, key path)``, the argument as a
-    position among the dynamic ones or a keyword's name (see :func:`check_enclosing_writes`).
-    ``hold_inputs``: whether the lean path holds a call's leaves until the next call (their
-    arrays are on a platform of ``HOLD_INPUT_PLATFORMS`` and total at most
-    ``HOLD_INPUT_BYTES``). Compared by identity, as the plan is.
+    under alias, whose result is plain Python's (its plan checks rule 25a itself, as every
+    lifted transformation's does: ``_trace.enclosing``). ``hold_inputs``: whether the lean
+    path holds a call's leaves until the next call (their arrays are on a platform of
+    ``HOLD_INPUT_PLATFORMS`` and total at most ``HOLD_INPUT_BYTES``). Compared by identity,
+    as the plan is.
     """
 
     __slots__ = (
@@ -88,7 +87,6 @@ class TraceInfo:
         "plan",
         "returned_inputs",
         "static_outputs",
-        "writes",
     )
 
     def __init__(
@@ -105,7 +103,6 @@ class TraceInfo:
         self.out_sources = out_sources
         self.next_inputs = next_inputs
         self.returned_inputs: tuple[int, ...] = ()
-        self.writes: tuple[tuple[int, int | str, str], ...] = ()
         self.static_outputs: tuple[tuple[int, Any], ...] = ()
         self.hold_inputs = False
 
@@ -130,27 +127,16 @@ jax.tree_util.register_pytree_with_keys(
 _native.invalidate_registry_cache()
 
 
-def end_of_call(
-    fun: Callable,
-    the_call: Callable[[], JitCall],
-    info: TraceInfo,
-    leaves: list,
-    objects: list,
-    outputs: list,
-) -> Any:
-    """The result of a call and its write-back: rule 25a's check first for a write-back inside
-    a JAX transformation (a Tracer output), then the plan, with the inputs strict hands back
-    as ``jax.jit``'s arrays."""
-    if info.writes and isinstance(outputs[0], Tracer):
-        check_enclosing_writes(fun, the_call(), info.writes, outputs)
+def end_of_call(info: TraceInfo, leaves: list, objects: list, outputs: list) -> Any:
+    """The result of a call and its write-back: the plan (which checks rule 25a), with the
+    inputs strict hands back as ``jax.jit``'s arrays."""
     return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
 
 
 def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
     """The end of a call on the lean path whose result needs Python (``_native.LeanCall``)."""
-    inner, _, _, leaves, objects, *_ = call
-    record = functools.partial(lean_call_record, call)
-    return end_of_call(inner._fun(), record, info, leaves, objects, outputs)
+    _, _, _, leaves, objects, *_ = call
+    return end_of_call(info, leaves, objects, outputs)
 
 
 class Inner:
@@ -270,10 +256,6 @@ class Inner:
             and platform(call.leaves) in HOLD_INPUT_PLATFORMS
             and traced_bytes(leaves) <= HOLD_INPUT_BYTES
         )
-        if policy.mutations == "propagate" and outputs:
-            info.writes = written(
-                outputs, prepared.args, prepared.kwargs, names_now, prepared.req.arg_policies
-            )
         if policy.mutations != "propagate":
             info.returned_inputs = returned_inputs(leaves, called.out, keep_inputs, static)
         if self._traced is not None:
@@ -422,65 +404,6 @@ def traced_bytes(leaves: list) -> int:
             itemsize = getattr(getattr(aval, "dtype", None), "itemsize", 8)
             total += getattr(aval, "size", 1) * itemsize
     return total
-
-
-def written(
-    outputs: list,
-    args: tuple,
-    kwargs: dict,
-    names: Sequence[str],
-    per_argument: Sequence[Policy] | None = None,
-) -> tuple[tuple[int, int | str, str], ...]:
-    """``(output index, argument, key path)`` for each output of a trace that the function left
-    in its (rebuilt) arguments ``args``/``kwargs``: what the write-back puts into the caller's
-    objects. ``argument`` is a position in ``args`` or a name in ``kwargs``. With a policy
-    per argument (``per_argument``, in the same order), only the arguments written back."""
-    index: dict[int, int] = {}
-    for o, x in enumerate(outputs):
-        index.setdefault(id(x), o)
-    found = []
-    arguments = [
-        *((j, names[j], a) for j, a in enumerate(args)),
-        *((k, k, v) for k, v in kwargs.items()),
-    ]
-    if per_argument is not None:
-        arguments = [
-            a for a, p in zip(arguments, per_argument, strict=True) if p.mutations == "propagate"
-        ]
-    for where, name, value in arguments:
-        # treeclone's flatten: JAX's recurses natively and fails on a deep argument.
-        for path, leaf in tree_util.tree_flatten_with_path(value)[0]:
-            output = index.get(id(leaf))
-            if output is not None:
-                found.append((output, where, name + jit_keystr(path)))
-    return tuple(found)
-
-
-def check_enclosing_writes(
-    fun: Callable, call: JitCall, writes: Sequence[tuple[int, int | str, str]], outputs: list
-) -> None:
-    """Inside an enclosing JAX transformation (its values are tracers), rule 25a's ValueError,
-    before anything is written, when a traced output would be written into an argument whose
-    leaves are all concrete: an object from outside the transformation (closed over, or passed
-    through as ``jax.grad`` passes the arguments it does not differentiate), which would keep
-    the tracer once the transformation returns, or a copy the transformation made and drops
-    (``jax.vmap``'s unbatched arguments): either way the caller would not get the value. An
-    argument without leaves (``metrics = {}`` made inside) cannot be told apart and is
-    written."""
-    outside: dict[int | str, bool] = {}
-    for o, where, path in writes:
-        if not isinstance(outputs[o], Tracer):
-            continue
-        if where not in outside:
-            value = call.args[where] if isinstance(where, int) else call.kwargs[where]
-            held = _native.leaves(value)
-            outside[where] = (
-                bool(held)
-                and not _trace.made_for_a_call(value)  # a treeclone transformation's own
-                and not any(isinstance(x, Tracer) for x in held)
-            )
-        if outside[where]:
-            raise _trace.enclosing_write_error(fun_name(fun), outputs[o], path)
 
 
 def make_inner(

@@ -54,7 +54,7 @@ def run(
         outputs = list(outputs)
         for i, value in info.static_outputs:
             outputs[i] = value
-    out = end_of_call(fun, lambda: call, info, call.leaves, call.objects, outputs)
+    out = end_of_call(info, call.leaves, call.objects, outputs)
     if bound is not None:
         bound.advance(info.next_inputs, call.leaves, outputs)
     return out

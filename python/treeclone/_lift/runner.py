@@ -242,12 +242,15 @@ def begin(
     static_args: _trace.StaticArgs | None,
     *,
     caller_objects: Sequence[Any] | None = None,
+    eager: bool = False,
 ) -> _trace.Prepared:
     """Start a trace: rebuild a call from ``leaves`` (structure ``sdef``, static arguments
     ``static_args``) to run ``fun`` on it under ``policy`` (``_trace``'s first step). A policy per
     argument is resolved for this call's arguments (``policies.for_call``): each argument's
     containers follow their own policy. ``caller_objects``: the caller's object at each node,
-    watched while ``fun`` runs. Every transformation's trace starts here; the next steps are
+    watched while ``fun`` runs. ``eager``: ``fun`` runs in the caller's own JAX trace
+    (``treeclone.call``), not in one a JAX transformation made for it. Every transformation's
+    trace starts here; the next steps are
     ``_trace``'s (``Prepared.call``, ``Called.diff``, ``Traced.plan``), and the plan's
     ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the call's result.
 
@@ -283,5 +286,6 @@ def begin(
         arg_named=named,
         caller_objects=caller_objects,
         static_args=static_args,
+        eager=eager,
     )
     return _trace.prepare(request)

@@ -37,6 +37,7 @@ class BranchRecord:
     __slots__ = (
         "avals",
         "def_",
+        "enclosing",
         "info",
         "inputs",
         "origins",
@@ -52,6 +53,8 @@ class BranchRecord:
         self.def_: Any = traced.result_def
         self.origins: list[Any] = traced.origins
         self.result_child: int | None = traced.result_child
+        # Rule 25a's check of what its plan writes (``Traced.enclosing_writes``).
+        self.enclosing: Any = traced.enclosing_writes()
         self.info: list[Any] = self.def_.node_info()
         self.slots: list[int] = [e.slot for e in self.info if isinstance(e, EntryInfo.Leaf)]
         self.inputs: list[int | None] = inputs
@@ -338,7 +341,9 @@ def taken_plan(r: BranchRecord) -> Any:
         if sources[s] is None:
             given = r.inputs[p]
             sources[s] = Source.Output(index=p) if given is None else Source.Input(slot=given)
-    return _native.CallPlan(r.def_, sources, r.origins, r.result_child, write_custom)
+    return _native.CallPlan(
+        r.def_, sources, r.origins, r.result_child, write_custom, enclosing=r.enclosing
+    )
 
 
 def joined_plan(records: Sequence[BranchRecord]) -> Any:
@@ -369,7 +374,11 @@ def joined_plan(records: Sequence[BranchRecord]) -> Any:
         else:
             sources[slots[p]] = Source.Output(index=rep[p])
     origins = [join_origins([r.origins[n] for r in records]) for n in range(def_.num_nodes)]
-    return _native.CallPlan(def_, sources, origins, records[0].result_child, write_custom)
+    # Rule 25a: any writing branch's check (each names its branch; they share the operands).
+    enclosing = next((r.enclosing for r in records if r.enclosing is not None), None)
+    return _native.CallPlan(
+        def_, sources, origins, records[0].result_child, write_custom, enclosing=enclosing
+    )
 
 
 def first_difference(

@@ -247,8 +247,9 @@ def enclosing_write_error(name: str, tracer: Any, path: str) -> ValueError:
         f"({jax_name or 'jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...'}) and would write a "
         f"traced value of it into {path}, whose argument holds none of that transformation's "
         "values: an object from outside it would keep a tracer once it returns, and a copy it "
-        "made of its argument is dropped, so the caller would not get the value either way. "
-        "Nothing was written. "
+        "made of its argument is dropped, so the caller would not get the value either way "
+        "(a container made inside it from constants alone cannot be told from one from "
+        "outside: make it from a traced value, or empty). Nothing was written. "
         + instead(
             tracer,
             ", and pass that object to it as an argument (a loop's carry): it writes concrete "

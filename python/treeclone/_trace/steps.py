@@ -24,10 +24,11 @@ from typing import Any
 from jax.errors import UnexpectedTracerError
 
 from treeclone import _native
-from treeclone._jax_compat import first_escaped
+from treeclone._jax_compat import current_trace, first_escaped
 from treeclone._native import Source
 from treeclone._trace.consumed import take_successors
 from treeclone._trace.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
+from treeclone._trace.enclosing import EnclosingWrites
 from treeclone._trace.messages import (
     leaf_path,
     mutation_lines,
@@ -83,12 +84,15 @@ class Request:
     ``static_args``: the static arguments to put back around the dynamic ones.
     ``arg_named``: per argument, whether a dict without ``...`` named it (None: every policy
     was chosen); a container of an argument it does not name that a named one also holds
-    follows the named one (rule 39a)."""
+    follows the named one (rule 39a). ``eager``: the function runs in the caller's own JAX
+    trace (``treeclone.call``), not in one a JAX transformation made for it (rule 25a,
+    ``_trace.enclosing``)."""
 
     __slots__ = (
         "arg_named",
         "arg_policies",
         "caller_objects",
+        "eager",
         "fun",
         "layout",
         "leaves",
@@ -109,10 +113,12 @@ class Request:
         arg_named: Sequence[bool] | None = None,
         caller_objects: Sequence[Any] | None = None,
         static_args: StaticArgs | None = None,
+        eager: bool = False,
     ):
         self.fun, self.sdef, self.leaves, self.layout = fun, sdef, leaves, layout
         self.policy, self.arg_policies, self.arg_named = policy, arg_policies, arg_named
         self.caller_objects, self.static_args = caller_objects, static_args
+        self.eager = eager
 
 
 def prepare(req: Request) -> Prepared:
@@ -137,8 +143,10 @@ class Prepared:
                 req.fun, req.sdef, self.info, objs, req.layout, req.arg_policies, req.arg_named
             )
         self.unstable = unstable_static_data(root, self.info)
+        # Each custom node's attributes before the call, with their values: an attribute
+        # holding the same plain dict or list after it was changed in place (``writes``).
         self.own_attributes = {
-            k: set(vars(o))
+            k: dict(vars(o))
             for k, (o, e) in enumerate(zip(objs, self.info, strict=True))
             if isinstance(e, NodeInfo)
             and e.node_type not in (list, dict)
@@ -176,7 +184,7 @@ class Prepared:
             args = tuple(positional[i] if i in positional else next(it) for i in range(total))
             kwargs = {**kwargs, **keywords}
         try:
-            with running_on(self.objs):
+            with running_on(self.objs, None if self.req.eager else current_trace()):
                 out = self.req.fun(*args, **kwargs)
         except UnexpectedTracerError as exc:  # JAX's, where treeclone can name the fix
             self.check_escaped(_native.leaves(self.root), exc)
@@ -425,8 +433,17 @@ class Traced:
             self.result_child,
             write_custom,
             self.prepared.req.sdef,
+            self.enclosing_writes(),
         )
         return Plan(plan, outputs, pool_index)
+
+    def enclosing_writes(self) -> EnclosingWrites | None:
+        """Rule 25a's check for a plan that writes into the caller's containers (None when
+        it writes none): ``CallPlan.apply`` runs it inside an enclosing JAX transformation."""
+        if not any(o is not None for o in self.origins):
+            return None
+        req = self.prepared.req
+        return EnclosingWrites(qualname(req.fun), req.sdef, req.layout)
 
     def next_inputs(self, plan: Plan) -> tuple[tuple[int, ...], tuple[int, ...]] | bool | None:
         """Where the arguments' leaves are after a call (``writes.next_inputs``), for

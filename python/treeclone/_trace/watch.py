@@ -18,15 +18,19 @@ from treeclone._jax_compat import registry
 from treeclone._trace.messages import raise_changed_elsewhere
 from treeclone._trace.tree import Layout, NodeInfo
 
-_running = threading.local()  # .stack: per call of run now running here, its rebuilt objects
+# .stack: per call of run now running here, its rebuilt objects' ids and the trace the
+# function runs under (None: the caller's own, treeclone.call's)
+_running = threading.local()
 
 
 @contextlib.contextmanager
-def running_on(objs: Sequence[Any]) -> Iterator[None]:
+def running_on(objs: Sequence[Any], trace: Any = None) -> Iterator[None]:
     """While the block runs, ``objs`` (containers rebuilt for a function) are
-    :func:`made_for_a_call`: a treeclone transformation writes them back itself."""
+    :func:`made_for_a_call`: a treeclone transformation writes them back itself; and
+    ``trace``, the JAX transformation's trace it runs the function under, is
+    :func:`traced_by_a_call`."""
     stack = _running.__dict__.setdefault("stack", [])
-    stack.append({id(o) for o in objs})
+    stack.append(({id(o) for o in objs}, trace))
     try:
         yield
     finally:
@@ -36,7 +40,13 @@ def running_on(objs: Sequence[Any]) -> Iterator[None]:
 def made_for_a_call(obj: Any) -> bool:
     """Whether ``obj`` is a container ``run`` rebuilt for a function running now in this
     thread (its ids are those of live objects: ``run`` holds them)."""
-    return any(id(obj) in ids for ids in getattr(_running, "stack", ()))
+    return any(id(obj) in ids for ids, _ in getattr(_running, "stack", ()))
+
+
+def traced_by_a_call(trace: Any) -> bool:
+    """Whether ``trace`` is the one a treeclone transformation running now in this thread
+    runs its function under (its own ``jax.grad``'s, ``jax.vmap``'s, ...)."""
+    return trace is not None and any(t is trace for _, t in getattr(_running, "stack", ()))
 
 
 class Same:

@@ -11,7 +11,7 @@ container, ``CallPlan`` (``rust/writeback``) carries it out.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import NoneType
 from typing import Any
 
@@ -29,7 +29,13 @@ from treeclone._trace.tree import (
     holds_tracer,
     same_data,
 )
-from treeclone._writeback import attribute_names, changed_attributes, has_updater, writable
+from treeclone._writeback import (
+    InPlace,
+    attribute_names,
+    changed_attributes,
+    has_updater,
+    writable,
+)
 from treeclone.policies import Policy
 
 
@@ -191,6 +197,13 @@ def direct_writes(
     return direct
 
 
+def kept_container(own: Mapping[str, Any], name: str, now: Any) -> bool:
+    """Whether attribute ``name`` holds, after the call, the plain dict or list it held before
+    (``own``): the function changed it in place, or left it alone."""
+    before = own.get(name)
+    return before is now and type(now) in (dict, list)
+
+
 def written_by_attributes(ty: type, obj: Any) -> bool:
     """Whether the write-back gives container ``obj`` (of node type ``ty``) the function's
     changes by setting its attributes: a custom node that can be written, without an updater
@@ -273,7 +286,7 @@ def container_writes(
     before: tuple[list, list],
     after: tuple[list, list],
     container_index: dict[int, int],
-    own_attributes: dict[int, set[str]],
+    own_attributes: dict[int, dict[str, Any]],
     traced_static: Callable[[int], None],
 ) -> Writes:
     """How the write-back treats each input container the function's result holds: the
@@ -327,7 +340,7 @@ def container_writes(
             if written_by_attributes(ty, obj) and holds_tracer(entry.data):
                 traced_static(k)
             origin, keys, outside, held = _custom_write(
-                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, ()), pre_info
+                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, {}), pre_info
             )
             writes.custom[n] = (keys, outside)
             if held is not None:
@@ -354,14 +367,19 @@ def _custom_write(
     post: NodeInfo,
     obj: Any,
     objects: tuple[list, list],
-    own: Collection[str],
+    own: Mapping[str, Any],
     pre_info: list,
 ) -> tuple[Any, tuple[Any, Any] | None, list[str], HeldLeaves | None]:
     """``container_writes`` for a node other than a plain list or dict: ``(origin, keys,
     outside, held)``. ``objects``: the objects of the flattens before and after the call;
-    ``own``: the attributes ``obj`` had before the call; ``pre_info``: the node info before
-    it. ``held``: the attributes holding input leaves left as they came (:class:`HeldLeaves`;
-    None: none, or the node is not written by its attributes)."""
+    ``own``: the attributes ``obj`` had before the call, with their values; ``pre_info``: the
+    node info before it. ``held``: the attributes holding input leaves left as they came
+    (:class:`HeldLeaves`; None: none, or the node is not written by its attributes).
+
+    A changed attribute that holds the same plain dict or list as before the call (a flatten
+    that reads its children from ``self.d``, whose entries the function set) is named as
+    ``InPlace``: write-back updates the caller's container there entry by entry, as plain
+    Python did, instead of setting the attribute to a new one."""
     objs, post_objs = objects
     ty = post.node_type
     attrs, keys, outside, direct = None, None, [], None
@@ -372,6 +390,11 @@ def _custom_write(
         attrs, keys, after = custom_changes(pre, post, objs, post_objs)
         if attrs is not None:
             held_leaves = _held_leaves(pre, (pre_info, objs), after, attrs)
+        if attrs:
+            attrs = tuple(
+                InPlace(name) if kept_container(own, name, getattr(obj, name, None)) else name
+                for name in attrs
+            )
         # Rule 17: a dict or list subclass whose unflatten keeps its children is written entry
         # by entry too.
         by_entry, old_keys = entrywise(pre, objs)
