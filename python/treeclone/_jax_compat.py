@@ -277,13 +277,17 @@ def _opaque_functions(ty: type):
 def classify_type(ty: type):
     """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None;
     for a type registered by ``register_dataclass``, ``(TypeKind.Dataclass, flatten, unflatten,
-    (data_fields, meta_fields))``."""
+    (data_fields, meta_fields))``; an equinox Module's, ``TypeKind.EqxModule``
+    (``_equinox_flatten``)."""
     entry = registry.get(ty)
     if entry is not None:
         fields = _dataclass_fields(entry.to_iter)
         if fields is not None:
             return TypeKind.Dataclass, entry.to_iter, entry.from_iter, fields
-        return _custom_kind(ty, entry.to_iter), entry.to_iter, entry.from_iter
+        kind = _custom_kind(entry.to_iter)
+        if kind is TypeKind.Custom and _equinox_flatten(ty, entry.to_iter):
+            kind = TypeKind.EqxModule
+        return kind, entry.to_iter, entry.from_iter
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
         return TypeKind.NamedTuple, None, None
     if _is_registry_only_node(ty):
@@ -310,11 +314,10 @@ def _dataclass_fields(flatten) -> tuple[tuple[str, ...], tuple[str, ...]] | None
     return data, meta
 
 
-def _custom_kind(ty: type, flatten) -> TypeKind:
+def _custom_kind(flatten) -> TypeKind:
     """``TypeKind.Custom``, or the kind that says ``flatten`` is one of flax nnx's flatten
-    functions, which the core runs natively (``rust/node/known.rs``), recognised by identity
-    and only where flax is already imported (its nodes cannot exist otherwise); or
-    ``TypeKind.EqxModule``, equinox's (``_equinox_flatten``)."""
+    functions, which the core runs natively (``rust/node/known.rs``). Recognised by identity,
+    and only where flax is already imported (its nodes cannot exist otherwise)."""
     pytreelib = sys.modules.get("flax.nnx.pytreelib")
     pytree = getattr(pytreelib, "Pytree", None)
     if pytree is not None and flatten is getattr(pytree, "_pytree__flatten", None):
@@ -327,8 +330,6 @@ def _custom_kind(ty: type, flatten) -> TypeKind:
     statelib = sys.modules.get("flax.nnx.statelib")
     if statelib is not None and flatten is getattr(statelib, "_state_flatten", None):
         return TypeKind.NnxState
-    if _equinox_flatten(ty, flatten):
-        return TypeKind.EqxModule
     return TypeKind.Custom
 
 
