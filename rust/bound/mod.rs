@@ -943,23 +943,40 @@ impl Snapshot {
 
     /// Whether no type was registered and every watched object still holds exactly what it
     /// held.
-    fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
-        let Some(gate) = self.gate else {
-            return Ok(false); // nothing was recorded
-        };
+    fn unchanged(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let py = slf.py();
         // The flattens run again first: Python code they run (or a finalizer at an
         // allocation) that changes a watched container is then seen by the watches below.
-        for w in &self.watched {
-            if let Watched::Flatten(node) = w {
-                if !node.unchanged(py) {
-                    return Ok(false);
-                }
+        // They run on a copy of their records, the snapshot not borrowed meanwhile: that code
+        // may let another thread call the same `jit_partial`. A snapshot borrowed elsewhere
+        // (a refresh under way in another thread) answers "changed": a flatten too many.
+        let flattens: Vec<Reflatten> = {
+            let Ok(this) = slf.try_borrow() else {
+                return Ok(false);
+            };
+            (this.watched.iter())
+                .filter_map(|w| match w {
+                    Watched::Flatten(node) => Some(node.clone_ref(py)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for node in &flattens {
+            if !node.unchanged(py) {
+                return Ok(false);
             }
         }
-        if registry_size(py)? != self.registry_len {
+        drop(flattens);
+        let Ok(this) = slf.try_borrow() else {
+            return Ok(false);
+        };
+        let Some(gate) = this.gate else {
+            return Ok(false); // nothing was recorded
+        };
+        if registry_size(py)? != this.registry_len {
             return Ok(false);
         }
-        all_unchanged(py, gate, &self.watched)
+        all_unchanged(py, gate, &this.watched)
     }
 
     /// How many registered nodes each check flattens again (their flatten may read more than

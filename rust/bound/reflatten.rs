@@ -72,6 +72,18 @@ impl Expect {
         Ok(Expect::Built(obj, items))
     }
 
+    fn clone_ref(&self, py: Python<'_>) -> Expect {
+        match self {
+            Expect::Is(obj, leaf) => Expect::Is(obj.clone_ref(py), *leaf),
+            Expect::Built(obj, items) => Expect::Built(
+                obj.clone_ref(py),
+                (items.iter())
+                    .map(|(k, e)| (k.as_ref().map(|k| k.clone_ref(py)), e.clone_ref(py)))
+                    .collect(),
+            ),
+        }
+    }
+
     fn follow(&mut self, leaves: &Bound<'_, PyList>, dropped: &mut Vec<Py<PyAny>>) {
         match self {
             Expect::Is(value, Some(leaf)) => {
@@ -148,6 +160,17 @@ impl Reflatten {
             children,
             aux: aux.clone_ref(py),
         })
+    }
+
+    /// A copy, for a check that runs the flatten without holding the snapshot (Python code
+    /// there may let another thread use the same snapshot).
+    pub(super) fn clone_ref(&self, py: Python<'_>) -> Reflatten {
+        Reflatten {
+            obj: self.obj.clone_ref(py),
+            custom: self.custom.clone(),
+            children: self.children.iter().map(|c| c.clone_ref(py)).collect(),
+            aux: self.aux.clone_ref(py),
+        }
     }
 
     /// Follow a call's write-back (`Watched::follow`).

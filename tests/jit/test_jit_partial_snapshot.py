@@ -200,3 +200,52 @@ def test_only_equinoxs_own_generated_flatten_is_trusted():
     assert classify_type(Plain)[0] is tc._native.TypeKind.EqxModule
     assert classify_type(Redirecting)[0] is tc._native.TypeKind.Custom
     assert classify_type(Moded)[0] is tc._native.TypeKind.Custom
+
+
+def test_calls_from_several_threads_run_the_check_flattens_without_error():
+    """The check runs a node's flatten (Python code, where another thread may run and call
+    the same jit_partial) on a copy of its record, the snapshot not borrowed meanwhile: no
+    thread gets the native object's "Already borrowed"."""
+    import threading
+    import time
+
+    @jax.tree_util.register_pytree_node_class
+    class Yielding:
+        def __init__(self, w):
+            self.w = w
+
+        def tree_flatten(self):
+            time.sleep(0)  # lets another thread run
+            return (self.w,), None
+
+        @classmethod
+        def tree_unflatten(cls, aux, children):
+            return cls(*children)
+
+    state = {"layers": [Yielding(jnp.ones(2)) for _ in range(10)], "n": jnp.zeros(())}
+
+    def step(s, x):
+        s["n"] = s["n"] + x
+
+    p = tc.jit_partial(step, state)
+    p(1.0)
+    errors = []
+
+    def run():
+        try:
+            for _ in range(50):
+                p(1.0)
+        except Exception as exc:  # noqa: BLE001 - any error is the failure
+            errors.append(repr(exc))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
