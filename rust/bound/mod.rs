@@ -728,6 +728,14 @@ impl Snapshot {
             let Entry::Node(node) = entry else { continue };
             let obj = objects.get_item(i)?;
             if obj.is_instance_of::<PyTuple>() || obj.is_none() {
+                // Immutable, but a registered tuple subclass's flatten may read anything.
+                if let NodeKind::Custom(custom, aux) = &node.kind {
+                    if !custom.reads_only_watched() {
+                        let node = Reflatten::record(def, objects, i, custom, aux, &index)?;
+                        watched.push(Watched::Flatten(node));
+                        owners.resize(watched.len(), i);
+                    }
+                }
                 continue;
             }
             tree.insert(obj.as_ptr() as usize);
