@@ -31,7 +31,7 @@ from bound_changes import (
     specs,
 )
 from bound_changes import summary as summary_fn
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 WATCHED = tc._native.cpython_internals()[0] == "on"
 
@@ -46,6 +46,10 @@ SETTINGS = settings(
 
 @SETTINGS
 @given(specs, changes, changes)
+# The three cases of issue 57, always run besides the generated ones.
+@example({"z": ("ddict", {"a": ("leaf", 1)})}, [(0, "factory")], [])
+@example({"z": ("hidden", "int"), "y": ("nnx", 1)}, [(0, "hidden")], [])
+@example({"z": ("moded", ("leaf", 0)), "y": ("eqx", ("leaf", 2))}, [(0, "mode")], [(1, "static")])
 def test_jit_partial_equals_plain_python_whatever_changes_between_calls(spec, first, second):
     """Every container kind bound, changed between calls by two programs in turn (a leaf
     replaced, a hidden child behind a shared small int, ``True`` or cached array, a
