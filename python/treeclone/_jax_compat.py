@@ -16,8 +16,10 @@ later, through any of JAX's public functions, because the size of that dict chan
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
+import types
 from typing import Any
 
 import jax
@@ -280,13 +282,17 @@ def _opaque_functions(ty: type):
 def classify_type(ty: type):
     """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None;
     for a type registered by ``register_dataclass``, ``(TypeKind.Dataclass, flatten, unflatten,
-    (data_fields, meta_fields))``."""
+    (data_fields, meta_fields))``; an equinox Module's, ``TypeKind.EqxModule``
+    (``_equinox_flatten``)."""
     entry = registry.get(ty)
     if entry is not None:
         fields = _dataclass_fields(entry.to_iter)
         if fields is not None:
             return TypeKind.Dataclass, entry.to_iter, entry.from_iter, fields
-        return _custom_kind(entry.to_iter), entry.to_iter, entry.from_iter
+        kind = _custom_kind(entry.to_iter)
+        if kind is TypeKind.Custom and _equinox_flatten(ty, entry.to_iter):
+            kind = TypeKind.EqxModule
+        return kind, entry.to_iter, entry.from_iter
     if issubclass(ty, tuple) and hasattr(ty, "_fields"):
         return TypeKind.NamedTuple, None, None
     if _is_registry_only_node(ty):
@@ -330,6 +336,37 @@ def _custom_kind(flatten) -> TypeKind:
     if statelib is not None and flatten is getattr(statelib, "_state_flatten", None):
         return TypeKind.NnxState
     return TypeKind.Custom
+
+
+def _equinox_flatten(ty: type, flatten) -> bool:
+    """Whether ``flatten`` is the function equinox generates to flatten its Module ``ty``,
+    which reads nothing but ``obj.__dict__`` (its fields, by ``get``, and its length), so that
+    ``jit_partial``'s watch of the instance dict and the class stands for it (docs/semantics.md,
+    "jit_partial"): its code is that of the function equinox generates for ``ty`` now, the
+    names it reads are equinox's own, and the class reads ``__dict__`` the plain way (through
+    ``object``'s or equinox's ``__getattribute__``, which passes magic names through). Any
+    doubt (no equinox, another release's helpers, an error) is a no: the flatten then runs
+    again at each check."""
+    module = sys.modules.get("equinox._module._flatten")
+    generate = getattr(module, "generate_flatten_functions", None)
+    code, names = getattr(flatten, "__code__", None), getattr(flatten, "__globals__", None)
+    if generate is None or code is None or not isinstance(names, dict):
+        return False
+    if names.get("MISSING") is not getattr(module, "MISSING", None) or "len" in names:
+        return False
+    # equinox's Module.__getattribute__ hands `__dict__` (a magic name) over unchanged.
+    module_class = getattr(sys.modules.get("equinox._module._module"), "Module", None)
+    plain = (object.__getattribute__, getattr(module_class, "__getattribute__", None))
+    if not any(ty.__getattribute__ is g for g in plain):
+        return False
+    slot = next((k.__dict__["__dict__"] for k in ty.__mro__ if "__dict__" in k.__dict__), None)
+    if type(slot) is not types.GetSetDescriptorType:
+        return False
+    try:
+        expected = generate(ty, dataclasses.fields(ty))[0]
+    except Exception:  # noqa: BLE001 - any failure means "not recognised"
+        return False
+    return getattr(expected, "__code__", None) == code
 
 
 def unflatten_node(ty: type, aux, children):

@@ -84,6 +84,7 @@ class TypeKind:
     NnxPytreeState: TypeKind
     NnxState: TypeKind
     Dataclass: TypeKind
+    EqxModule: TypeKind
 
 class EntryInfo:
     """One entry of a ``SharedTreeDef`` (``node_info()``), in post-order."""
@@ -141,6 +142,10 @@ class Snapshot:
     def unchanged(self) -> bool: ...
     @property
     def checkable(self) -> bool: ...
+    @property
+    def flattened_at_each_check(self) -> int:
+        """How many registered nodes each ``unchanged`` flattens again (one level): those whose
+        flatten may read more than is watched (docs/semantics.md, "jit_partial")."""
 
 def running_call() -> Any:
     """The call running now in this thread (a ``_Call`` or a lean call's record), or None."""

@@ -16,12 +16,15 @@
 //! `checkable`. The size of JAX's registry is watched too: a type registered since the flatten
 //! (a bound leaf's class made a node) changes what a flatten gives.
 //!
-//! A registered node is checkable only when each of its children is found among what is
-//! watched: an attribute's value, an item of its own or of a watched plain container, or a
-//! tuple, list or dict built of such (`return ([self.a, self.b],), None`). A child found
-//! nowhere (computed, converted, or read through another object's attributes) means the
-//! flatten reads state the snapshot does not see: `checkable` is then false, and the bound
-//! arguments are flattened again at each call instead. An exact list's or dict's record must
+//! What the watches say is enough only for flattens that read nothing else: flax nnx's, run
+//! natively (`KnownFlatten::reads_only_watched`). Every other registered node (a flatten
+//! written in Python, JAX's own for `OrderedDict` and `defaultdict`, `register_dataclass`'s)
+//! may read C-level state (a `defaultdict`'s `default_factory`), another object's attributes
+//! or a module-level setting, and a child being the same object as some watched value (a small
+//! int, `True`, a cached array) does not say the flatten read it there: such a node is
+//! flattened again, one level, at each check, and its children and aux data compared with
+//! the recorded ones (`reflatten`). An nnx node with no state in reach (no `__dict__`, no
+//! slots) is not checkable: the bound arguments are flattened again at each call instead. An exact list's or dict's record must
 //! be its flatten's children (the very keys and values): Python code that ran later in the
 //! same flatten (a registered flatten, another thread meanwhile) may have changed it after it
 //! was read, and a record of that change would stand for a cache that never saw it. For the
@@ -40,8 +43,10 @@
 //! record, and shows at the next `unchanged`.
 
 mod leaves;
+mod reflatten;
 
 pub use leaves::{any_identical, Taker};
+use reflatten::Reflatten;
 
 use crate::cpython::{internals, Internals, SlotAt, TypeVersion};
 use crate::node::NodeKind;
@@ -149,6 +154,9 @@ enum Watched {
     /// An object, the type version its slots were read under (`Layout`; it also stands for
     /// the object's `Type` watch), its slots, and the plain containers those hold.
     Slots(Py<PyAny>, Layout, Vec<SlotValue>, Vec<Watched>),
+    /// A registered node whose flatten may read more than is watched: flattened again at
+    /// each check (`reflatten`), before the other watches are compared.
+    Flatten(Reflatten),
 }
 
 /// The type version an object was recorded under: while the object is of this very type
@@ -193,17 +201,13 @@ impl Layout {
     }
 }
 
-/// The plain containers among some values, watched, with their contents (for the found
-/// check of `Snapshot::take`).
+/// The plain containers among some values, watched, with their contents.
 struct Plain<'a> {
     gate: Internals,
     /// Tree containers (watched on their own): not watched again.
     tree: &'a HashSet<usize>,
     index: &'a LeafIndex,
     watched: Vec<Watched>,
-    /// Addresses of everything reached (values and the contents of plain containers), while
-    /// the watches hold them.
-    found: HashSet<usize>,
     /// Plain containers already watched (shared, or a cycle).
     seen: HashSet<usize>,
     /// False when the containers nest deeper than `PLAIN_DEPTH`.
@@ -217,7 +221,6 @@ impl<'a> Plain<'a> {
             tree,
             index,
             watched: Vec::new(),
-            found: HashSet::new(),
             seen: HashSet::new(),
             complete: true,
         }
@@ -226,7 +229,6 @@ impl<'a> Plain<'a> {
     /// Record `value`, and watch it (and what it holds) if it is a plain container.
     fn add(&mut self, value: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
         let at = value.as_ptr() as usize;
-        self.found.insert(at);
         let ty = value.get_type();
         let plain = is_plain(self.gate, value);
         // A namedtuple or a registered subclass is still its base's kind of container; only
@@ -357,6 +359,7 @@ impl Watched {
                 }
                 plain.iter_mut().for_each(|w| w.follow(leaves, dropped));
             }
+            Watched::Flatten(node) => node.follow(leaves, dropped),
             // Neither a set's items nor a dict's key order nor a type is a leaf.
             Watched::Set(..) | Watched::Order(..) | Watched::Type(..) => {}
         }
@@ -389,6 +392,8 @@ impl Watched {
                 }
                 all_unchanged(py, gate, plain)?
             }
+            // Checked by `Snapshot::unchanged` before every other watch.
+            Watched::Flatten(_) => true,
         })
     }
 
@@ -691,34 +696,6 @@ pub struct Snapshot {
     gate: Option<Internals>,
 }
 
-/// Whether the child at entry `c` is found among `found` (see the module comment): itself,
-/// or a tuple, list, dict or None built of found objects.
-fn found_child(
-    def: &SharedTreeDef,
-    objects: &Bound<'_, PyList>,
-    c: usize,
-    found: &HashSet<usize>,
-) -> PyResult<bool> {
-    let obj = objects.get_item(c)?;
-    if obj.is_none() || found.contains(&(obj.as_ptr() as usize)) {
-        return Ok(true);
-    }
-    let Some(Entry::Node(node)) = def.entries.get(c) else {
-        return Ok(false);
-    };
-    match node.kind {
-        NodeKind::Tuple | NodeKind::List | NodeKind::Dict(_) | NodeKind::NamedTuple(_) => {
-            for child in def.child_indices(c)? {
-                if !found_child(def, objects, child, found)? {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
-}
-
 impl Snapshot {
     /// `take`, with the size JAX's registry had when the objects were flattened.
     fn record(
@@ -751,6 +728,14 @@ impl Snapshot {
             let Entry::Node(node) = entry else { continue };
             let obj = objects.get_item(i)?;
             if obj.is_instance_of::<PyTuple>() || obj.is_none() {
+                // Immutable, but a registered tuple subclass's flatten may read anything.
+                if let NodeKind::Custom(custom, aux) = &node.kind {
+                    if !custom.reads_only_watched() {
+                        let node = Reflatten::record(def, objects, i, custom, aux, &index)?;
+                        watched.push(Watched::Flatten(node));
+                        owners.resize(watched.len(), i);
+                    }
+                }
                 continue;
             }
             tree.insert(obj.as_ptr() as usize);
@@ -761,7 +746,14 @@ impl Snapshot {
         // meanwhile, and a class changed during the take has a new tag.
         let mut slots_of: HashMap<(usize, u32), TypeSlots> = HashMap::new();
         for (i, obj, node) in nodes {
-            let custom = matches!(node.kind, NodeKind::Custom(..));
+            // A registered node whose flatten may read more than is watched: run again at
+            // each check (`reflatten`); its other watches stay, for what they catch early.
+            let reflatten = match &node.kind {
+                NodeKind::Custom(custom, aux) if !custom.reads_only_watched() => {
+                    Some(Reflatten::record(def, objects, i, custom, aux, &index)?)
+                }
+                _ => None,
+            };
             // An exact list or dict has neither a `__dict__` nor slots: no lookups (each would
             // raise and clear an AttributeError).
             if let Ok(list) = obj.cast_exact::<PyList>() {
@@ -793,17 +785,13 @@ impl Snapshot {
             let type_at = watched.len();
             watched.push(Watched::Type(obj.clone().unbind(), layout.clone_ref(py)));
             let mut known = false;
-            // What the node's flatten may read its children from.
-            let mut found = HashSet::new();
             if let Ok(list) = obj.cast::<PyList>() {
                 watched.push(watch_list(obj.clone().unbind(), list, &index));
-                found.extend(list.iter().map(|v| v.as_ptr() as usize));
                 known = true;
             } else if let Ok(dict) = obj.cast::<PyDict>() {
                 let items = DictItems::read(gate, dict, &index);
                 watched.push(Watched::Dict(obj.clone().unbind(), items));
                 watched.push(Watched::Order(obj.clone().unbind(), iter_items(&obj)?));
-                found.extend(dict.values().iter().map(|v| v.as_ptr() as usize));
                 known = true;
             }
             // The instance dict the interpreter stores (a class may answer `obj.__dict__`
@@ -817,7 +805,6 @@ impl Snapshot {
                             plain.add(&v, 0)?;
                         }
                         checkable &= plain.complete;
-                        found.extend(plain.found);
                         watched.push(Watched::Attributes(
                             obj.clone().unbind(),
                             attrs.unbind(),
@@ -851,7 +838,6 @@ impl Snapshot {
                     plain.add(v.bind(py), 0)?;
                 }
                 checkable &= plain.complete;
-                found.extend(plain.found);
                 if layout.holds(&obj) {
                     // The layout's check, first in the slots' own, stands for the type watch.
                     watched.remove(type_at);
@@ -864,16 +850,11 @@ impl Snapshot {
                 ));
                 known = true;
             }
-            if !known {
-                checkable = false;
-            }
-            if custom && checkable {
-                for c in def.child_indices(i)? {
-                    if !found_child(def, objects, c, &found)? {
-                        checkable = false;
-                        break;
-                    }
-                }
+            match reflatten {
+                Some(node) => watched.push(Watched::Flatten(node)),
+                // Trusted only where the flatten reads what is watched, and something is.
+                None if !known => checkable = false,
+                None => {}
             }
             owners.resize(watched.len(), i);
         }
@@ -970,14 +951,49 @@ impl Snapshot {
 
     /// Whether no type was registered and every watched object still holds exactly what it
     /// held.
-    fn unchanged(&self, py: Python<'_>) -> PyResult<bool> {
-        if registry_size(py)? != self.registry_len {
-            return Ok(false);
+    fn unchanged(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let py = slf.py();
+        // The flattens run again first: Python code they run (or a finalizer at an
+        // allocation) that changes a watched container is then seen by the watches below.
+        // They run on a copy of their records, the snapshot not borrowed meanwhile: that code
+        // may let another thread call the same `jit_partial`. A snapshot borrowed elsewhere
+        // (a refresh under way in another thread) answers "changed": a flatten too many.
+        let flattens: Vec<Reflatten> = {
+            let Ok(this) = slf.try_borrow() else {
+                return Ok(false);
+            };
+            (this.watched.iter())
+                .filter_map(|w| match w {
+                    Watched::Flatten(node) => Some(node.clone_ref(py)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for node in &flattens {
+            if !node.unchanged(py) {
+                return Ok(false);
+            }
         }
-        let Some(gate) = self.gate else {
+        drop(flattens);
+        let Ok(this) = slf.try_borrow() else {
+            return Ok(false);
+        };
+        let Some(gate) = this.gate else {
             return Ok(false); // nothing was recorded
         };
-        all_unchanged(py, gate, &self.watched)
+        if registry_size(py)? != this.registry_len {
+            return Ok(false);
+        }
+        all_unchanged(py, gate, &this.watched)
+    }
+
+    /// How many registered nodes each check flattens again (their flatten may read more than
+    /// is watched: see the module comment); 0 for an nnx model, a dict of arrays.
+    #[getter]
+    fn flattened_at_each_check(&self) -> usize {
+        (self.watched.iter())
+            .filter(|w| matches!(w, Watched::Flatten(_)))
+            .count()
     }
 }
 

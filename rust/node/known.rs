@@ -65,6 +65,19 @@ impl KnownFlatten {
             check: AtomicU8::new(UNCHECKED),
         }
     }
+
+    /// Whether the type's flatten reads nothing but what `jit_partial`'s snapshot watches (the
+    /// instance dict, the slots, the plain containers they hold, the class under its version
+    /// tag): flax nnx's four functions, recognised by identity, which read `vars(obj)`
+    /// (`_pytree__nodes` among it or on the class) and a Variable's two slots, natively or
+    /// (a case the native version does not cover: an `nnx.List`'s int keys) in Python; unless
+    /// the native version was found to differ from the function (a flax release that changed
+    /// it). Not `register_dataclass`'s: its `getattr` of each field may run a property or a
+    /// class's `__getattr__`, which can read anything.
+    pub fn reads_only_watched(&self) -> bool {
+        self.check.load(Ordering::Relaxed) != DIFFERS
+            && !matches!(self.known, Known::Dataclass { .. })
+    }
 }
 
 type Flat<'py> = (Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>);

@@ -30,6 +30,18 @@ pub struct CustomType {
     pub unflatten: Py<PyAny>,
     /// The native version of `flatten`, where treeclone knows the function (flax nnx's).
     pub known: Option<KnownFlatten>,
+    /// Whether `flatten` is known to read nothing but the node's instance dict (equinox's
+    /// generated flatten of the type: `TypeKind::EqxModule`), though it runs in Python.
+    pub reads_only_dict: bool,
+}
+
+impl CustomType {
+    /// Whether the type's flatten reads nothing but what `jit_partial`'s snapshot watches, so
+    /// that an unchanged watch says the flatten would give the same children and aux data
+    /// (`bound/reflatten.rs`): flax nnx's (`KnownFlatten::reads_only_watched`) and equinox's.
+    pub fn reads_only_watched(&self) -> bool {
+        self.reads_only_dict || (self.known.as_ref()).is_some_and(KnownFlatten::reads_only_watched)
+    }
 }
 
 /// What JAX's registry says an object is.
@@ -63,6 +75,9 @@ pub enum TypeKind {
     /// Custom, registered by `jax.tree_util.register_dataclass`, whose flatten reads the
     /// fields `classify_type` names as a fourth item (run natively: `node::known`).
     Dataclass,
+    /// Custom, with the flatten equinox generates for the type, which reads nothing but the
+    /// instance dict (run in Python; `jit_partial`'s snapshot trusts its watch of the dict).
+    EqxModule,
 }
 
 /// The kind of an object whose type is list, tuple, dict or NoneType, from the type pointer
@@ -355,6 +370,7 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
                 }
                 _ => None,
             },
+            reads_only_dict: custom == TypeKind::EqxModule,
         })),
     };
 
