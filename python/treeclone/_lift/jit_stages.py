@@ -22,6 +22,7 @@ from typing import Any
 import jax
 
 from treeclone import _jax_compat, _native, _retrace, _trace
+from treeclone._docs import see
 from treeclone._lift.bound import BoundArguments
 from treeclone._lift.jit_call import CallShape, JitCall, from_jit_order
 from treeclone._lift.jit_trace import Inner, TraceInfo, end_of_call, fun_name
@@ -124,8 +125,11 @@ class StagedCall:
         for k, *_ in keyword:
             if k in kwargs:
                 raise TypeError(
-                    f"{fun_name(self.source.fun)}: the static argument {k!r} was fixed when "
-                    "the stage was made; call it with the other arguments only (as jax.jit's)"
+                    see(
+                        "aot-stage",
+                        f"{fun_name(self.source.fun)}: the static argument {k!r} was fixed when "
+                        "the stage was made; call it with the other arguments only (as jax.jit's)",
+                    )
                 )
         fixed = {i: v for i, _, v in positional}
         given, full = list(args), list[Any]()

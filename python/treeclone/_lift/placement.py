@@ -22,6 +22,7 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _native, tree_util
+from treeclone._docs import see
 from treeclone._lift.naming import jit_keystr
 from treeclone.policies import ArgPolicies, Policy
 
@@ -66,11 +67,14 @@ def _by_leaf(prefix: Any, tree: Any, name: str) -> dict[int, Any]:
             seen = found.setdefault(id(leaf), (sharding, where))
             if seen[0] != sharding:
                 raise ValueError(
-                    f"{where} and {seen[1]} are one array, which out_shardings places at "
-                    f"{sharding} and at {seen[0]}: under alias and strict an object returned "
-                    "at two places is one object, as in plain Python, and one array has one "
-                    "placement. Give both places one sharding, or return a copy at one of "
-                    "them."
+                    see(
+                        "one-array-two-shardings",
+                        f"{where} and {seen[1]} are one array, which out_shardings places at "
+                        f"{sharding} and at {seen[0]}: under alias and strict an object returned "
+                        "at two places is one object, as in plain Python, and one array has one "
+                        "placement. Give both places one sharding, or return a copy at one of "
+                        "them.",
+                    )
                 )
 
     jax.tree_util.tree_map_with_path(visit, prefix, tree, is_leaf=lambda x: x is None)
