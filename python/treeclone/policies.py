@@ -120,7 +120,7 @@ def check_discarded_mode(mode: str) -> str:
     >>> check_discarded_mode("silent")
     Traceback (most recent call last):
     ...
-    ValueError: discarded_mutations must be one of ('warn', 'error', 'off'), got 'silent'
+    ValueError: discarded_mutations must be one of ('warn', 'error', 'off'), got 'silent' ...
     """
     if mode not in DISCARDED_MUTATIONS:
         raise ValueError(
@@ -270,7 +270,7 @@ def as_policy(policy: str | Policy) -> Policy:
     >>> as_policy("copy")
     Traceback (most recent call last):
     ...
-    ValueError: unknown policy 'copy'; expected one of ['alias', 'clone', 'strict'] or a Policy
+    ValueError: unknown policy 'copy'; expected one of ['alias', 'clone', 'strict'] or a Policy ...
     """
     if isinstance(policy, Policy):
         name = policy.name
@@ -408,11 +408,11 @@ def as_policy_spec(
     >>> as_policy_spec({"parms": "alias"}, step)
     Traceback (most recent call last):
     ...
-    ValueError: policy names 'parms', which is not an argument of step (params, batch)
+    ValueError: policy names 'parms', which is not an argument of step (params, batch) ...
     >>> as_policy_spec({0: "alias", "params": "strict"}, step)
     Traceback (most recent call last):
     ...
-    ValueError: policy gives argument 0 (params) two policies: Policy.alias and Policy.strict
+    ValueError: policy gives argument 0 (params) two policies: Policy.alias and Policy.strict ...
     """
     if isinstance(policy, ArgPolicies):
         return policy
