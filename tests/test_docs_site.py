@@ -15,7 +15,6 @@ tests are skipped (not in CI, ``CI`` set, where the extra is installed), the oth
 from __future__ import annotations
 
 import ast
-import functools
 import os
 import re
 import subprocess
@@ -49,12 +48,11 @@ def python_blocks(text: str) -> list[tuple[str | None, str]]:
 # --- the build ---------------------------------------------------------------------------------
 
 
-@functools.cache
-def build(out: str) -> subprocess.CompletedProcess:
-    """``sphinx -W`` of the site into ``out`` (html; once per session)."""
+def build(out: Path) -> subprocess.CompletedProcess:
+    """``sphinx -W`` of the site into ``out / "html"``."""
     return subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-         "-d", str(Path(out) / "doctrees"), str(SITE), str(Path(out) / "html")],
+         "-d", str(out / "doctrees"), str(SITE), str(out / "html")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -63,22 +61,31 @@ def build(out: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
+def test_the_site_builds_with_warnings_as_errors(tmp_path: Path):
+    """One build (the slowest part; pytest-xdist would build once per worker for a fixture)
+    and what is checked on its output: the pages, the API reference's names and the errors
+    page's anchors."""
     if os.environ.get("CI"):  # CI installs the docs extra: there the build must run
         import myst_parser  # noqa: F401
         import sphinx  # noqa: F401
     pytest.importorskip("sphinx")
     pytest.importorskip("myst_parser")
-    out = tmp_path_factory.mktemp("site")
-    proc = build(str(out))
+    proc = build(tmp_path)
     assert proc.returncode == 0, f"the site's build failed:\n{proc.stdout}\n{proc.stderr}"
-    return out / "html"
-
-
-def test_the_site_builds_with_warnings_as_errors(built: Path):
+    html = tmp_path / "html"
     for page in ["index", "getting-started", "policies", "errors", "semantics", "benchmarks"]:
-        assert (built / f"{page}.html").exists(), page
+        assert (html / f"{page}.html").exists(), page
+    assert api_reference_problems(html) == []
+    assert missing_anchors(html) == []
+
+
+def missing_anchors(html: Path) -> list[str]:
+    """The anchors of ``_docs.ENTRIES`` (what each message says: ``errors.html#ANCHOR``) that
+    are no id of the built errors page."""
+    from treeclone import _docs
+
+    ids = set(re.findall(r'id="([^"]+)"', (html / "errors.html").read_text()))
+    return sorted(set(_docs.ENTRIES) - ids)
 
 
 def test_a_broken_reference_fails_the_build(tmp_path: Path):
@@ -114,29 +121,31 @@ def public_names() -> set[str]:
     return names
 
 
-def test_the_api_reference_documents_every_public_name(built: Path):
+def documented_names(html: Path) -> set[str]:
+    """The Python objects of the built site's inventory (``objects.inv``), class members
+    apart (``treeclone.Jitted.lower``)."""
     from sphinx.util.inventory import InventoryFile
 
-    with open(built / "objects.inv", "rb") as f:
+    with open(html / "objects.inv", "rb") as f:
         inventory = InventoryFile.load(f, "", lambda base, uri: uri)
     inventory = getattr(inventory, "data", inventory)  # a mapping, or (Sphinx 8.2+) holds one
-    documented = {
-        name for kind, entries in inventory.items() if kind.startswith("py:") for name in entries
-    }
-    # members of classes (treeclone.Jitted.lower) apart: the names of the namespaces only
-    documented = {n for n in documented if not any(p[:1].isupper() for p in n.split(".")[:-1])}
-    missing = public_names() - documented
-    assert not missing, f"not in the API reference: {sorted(missing)}"
-    # (autodoc also registers an object by its defining module's name: treeclone.jit.Jitted)
-    namespaces = {
-        "treeclone",
-        "treeclone.tree_util",
-        "treeclone.tree",
-        "treeclone.jaxlib_tree_util",
-    }
-    in_namespaces = {n for n in documented if n.rpartition(".")[0] in namespaces}
-    extra = in_namespaces - public_names() - namespaces
-    assert not extra, f"the API reference documents names that are not public: {sorted(extra)}"
+    names = {n for kind, entries in inventory.items() if kind.startswith("py:") for n in entries}
+    return {n for n in names if not any(p[:1].isupper() for p in n.split(".")[:-1])}
+
+
+NAMESPACES = {"treeclone", "treeclone.tree_util", "treeclone.tree", "treeclone.jaxlib_tree_util"}
+
+
+def api_reference_problems(html: Path) -> list[str]:
+    """Public names the reference lacks, and names of the namespaces it documents that are not
+    public (autodoc also registers an object by its defining module's name, treeclone.jit.Jitted:
+    those are not in the namespaces)."""
+    documented = documented_names(html)
+    public = public_names()
+    missing = [f"not in the API reference: {n}" for n in sorted(public - documented)]
+    in_namespaces = {n for n in documented if n.rpartition(".")[0] in NAMESPACES}
+    extra = [f"documented, not public: {n}" for n in sorted(in_namespaces - public - NAMESPACES)]
+    return missing + extra
 
 
 # --- the code blocks ---------------------------------------------------------------------------
