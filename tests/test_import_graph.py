@@ -216,6 +216,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "core",
         {
             "treeclone._native",
+            "treeclone._docs",
             "treeclone._jax_compat",
             "treeclone._writeback",
             "treeclone.policies",

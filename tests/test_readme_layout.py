@@ -1,4 +1,5 @@
-"""README's Layout section names every module of the Python package, so that a reader who
+"""The Layout section (README's until the documentation site, now the site's Development page,
+``docs/site/development.md``) names every module of the Python package, so that a reader who
 starts there finds the code: a top-level module by its file name (`` `jit.py` ``), a module of a
 subpackage by its file name in the bullet that names the subpackage (`` `_trace/` ``). The
 benchmark harness (``bench/``) is named as a whole."""
@@ -10,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "python" / "treeclone"
+LAYOUT_PAGE = ROOT / "docs" / "site" / "development.md"
 
 
 def layout_bullets(readme: str) -> list[str]:
@@ -37,7 +39,7 @@ def modules() -> list[tuple[str | None, str]]:
 
 
 def test_the_layout_names_every_module() -> None:
-    bullets = layout_bullets((ROOT / "README.md").read_text(encoding="utf-8"))
+    bullets = layout_bullets(LAYOUT_PAGE.read_text(encoding="utf-8"))
     missing = []
     for package, name in modules():
         if package is None:
@@ -46,16 +48,17 @@ def test_the_layout_names_every_module() -> None:
             ok = any(f"`{package}/`" in b and f"`{name}`" in b for b in bullets)
         if not ok:
             missing.append(name if package is None else f"{package}/{name}")
-    assert not missing, "README's Layout does not name: " + ", ".join(missing)
+    assert not missing, "The Layout (docs/site/development.md) does not name: " + ", ".join(missing)
 
 
 def test_the_layout_names_no_module_that_is_gone() -> None:
-    bullets = layout_bullets((ROOT / "README.md").read_text(encoding="utf-8"))
+    bullets = layout_bullets(LAYOUT_PAGE.read_text(encoding="utf-8"))
     package_bullets = [b for b in bullets if "`python/treeclone/`" in b or "`_" in b]
     present = {name for _, name in modules()} | {"__init__.py"}
     named = {m for b in package_bullets for m in re.findall(r"`(\w+\.py)`", b)}
-    assert named <= present, "README's Layout names modules that do not exist: " + ", ".join(
-        sorted(named - present)
+    gone = ", ".join(sorted(named - present))
+    assert named <= present, (
+        f"The Layout (docs/site/development.md) names modules that are gone: {gone}"
     )
 
 

@@ -26,6 +26,7 @@ import jax
 from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
+from treeclone._docs import see
 from treeclone._native import TypeKind
 
 # The oldest JAX release treeclone supports and is tested against (pyproject.toml declares
@@ -41,9 +42,12 @@ class UnsupportedJaxError(ImportError):
 
 def _unsupported(what: str, exc: BaseException) -> UnsupportedJaxError:
     return UnsupportedJaxError(
-        f"treeclone needs {what}, which jax {jax.__version__} does not have ({exc}). "
-        "treeclone is tested with jax 0.6.2 to 0.10.2 (and 0.11.2 once, see the README); "
-        "please report this with your JAX version."
+        see(
+            "unsupported-jax",
+            f"treeclone needs {what}, which jax {jax.__version__} does not have ({exc}). "
+            "treeclone is tested with jax 0.6.2 to 0.10.2 (and 0.11.2 once, see the README); "
+            "please report this with your JAX version.",
+        )
     )
 
 

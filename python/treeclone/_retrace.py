@@ -33,6 +33,7 @@ from typing import Any
 import jax
 
 from treeclone import _jax_compat, _native
+from treeclone._docs import see
 from treeclone._native import EntryInfo
 from treeclone._trace import Layout, Paths, holds_tracer, same_data
 
@@ -473,13 +474,16 @@ class History:
             changes = differences(previous.where, record.where)
             what = "; ".join(f"{p}: {text}" for p, text in changes)
             warnings.warn(
-                f"treeclone.jit: {self.fun_where} was traced and compiled again on each of its "
-                f"last {RETRACE_STREAK + 1} calls (policy {self.policy_name}), each time "
-                "because the previous call's write-back changed the structure of its "
-                f"arguments ({what}). Every new structure is a new trace and compilation. Keep "
-                "the structure fixed (preallocate an array and write into it with .at[i].set "
-                "instead of appending to a list), or keep what changes out of the jitted "
-                "function's arguments (or make it a static argument).",
+                see(
+                    "retrace-warning",
+                    f"treeclone.jit: {self.fun_where} was traced and compiled again on each of "
+                    f"its last {RETRACE_STREAK + 1} calls (policy {self.policy_name}), each time "
+                    "because the previous call's write-back changed the structure of its "
+                    f"arguments ({what}). Every new structure is a new trace and compilation. "
+                    "Keep the structure fixed (preallocate an array and write into it with "
+                    ".at[i].set instead of appending to a list), or keep what changes out of the "
+                    "jitted function's arguments (or make it a static argument).",
+                ),
                 RetraceWarning,
                 stacklevel=_user_stacklevel(),
             )

@@ -18,6 +18,7 @@ from typing import Any, overload
 import jax
 
 from treeclone import _lift
+from treeclone._docs import see
 from treeclone._lift import ArgsBox, Naming, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
@@ -197,8 +198,11 @@ def checkpoint(
     if policy is None or (callable(policy) and not isinstance(policy, (str, Policy, Mapping))):
         if remat_policy is not None:
             raise TypeError(
-                "checkpoint() got JAX's rematerialization policy both as policy= and as "
-                "remat_policy=; give it as remat_policy= and treeclone's policy as policy="
+                see(
+                    "invalid-option",
+                    "checkpoint() got JAX's rematerialization policy both as policy= and as "
+                    "remat_policy=; give it as remat_policy= and treeclone's policy as policy=",
+                )
             )
         remat_policy, policy = policy, "clone"
     chosen: PolicySpec | ArgPolicies = policy  # type: ignore[assignment]  # not JAX's: ours

@@ -34,6 +34,7 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _lift, _trace
+from treeclone._docs import see
 from treeclone._jax_compat import (
     INITIAL_RESULT_PATHS,
     DebugInfo,
@@ -102,9 +103,12 @@ def _operand_policies(policy: PolicySpec | ArgPolicies, branch: Any) -> Policy |
             if name not in positional:
                 who = getattr(branch, "__qualname__", None) or repr(branch)
                 raise ValueError(
-                    f"policy names {name!r}, which is not a positional parameter of {who}: the "
-                    "operands are passed by position, so a policy names them by the first "
-                    "branch's parameter names or by their positions"
+                    see(
+                        "policy-argument",
+                        f"policy names {name!r}, which is not a positional parameter of {who}: the "
+                        "operands are passed by position, so a policy names them by the first "
+                        "branch's parameter names or by their positions",
+                    )
                 )
     return policy_override.get() or spec
 
@@ -341,11 +345,14 @@ class _Branch:
         n = [n for n, e in enumerate(record.info) if isinstance(e, EntryInfo.Leaf)][p]
         where = PathNamer(self.lifted.call, self.lifted.layout, record).path(n)
         return ValueError(
-            f"treeclone.{self.lifted.api}: {self.lifted.names[self.index]} leaves a JAX Ref at "
-            f"{where} that is not an operand's own Ref (one it made, or took from elsewhere). "
-            "A branch of jax.lax.cond cannot return a Ref, so only the operands' own Refs can "
-            "stay in the operands (read them and write them through ref[...]); put an array "
-            "there instead."
+            see(
+                "cond-branches",
+                f"treeclone.{self.lifted.api}: {self.lifted.names[self.index]} leaves a JAX Ref at "
+                f"{where} that is not an operand's own Ref (one it made, or took from elsewhere). "
+                "A branch of jax.lax.cond cannot return a Ref, so only the operands' own Refs can "
+                "stay in the operands (read them and write them through ref[...]); put an array "
+                "there instead.",
+            )
         )
 
 
@@ -455,15 +462,18 @@ class _Lifted:
             if problem is not None:
                 where, said0, said1 = problem
                 raise ValueError(
-                    f"treeclone.{self.api} (policy {self.policy.name or self.policy!r}): "
-                    f"{self.names[order[0]]} and {self.names[i]} leave different structures "
-                    "behind, and only one of them runs, so the other's changes cannot be "
-                    "written back with the same plan. Every branch must leave the operands "
-                    "(and return its result) with the same structure, the same containers at "
-                    "the same places and the same shapes and dtypes; branches may write "
-                    "different leaves.\n"
-                    f"  {where}: {self.names[order[0]]} leaves {said0}, {self.names[i]} leaves "
-                    f"{said1}"
+                    see(
+                        "cond-branches",
+                        f"treeclone.{self.api} (policy {self.policy.name or self.policy!r}): "
+                        f"{self.names[order[0]]} and {self.names[i]} leave different structures "
+                        "behind, and only one of them runs, so the other's changes cannot be "
+                        "written back with the same plan. Every branch must leave the operands "
+                        "(and return its result) with the same structure, the same containers at "
+                        "the same places and the same shapes and dtypes; branches may write "
+                        "different leaves.\n"
+                        f"  {where}: {self.names[order[0]]} leaves {said0}, {self.names[i]} leaves "
+                        f"{said1}",
+                    )
                 )
 
     def _jax_output_error(self) -> Exception:
@@ -488,7 +498,9 @@ class _Lifted:
                 jax.eval_shape(lambda: jax.lax.switch(0, dummies))
         except TypeError as e:
             return e
-        return TypeError(f"treeclone.{self.api}: the branches' results differ")
+        return TypeError(
+            see("cond-branches", f"treeclone.{self.api}: the branches' results differ")
+        )
 
     def _say_ref(self, r: BranchRecord, p: int) -> str:
         slot = r.inputs[p]

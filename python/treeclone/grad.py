@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from treeclone import _lift
+from treeclone._docs import see
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift import ArgsBox, Naming, reporting
 from treeclone._lift.wrt import filtered_grads, untied, wrt_hint, wrt_rule, wrt_selection
@@ -115,9 +116,12 @@ class _GradRunner(_lift.Runner):
                 structure.append((treedef, [index[id(x)] for x in flat]))
             except KeyError:
                 raise TypeError(
-                    f"{self.naming.name(i)}: the pytree's unflatten does not keep the "
-                    "leaves it is given (it converts or copies them), so its gradient "
-                    "cannot be matched to its leaves under this policy; use policy='clone'"
+                    see(
+                        "not-differentiable",
+                        f"{self.naming.name(i)}: the pytree's unflatten does not keep the "
+                        "leaves it is given (it converts or copies them), so its gradient "
+                        "cannot be matched to its leaves under this policy; use policy='clone'",
+                    )
                 ) from None
         called = prepared.call()
         out = called.out
@@ -254,7 +258,11 @@ class _Grad(_lift.Wrapper):
             problem = _dtype_problem(call.leaves[s], self._holomorphic, self._allow_int)
             if problem is not None:
                 hint = wrt_hint(args, argnums) if "allow_int" in problem else ""
-                raise TypeError(f"{call.slot_path(self._naming, s)}: {problem}{hint}.")
+                raise TypeError(
+                    see(
+                        "not-differentiable", f"{call.slot_path(self._naming, s)}: {problem}{hint}."
+                    )
+                )
 
     def _check_dtypes(self, args: tuple, kwargs: dict) -> None:
         """Under ``clone``, after ``jax.grad`` raised a TypeError: the named error of

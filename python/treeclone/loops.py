@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import jax
 
 from treeclone import _lift
+from treeclone._docs import see
 from treeclone._lift import Naming, leaf_rule, reporting
 from treeclone._lift.loop_call import LoopCall, LoopPlan
 from treeclone._lift.loop_rules import (
@@ -209,8 +210,11 @@ def _count(lower: Any, upper: Any) -> int | None:
 def _pair(f: Any, out: Any) -> tuple[Any, Any]:
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError(
-            f"{qualname(f)}, the body of scan, must return a pair (carry, y), got "
-            f"{type(out).__name__}"
+            see(
+                "loop-carry",
+                f"{qualname(f)}, the body of scan, must return a pair (carry, y), got "
+                f"{type(out).__name__}",
+            )
         )
     return out[0], out[1]
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from treeclone import _writeback
+from treeclone._docs import see
 
 __all__ = [
     "ALIAS",
@@ -119,10 +120,15 @@ def check_discarded_mode(mode: str) -> str:
     >>> check_discarded_mode("silent")
     Traceback (most recent call last):
     ...
-    ValueError: discarded_mutations must be one of ('warn', 'error', 'off'), got 'silent'
+    ValueError: discarded_mutations must be one of ('warn', 'error', 'off'), got 'silent' ...
     """
     if mode not in DISCARDED_MUTATIONS:
-        raise ValueError(f"discarded_mutations must be one of {DISCARDED_MUTATIONS}, got {mode!r}")
+        raise ValueError(
+            see(
+                "invalid-option",
+                f"discarded_mutations must be one of {DISCARDED_MUTATIONS}, got {mode!r}",
+            )
+        )
     return mode
 
 
@@ -204,15 +210,25 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.mutations not in MUTATIONS:
-            raise ValueError(f"mutations must be one of {MUTATIONS}, got {self.mutations!r}")
+            raise ValueError(
+                see(
+                    "invalid-option",
+                    f"mutations must be one of {MUTATIONS}, got {self.mutations!r}",
+                )
+            )
         if self.identity not in IDENTITY:
-            raise ValueError(f"identity must be one of {IDENTITY}, got {self.identity!r}")
+            raise ValueError(
+                see("invalid-option", f"identity must be one of {IDENTITY}, got {self.identity!r}")
+            )
         if self.identity == "duplicate" and self.mutations != "discard":
             # Writing back through duplicated objects has no single answer (two copies of one
             # object may be changed differently), and the mutation check needs identities.
             raise ValueError(
-                f"mutations={self.mutations!r} needs identity='preserve': with duplicated "
-                "objects a mutation cannot be traced back to one caller object"
+                see(
+                    "invalid-option",
+                    f"mutations={self.mutations!r} needs identity='preserve': with duplicated "
+                    "objects a mutation cannot be traced back to one caller object",
+                )
             )
 
     @property
@@ -254,14 +270,19 @@ def as_policy(policy: str | Policy) -> Policy:
     >>> as_policy("copy")
     Traceback (most recent call last):
     ...
-    ValueError: unknown policy 'copy'; expected one of ['alias', 'clone', 'strict'] or a Policy
+    ValueError: unknown policy 'copy'; expected one of ['alias', 'clone', 'strict'] or a Policy ...
     """
     if isinstance(policy, Policy):
         name = policy.name
         return policy if name is None else PRESETS[name]  # a preset is always the same object
     if isinstance(policy, str) and policy in PRESETS:
         return PRESETS[policy]
-    raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(PRESETS)} or a Policy")
+    raise ValueError(
+        see(
+            "invalid-option",
+            f"unknown policy {policy!r}; expected one of {sorted(PRESETS)} or a Policy",
+        )
+    )
 
 
 # What a mixed call runs with when some argument is ... (the strongest of its policies).
@@ -405,11 +426,11 @@ def as_policy_spec(
     >>> as_policy_spec({"parms": "alias"}, step)
     Traceback (most recent call last):
     ...
-    ValueError: policy names 'parms', which is not an argument of step (params, batch)
+    ValueError: policy names 'parms', which is not an argument of step (params, batch) ...
     >>> as_policy_spec({0: "alias", "params": "strict"}, step)
     Traceback (most recent call last):
     ...
-    ValueError: policy gives argument 0 (params) two policies: Policy.alias and Policy.strict
+    ValueError: policy gives argument 0 (params) two policies: Policy.alias and Policy.strict ...
     """
     if isinstance(policy, ArgPolicies):
         return policy
@@ -424,8 +445,11 @@ def as_policy_spec(
             fallback = chosen
         elif isinstance(key, bool) or not isinstance(key, (int, str)):
             raise TypeError(
-                f"policy's keys are argument positions (int), names (str) and ... (every "
-                f"other argument), got {key!r}"
+                see(
+                    "policy-argument",
+                    f"policy's keys are argument positions (int), names (str) and ... (every "
+                    f"other argument), got {key!r}",
+                )
             )
         elif isinstance(key, int):
             by_position[key] = chosen
@@ -446,24 +470,42 @@ def as_policy_spec(
         for i in list(by_position):
             j = i + len(positional) if i < 0 else i
             if j < 0 or (j >= len(positional) and not var_positional):
-                raise ValueError(f"policy names argument {i}, but {shown} has no such position")
+                raise ValueError(
+                    see(
+                        "policy-argument",
+                        f"policy names argument {i}, but {shown} has no such position",
+                    )
+                )
             by_position[j] = by_position.pop(i)
         for k in by_name:
             if k not in keywords and k not in positional and not var_keyword:
-                raise ValueError(f"policy names {k!r}, which is not an argument of {shown}")
+                raise ValueError(
+                    see(
+                        "policy-argument",
+                        f"policy names {k!r}, which is not an argument of {shown}",
+                    )
+                )
         # A position and its name are one argument (as static_argnums and static_argnames).
         for j, k in enumerate(positional):
             if j in by_position and k in by_name and by_position[j] is not by_name[k]:
                 raise ValueError(
-                    f"policy gives argument {j} ({k}) two policies: {by_position[j]!r} and "
-                    f"{by_name[k]!r}"
+                    see(
+                        "policy-argument",
+                        f"policy gives argument {j} ({k}) two policies: {by_position[j]!r} and "
+                        f"{by_name[k]!r}",
+                    )
                 )
             if j in by_position:
                 by_name.setdefault(k, by_position[j])
             elif k in by_name:
                 by_position[j] = by_name[k]
     elif any(i < 0 for i in by_position):
-        raise ValueError("a negative position in policy needs fun's signature, which is unknown")
+        raise ValueError(
+            see(
+                "policy-argument",
+                "a negative position in policy needs fun's signature, which is unknown",
+            )
+        )
     spec = ArgPolicies(
         tuple(sorted(by_position.items())),
         tuple(sorted(by_name.items())),
@@ -563,5 +605,5 @@ def register_inplace(cls: type, update: Callable[[Any, Any], None]) -> None:
     Array(2., dtype=float32, weak_type=True)
     """
     if not isinstance(cls, type):
-        raise TypeError(f"register_inplace expects a class, got {cls!r}")
+        raise TypeError(see("invalid-option", f"register_inplace expects a class, got {cls!r}"))
     _writeback.set_updater(cls, update)

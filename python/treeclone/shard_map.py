@@ -33,6 +33,7 @@ from jax.core import Tracer
 from jax.sharding import PartitionSpec
 
 from treeclone import _lift
+from treeclone._docs import see
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
 from treeclone._lift import Naming, StaticLeaves, StaticOut, jit_keystr, leaf_rule, reporting
 from treeclone.policies import (
@@ -208,10 +209,13 @@ class _Body:
             for (first, spec), (other, other_spec) in zip(returned, returned[1:], strict=False):
                 if other_spec != spec:
                     raise ValueError(
-                        f"{first} and {other}: one array is returned at two places with "
-                        f"different out_specs ({spec} and {other_spec}); under this policy "
-                        "it stays one array, which cannot have both shardings: return a copy "
-                        "(jnp.copy) at one of them, or give them the same out_spec"
+                        see(
+                            "one-array-two-shardings",
+                            f"{first} and {other}: one array is returned at two places with "
+                            f"different out_specs ({spec} and {other_spec}); under this policy "
+                            "it stays one array, which cannot have both shardings: return a copy "
+                            "(jnp.copy) at one of them, or give them the same out_spec",
+                        )
                     )
             at = places.get(id(leaf), [])
             if not at:
@@ -229,10 +233,13 @@ class _Body:
                 continue
             if id(leaf) in out_index:
                 raise ValueError(
-                    f"{self.places.name(at[0])}: the value written into this input (in_spec "
-                    f"{spec}) is also returned with out_spec {returned_spec}; it is one "
-                    "array, which cannot have both shardings: return a copy (jnp.copy), or "
-                    "give the two places the same spec"
+                    see(
+                        "one-array-two-shardings",
+                        f"{self.places.name(at[0])}: the value written into this input (in_spec "
+                        f"{spec}) is also returned with out_spec {returned_spec}; it is one "
+                        "array, which cannot have both shardings: return a copy (jnp.copy), or "
+                        "give the two places the same spec",
+                    )
                 )
             sources.append(("written", len(written)))
             written.append(leaf)
@@ -250,22 +257,32 @@ class _Body:
                 specs.append(self.places.spec(path))
             except KeyError:
                 raise ValueError(
-                    f"{self.places.name(path)}: a value is written into the inputs at a place "
-                    "in_specs gives no spec for (a new entry of a container whose in_specs are "
-                    "given per entry); give the container one in_spec for all its entries"
+                    see(
+                        "shard-map-write-back",
+                        f"{self.places.name(path)}: a value is written into the inputs at a place "
+                        "in_specs gives no spec for (a new entry of a container whose in_specs are "
+                        "given per entry); give the container one in_spec for all its entries",
+                    )
                 ) from None
         spec = specs[0]
         for path, other in zip(at[1:], specs[1:], strict=True):
             if other != spec:
                 raise ValueError(
-                    f"{name} and {self.places.name(path)}: one value is written into two inputs "
-                    f"with different in_specs ({spec} and {other}); under this policy it is "
-                    "one array, which cannot have both shardings: write a copy into one of them"
+                    see(
+                        "one-array-two-shardings",
+                        f"{name} and {self.places.name(path)}: one value is written into two "
+                        f"inputs with different in_specs ({spec} and {other}); under this policy "
+                        "it is one array, which cannot have both shardings: write a copy into one "
+                        "of them",
+                    )
                 )
         if spec is None:
             raise ValueError(
-                f"{name}: a value is written into an input whose in_spec is None (a static "
-                "input); give it a PartitionSpec to write traced values into it"
+                see(
+                    "shard-map-write-back",
+                    f"{name}: a value is written into an input whose in_spec is None (a static "
+                    "input); give it a PartitionSpec to write traced values into it",
+                )
             )
         try:
             aval = jax.typeof(leaf)
@@ -273,20 +290,26 @@ class _Body:
             return spec  # not a JAX value: jax.shard_map's own error follows
         if len(spec) > aval.ndim:
             raise ValueError(
-                f"{name}: the value written into this input has shape {aval.str_short()}, of "
-                f"rank {aval.ndim}, less than the length of its in_spec {spec}, with which it "
-                "is written back; write a value of the input's rank"
+                see(
+                    "shard-map-write-back",
+                    f"{name}: the value written into this input has shape {aval.str_short()}, of "
+                    f"rank {aval.ndim}, less than the length of its in_spec {spec}, with which it "
+                    "is written back; write a value of the input's rank",
+                )
             )
         varying = _varying(aval)
         extra = sorted(map(str, varying - _spec_axes(spec)))
         if self.check_vma and extra:
             axes = ", ".join(repr(a) for a in extra)
             raise ValueError(
-                f"{name}: the value written into this input varies across mesh axis {axes} "
-                f"(it may differ from device to device), but its in_spec {spec} says the input "
-                "is replicated there, and it is written back with that spec; reduce it over "
-                f"the axis first (jax.lax.pmean, psum, ...), or give the input an in_spec "
-                "that splits it over that axis"
+                see(
+                    "shard-map-write-back",
+                    f"{name}: the value written into this input varies across mesh axis {axes} "
+                    f"(it may differ from device to device), but its in_spec {spec} says the input "
+                    "is replicated there, and it is written back with that spec; reduce it over "
+                    f"the axis first (jax.lax.pmean, psum, ...), or give the input an in_spec "
+                    "that splits it over that axis",
+                )
             )
         return spec
 
@@ -327,10 +350,13 @@ class _ShardMap(_lift.Wrapper):
         in_specs = self._options["in_specs"]
         if in_specs is _IN_SPECS_DEFAULT or in_specs is None:
             raise TypeError(
-                f"treeclone.shard_map with policy {policy!r} needs in_specs: the in_spec of "
-                "each input is the out_spec a value written into it is written back with "
-                "(in_specs inferred from the arguments' shardings is policy='clone' without "
-                "traced= only)"
+                see(
+                    "shard-map-write-back",
+                    f"treeclone.shard_map with policy {policy!r} needs in_specs: the in_spec of "
+                    "each input is the out_spec a value written into it is written back with "
+                    "(in_specs inferred from the arguments' shardings is policy='clone' without "
+                    "traced= only)",
+                )
             )
         call = _lift.flatten_call(self._naming, args, {}, traced=self._traced, hashed=False)
         places = _Places(self._naming, in_specs)
@@ -403,10 +429,13 @@ class _ShardMap(_lift.Wrapper):
             for path, other in others:
                 if other != spec:
                     raise ValueError(
-                        f"{places.name(first)} and {places.name(path)} are one array, given "
-                        f"different in_specs ({spec} and {other}); under this policy an array "
-                        "passed at two places is one input (docs/semantics.md, rule 7): give "
-                        "both places the same in_spec, or pass a copy"
+                        see(
+                            "one-array-two-shardings",
+                            f"{places.name(first)} and {places.name(path)} are one array, given "
+                            f"different in_specs ({spec} and {other}); under this policy an array "
+                            "passed at two places is one input (docs/semantics.md, rule 7): give "
+                            "both places the same in_spec, or pass a copy",
+                        )
                     )
             specs.append(spec)
             names.append(places.name(first))

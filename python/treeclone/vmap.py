@@ -28,6 +28,7 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _lift
+from treeclone._docs import see
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
@@ -178,8 +179,11 @@ class _Vmap(_lift.Wrapper):
                 if not str(e).startswith("vmap has mapped output"):  # JAX's own, unnamed
                     raise
                 raise ValueError(
-                    f"{e} (a value that varies along the batch was returned, or written "
-                    "into an input, at a place whose axis is None)"
+                    see(
+                        "vmap-write-back",
+                        f"{e} (a value that varies along the batch was returned, or written "
+                        "into an input, at a place whose axis is None)",
+                    )
                 ) from None
         return out.record.plan.apply(call.leaves, call.objects, out.leaves)
 

@@ -148,7 +148,7 @@ def _nodes(inner):
 # A tree spec: ``("leaf", i)`` or ``(kind, payload)``; the bound argument is a dict of up to
 # four nodes (leaves at the top would only dilute the examples).
 specs = st.lists(_nodes(st.recursive(leaf, _nodes, max_leaves=4)), min_size=1, max_size=4).map(
-    lambda nodes: dict(zip("zyxw", nodes))
+    lambda nodes: dict(zip("zyxw", nodes, strict=False))
 )
 
 OPS = ("leaf", "hidden", "factory", "mode", "static", "order", "add")

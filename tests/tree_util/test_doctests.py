@@ -20,6 +20,7 @@ MODULES = {
     name: importlib.import_module(name)
     for name in (
         "treeclone",
+        "treeclone._docs",
         "treeclone._lift.arguments",
         "treeclone._lift.boxes",
         "treeclone._lift.naming",

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from treeclone import _native
+from treeclone._docs import see
 from treeclone._jit.bound import BoundArguments
 from treeclone._jit.jitted import Jitted, jit
 from treeclone._jit.options import parameters
@@ -66,7 +67,11 @@ class JitPartial(_native.PartialCore):
         self._jit = jit = jitted.interface()
         functools.update_wrapper(self, jit.fun)
         if jit.static_nums & set(range(len(bound))):
-            raise ValueError("jit_partial: a bound argument cannot be static (static_argnums)")
+            raise ValueError(
+                see(
+                    "jit-partial", "jit_partial: a bound argument cannot be static (static_argnums)"
+                )
+            )
         self._bound = BoundArguments(bound, jit.naming)
         # Static arguments among the others keep the general path (_prepare splits them out
         # before the join).
@@ -208,9 +213,12 @@ class JitPartial(_native.PartialCore):
 def _check_policy(policy: Policy | ArgPolicies) -> None:
     if policy.identity != "preserve":
         raise ValueError(
-            f"jit_partial needs a policy that preserves identity (alias, strict, or "
-            f"Policy('discard', 'preserve')), got {policy!r}: under clone, call "
-            f"treeclone.jit(fun)(*bound, *args)"
+            see(
+                "jit-partial",
+                f"jit_partial needs a policy that preserves identity (alias, strict, or "
+                f"Policy('discard', 'preserve')), got {policy!r}: under clone, call "
+                f"treeclone.jit(fun)(*bound, *args)",
+            )
         )
 
 

@@ -24,6 +24,7 @@ from jax.core import Tracer
 from jax.sharding import NamedSharding, PartitionSpec
 
 from treeclone import _jax_compat, _native, tree_util
+from treeclone._docs import see
 from treeclone._lift import jit_keystr
 from treeclone.policies import ArgPolicies, Policy
 
@@ -101,11 +102,14 @@ def _by_leaf(
             seen = found.setdefault(id(leaf), (sharding, where))
             if seen[0] != sharding:
                 raise ValueError(
-                    f"{seen[1]} and {where} are one array, which {what} places at "
-                    f"{seen[0]} and at {sharding}: under alias and strict an object at two "
-                    "places is one object, as in plain Python, and one array has one "
-                    "placement. Give both places one sharding, or pass (or return) a copy at "
-                    "one of them."
+                    see(
+                        "one-array-two-shardings",
+                        f"{seen[1]} and {where} are one array, which {what} places at "
+                        f"{seen[0]} and at {sharding}: under alias and strict an object at two "
+                        "places is one object, as in plain Python, and one array has one "
+                        "placement. Give both places one sharding, or pass (or return) a copy "
+                        "at one of them.",
+                    )
                 )
 
     jax.tree_util.tree_map_with_path(visit, prefix, tree, is_leaf=lambda x: x is None)

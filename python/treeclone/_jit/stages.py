@@ -27,6 +27,7 @@ from typing import Any
 import jax
 
 from treeclone import _jax_compat, _native, _retrace, _trace
+from treeclone._docs import see
 from treeclone._jit.bound import BoundArguments
 from treeclone._jit.call import CallShape, JitCall, from_jit_order
 from treeclone._jit.inner import Inner, TraceInfo, end_of_call, fun_name
@@ -84,12 +85,15 @@ class StageSource:
         if now is self.policy or now == self.policy:
             return
         raise ValueError(
-            f"{fun_name(self.fun)}: this stage was traced under policy {self.policy!r}, and "
-            f"this call runs under {now!r} (a `with treeclone.policy(...)` block, or the "
-            "jitted function's own policy): what a call writes back into the caller's objects "
-            "is part of the stage's compiled code, so a stage runs under the policy it was "
-            "made under only. Trace, lower and compile it under this policy (inside the "
-            "block), or call it where its own policy applies."
+            see(
+                "aot-stage",
+                f"{fun_name(self.fun)}: this stage was traced under policy {self.policy!r}, "
+                f"and this call runs under {now!r} (a `with treeclone.policy(...)` block, or "
+                "the jitted function's own policy): what a call writes back into the caller's "
+                "objects is part of the stage's compiled code, so a stage runs under the "
+                "policy it was made under only. Trace, lower and compile it under this policy "
+                "(inside the block), or call it where its own policy applies.",
+            )
         )
 
 
@@ -151,8 +155,11 @@ class StagedCall:
         for k, *_ in keyword:
             if k in kwargs:
                 raise TypeError(
-                    f"{fun_name(self.source.fun)}: the static argument {k!r} was fixed when "
-                    "the stage was made; call it with the other arguments only (as jax.jit's)"
+                    see(
+                        "aot-stage",
+                        f"{fun_name(self.source.fun)}: the static argument {k!r} was fixed when "
+                        "the stage was made; call it with the other arguments only (as jax.jit's)",
+                    )
                 )
         fixed = {i: v for i, _, v in positional}
         given, full = list(args), list[Any]()

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from treeclone import _jax_compat, _native, tree_util
+from treeclone._docs import see
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift.naming import Naming, jit_keystr, name_slots
 from treeclone._trace import NAN_TYPES, same_static, static_hash, static_key
@@ -168,8 +169,11 @@ def leaf_rule(traced: str | Callable[[Any], bool] | None) -> Callable[[Any], boo
     if isinstance(traced, str) and traced in _LEAF_RULES:
         return _LEAF_RULES[traced]
     raise ValueError(
-        f"traced must be None, one of {sorted(_LEAF_RULES)} or a predicate on a leaf, "
-        f"got {traced!r}"
+        see(
+            "invalid-option",
+            f"traced must be None, one of {sorted(_LEAF_RULES)} or a predicate on a leaf, "
+            f"got {traced!r}",
+        )
     )
 
 
@@ -268,10 +272,13 @@ class StaticLeaves(tuple):
                     static_hash(x)
                 except TypeError:
                     raise TypeError(
-                        f"{_leaf_path(x, args, kwargs, naming)}: a static leaf under traced= "
-                        f"(not traced: a {ty.__name__}) must be hashable, as a static argument "
-                        "must be: it is part of the compiled code's cache key. Make it a "
-                        "pytree node or an array, or give traced= a rule that traces it."
+                        see(
+                            "unhashable-static-leaf",
+                            f"{_leaf_path(x, args, kwargs, naming)}: a static leaf under traced= "
+                            f"(not traced: a {ty.__name__}) must be hashable, as a static argument "
+                            "must be: it is part of the compiled code's cache key. Make it a "
+                            "pytree node or an array, or give traced= a rule that traces it.",
+                        )
                     ) from None
             raise
 

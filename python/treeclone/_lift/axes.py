@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from treeclone import _jax_compat, _native
+from treeclone._docs import see
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
@@ -112,11 +113,14 @@ class InAxes:
                 self.slot_axes[s], self.slot_paths[s] = axis, name(path)
             elif self.slot_axes[s] != axis:
                 raise ValueError(
-                    f"vmap in_axes: {self.slot_paths[s]} and {name(path)} are the same value, "
-                    f"given the axes {self.slot_axes[s]} and {axis}. Under this policy a value "
-                    "passed at two places is one input of the computation (identity is "
-                    "preserved), so it has one batch axis: give both places the same axis, or "
-                    "pass a copy."
+                    see(
+                        "vmap-axes",
+                        f"vmap in_axes: {self.slot_paths[s]} and {name(path)} are the same value, "
+                        f"given the axes {self.slot_axes[s]} and {axis}. Under this policy a value "
+                        "passed at two places is one input of the computation (identity is "
+                        "preserved), so it has one batch axis: give both places the same axis, or "
+                        "pass a copy.",
+                    )
                 )
         for s, axis in enumerate(self.slot_axes):
             if axis is _UNSET:  # not reachable by JAX's flatten (cannot happen): unmapped
@@ -139,10 +143,13 @@ class InAxes:
                     continue
                 if self.node_axes.get(k, axis) != axis:
                     raise ValueError(
-                        f"vmap in_axes: {self.node_paths.get(k, '?')} is one object reached "
-                        f"from places given the axes {self.node_axes[k]} and {axis}; under "
-                        "this policy it stays one object, so it has one batch axis: give its "
-                        "places the same axis."
+                        see(
+                            "vmap-axes",
+                            f"vmap in_axes: {self.node_paths.get(k, '?')} is one object reached "
+                            f"from places given the axes {self.node_axes[k]} and {axis}; under "
+                            "this policy it stays one object, so it has one batch axis: give its "
+                            "places the same axis.",
+                        )
                     )
                 self.node_axes[k] = axis
 
@@ -173,8 +180,11 @@ def check_sizes(call: Call, axes: InAxes, axis_size: int | None) -> None:
         x, where = call.leaves[s], axes.slot_paths[s]
         if not isinstance(x, _JAX_VALUES) and not _jax_compat.is_ref(x):
             raise TypeError(  # jax.vmap's error, with the key path; traced= is the way out
-                f"{where}: argument {x!r} of type {type(x)} is not a valid JAX type (give "
-                "traced='arrays' to leave leaves that are not arrays static, as equinox does)"
+                see(
+                    "not-a-jax-type",
+                    f"{where}: argument {x!r} of type {type(x)} is not a valid JAX type (give "
+                    "traced='arrays' to leave leaves that are not arrays static, as equinox does)",
+                )
             )
         shape = np.shape(x)
         if not 0 <= axis < len(shape):
@@ -266,9 +276,12 @@ class Places:
                 self._raise_batched_into_unmapped(r)
             if place is not None and not 0 <= place <= np.ndim(leaf):
                 raise PlaceError(
-                    f"{self.where[r]}: the batch axis of this place is {place}, but the value "
-                    f"{self._name()} left there has rank {np.ndim(leaf)} for each example, so "
-                    f"it has no axis {place} once batched (rank {np.ndim(leaf) + 1})"
+                    see(
+                        "vmap-write-back",
+                        f"{self.where[r]}: the batch axis of this place is {place}, but the value "
+                        f"{self._name()} left there has rank {np.ndim(leaf)} for each example, so "
+                        f"it has no axis {place} once batched (rank {np.ndim(leaf) + 1})",
+                    )
                 )
             self.out_list.append(place)
         return forced
@@ -286,18 +299,24 @@ class Places:
             axis = None
         if axis is MIXED:
             raise PlaceError(
-                f"{where}: {self._name()} put a new value where in_axes gives no single batch "
-                "axis (the container's entries are mapped along different axes, and this "
-                "place had none of its own), so it cannot be written back. Give the "
-                "container one axis in in_axes, or return the value instead."
+                see(
+                    "vmap-write-back",
+                    f"{where}: {self._name()} put a new value where in_axes gives no single batch "
+                    "axis (the container's entries are mapped along different axes, and this "
+                    "place had none of its own), so it cannot be written back. Give the "
+                    "container one axis in in_axes, or return the value instead.",
+                )
             )
         axis = _norm(axis, np.ndim(self.rleaves[r]) + 1)
         if self.place[r] is not _UNSET and self.place[r] != axis:
             raise PlaceError(
-                f"{self._name()} left one value at {self.where[r]} (batch axis "
-                f"{self.place[r]}) and at {where} (batch axis {axis}). A value is one output "
-                "of the computation, with one batch axis: put a copy at one of the places "
-                "(jnp.copy(x)), or give the places the same axis."
+                see(
+                    "vmap-write-back",
+                    f"{self._name()} left one value at {self.where[r]} (batch axis "
+                    f"{self.place[r]}) and at {where} (batch axis {axis}). A value is one output "
+                    "of the computation, with one batch axis: put a copy at one of the places "
+                    "(jnp.copy(x)), or give the places the same axis.",
+                )
             )
         if self.place[r] is _UNSET:
             self.place[r], self.where[r], self.into_input[r] = axis, where, into_input
@@ -451,11 +470,14 @@ class Places:
             have = self.place[entry.slot]
             if have is not _UNSET and have != want:
                 raise PlaceError(
-                    f"{where}: out_axes gives this place the axis {spec}, but it holds "
-                    f"{self.where[entry.slot] or 'a value'}, batched along {have} where it is "
-                    "written back. A returned input container is the caller's own object, "
-                    "whose contents keep the axes of in_axes: make out_axes agree there, or "
-                    "return a new container."
+                    see(
+                        "vmap-write-back",
+                        f"{where}: out_axes gives this place the axis {spec}, but it holds "
+                        f"{self.where[entry.slot] or 'a value'}, batched along {have} where it is "
+                        "written back. A returned input container is the caller's own object, "
+                        "whose contents keep the axes of in_axes: make out_axes agree there, or "
+                        "return a new container.",
+                    )
                 )
             return
         specs = [spec] * len(entry.children) if _is_axis(spec) else self._match(n, spec, where)
@@ -474,12 +496,17 @@ class Places:
         where = self.where[r]
         if self.into_input[r]:
             raise PlaceError(
-                f"{where}: {self._name()} wrote a batched value (one per example) into an "
-                "input mapped with in_axes None, which holds one value for the whole batch; "
-                "nothing was written back. Map that input (give it an axis in in_axes), or "
-                "write a value that is the same for every example."
+                see(
+                    "vmap-write-back",
+                    f"{where}: {self._name()} wrote a batched value (one per example) into an "
+                    "input mapped with in_axes None, which holds one value for the whole batch; "
+                    "nothing was written back. Map that input (give it an axis in in_axes), or "
+                    "write a value that is the same for every example.",
+                )
             )
-        raise PlaceError(f"{where}: vmap has mapped output but out_axes is None")
+        raise PlaceError(
+            see("vmap-write-back", f"{where}: vmap has mapped output but out_axes is None")
+        )
 
 
 def copy_returned_inputs(

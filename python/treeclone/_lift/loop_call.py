@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from treeclone import _trace
+from treeclone._docs import see
 from treeclone._jax_compat import unflatten_node
 from treeclone._lift.arguments import flatten_call
 from treeclone._lift.loop_rules import (
@@ -229,9 +230,12 @@ class LoopCall:
             if k is not None and k != n:
                 what = "put the slice's" if self.argument(n) else "returned the carry's"
                 raise ValueError(
-                    f"{qualname(self.fun)} {what} container {self.path(k)} at "
-                    f"the place of {self.path(n)}. A loop carries each container at its place; "
-                    "build a new object there instead, or keep the container where it is."
+                    see(
+                        "loop-carry",
+                        f"{qualname(self.fun)} {what} container {self.path(k)} at "
+                        f"the place of {self.path(n)}. A loop carries each container at its place; "
+                        "build a new object there instead, or keep the container where it is.",
+                    )
                 )
             if k is not None:
                 kept.add(n)
@@ -256,10 +260,13 @@ class LoopCall:
                 s, value = e_in.slot, new_leaves[e_out.slot]
                 if s in values and values[s] is not value:
                     raise ValueError(
-                        f"{qualname(self.fun)} gave different values to {self.slot_path(s)} and "
-                        f"{self.path(n)}, which are one array in {self.names[0]} (the same "
-                        "object at both places). A loop carries that array once; pass two "
-                        "arrays (a copy at one of the places) to let them differ."
+                        see(
+                            "loop-carry",
+                            f"{qualname(self.fun)} gave different values to {self.slot_path(s)} "
+                            f"and {self.path(n)}, which are one array in {self.names[0]} (the same "
+                            "object at both places). A loop carries that array once; pass two "
+                            "arrays (a copy at one of the places) to let them differ.",
+                        )
                     )
                 values[s] = value
         for s in self.static:
@@ -277,15 +284,21 @@ class LoopCall:
             if not getattr(a, "weak_type", False) and (a.shape, a.dtype) != (b.shape, b.dtype):
                 if s in scanned:
                     raise TypeError(
-                        f"{qualname(self.fun)} put a value of type {b.str_short()} at "
-                        f"{self.slot_path(s)} of its slice, where xs's rows have type "
-                        f"{a.str_short()}: a slice is written back into the stacked xs, row "
-                        "by row, so it must keep its shapes and dtypes"
+                        see(
+                            "loop-slice",
+                            f"{qualname(self.fun)} put a value of type {b.str_short()} at "
+                            f"{self.slot_path(s)} of its slice, where xs's rows have type "
+                            f"{a.str_short()}: a slice is written back into the stacked xs, row "
+                            "by row, so it must keep its shapes and dtypes",
+                        )
                     )
                 raise TypeError(
-                    f"{qualname(self.fun)} returned {self.slot_path(s)} with type "
-                    f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
-                    "carry's types must be the same at every iteration"
+                    see(
+                        "loop-carry",
+                        f"{qualname(self.fun)} returned {self.slot_path(s)} with type "
+                        f"{b.str_short()}, but the carry had type {a.str_short()} there: the "
+                        "carry's types must be the same at every iteration",
+                    )
                 )
         return new_slots
 
@@ -294,10 +307,13 @@ class LoopCall:
         its key path (a JAX loop's constants are the same at every iteration)."""
         if not _trace.same_static(old, new):
             raise ValueError(
-                f"{qualname(self.fun)} changed {self.slot_path(s)} from {old!r} to {new!r}: a "
-                "leaf that traced= leaves static is a constant of the loop, the same at every "
-                "iteration (as eqx.partition's static part closed over a JAX loop). Make it an "
-                "array (traced), or keep it and return another value apart from the carry."
+                see(
+                    "loop-carry",
+                    f"{qualname(self.fun)} changed {self.slot_path(s)} from {old!r} to {new!r}: a "
+                    "leaf that traced= leaves static is a constant of the loop, the same at every "
+                    "iteration (as eqx.partition's static part closed over a JAX loop). Make it an "
+                    "array (traced), or keep it and return another value apart from the carry.",
+                )
             )
 
     def _check_outside_attributes(
@@ -338,10 +354,13 @@ class LoopCall:
                 _trace.report_discarded(fun, lines, None, "'clone'")
                 return out
             raise ValueError(
-                f"{qualname(fun)}, the loop's condition, changed the carry in place:\n"
-                + "\n".join(f"  {line}" for line in lines)
-                + "\nA JAX while_loop carries only what the body returns; change the carry in "
-                "the body."
+                see(
+                    "loop-carry",
+                    f"{qualname(fun)}, the loop's condition, changed the carry in place:\n"
+                    + "\n".join(f"  {line}" for line in lines)
+                    + "\nA JAX while_loop carries only what the body returns; change the carry in "
+                    "the body.",
+                )
             )
         return out
 
@@ -351,11 +370,14 @@ class LoopCall:
             found = structure_difference(self.names[a], self.call.args[a], new[a])
             if a and found is not None:
                 raise ValueError(
-                    f"{qualname(self.fun)} changed the structure of its slice of xs: {found}. "
-                    "Under policy 'alias' a slice is written back into the stacked xs, so it "
-                    "must keep xs's structure (keys, list lengths, node types and static data, "
-                    "shared containers); build a new object to return instead. Nothing was "
-                    "written back."
+                    see(
+                        "loop-slice",
+                        f"{qualname(self.fun)} changed the structure of its slice of xs: {found}. "
+                        "Under policy 'alias' a slice is written back into the stacked xs, so it "
+                        "must keep xs's structure (keys, list lengths, node types and static data, "
+                        "shared containers); build a new object to return instead. Nothing was "
+                        "written back.",
+                    )
                 )
             if not a:
                 found = found or (
@@ -363,10 +385,13 @@ class LoopCall:
                     "way round"
                 )
                 raise ValueError(
-                    f"{qualname(self.fun)} returned a carry whose structure differs from "
-                    f"{self.names[0]}'s: {found}. A loop's carry must keep its structure (keys, "
-                    "list lengths, node types and static data, shared containers) at every "
-                    "iteration."
+                    see(
+                        "loop-carry",
+                        f"{qualname(self.fun)} returned a carry whose structure differs from "
+                        f"{self.names[0]}'s: {found}. A loop's carry must keep its structure "
+                        "(keys, list lengths, node types and static data, shared containers) at "
+                        "every iteration.",
+                    )
                 )
 
     def _raise_unreturned(self, objs: list, watched: dict, bad: list[int]) -> None:
@@ -383,23 +408,29 @@ class LoopCall:
                 raise _trace.mutation_error(self.fun, lines, UNRETURNED_REMEDY)
             if a:
                 raise ValueError(
-                    f"{qualname(self.fun)} changed a container of its slice of xs in place, "
-                    "then put a new object at its place in the slice:\n"
-                    + "\n".join(f"  {line}" for line in lines)
-                    + "\nUnder policy 'alias' what the slice holds at the end of the body is "
-                    "written back into xs, so the change to the replaced container would be "
-                    "lost. Keep the container (update it in place) or leave it unchanged. "
-                    "Nothing was written back."
+                    see(
+                        "loop-slice",
+                        f"{qualname(self.fun)} changed a container of its slice of xs in place, "
+                        "then put a new object at its place in the slice:\n"
+                        + "\n".join(f"  {line}" for line in lines)
+                        + "\nUnder policy 'alias' what the slice holds at the end of the body is "
+                        "written back into xs, so the change to the replaced container would be "
+                        "lost. Keep the container (update it in place) or leave it unchanged. "
+                        "Nothing was written back.",
+                    )
                 )
             raise ValueError(
-                f"{qualname(self.fun)} changed the carry in place without returning the "
-                "changed container at its place in the carry (it returned a new object there, "
-                "or none):\n"
-                + "\n".join(f"  {line}" for line in lines)
-                + "\nIn a Python loop the caller's object would keep the first iteration's "
-                "change only, which a JAX loop does not reproduce. Return the same container "
-                "(update in place) or leave it unchanged (build a new one). Nothing was written "
-                "back."
+                see(
+                    "loop-carry",
+                    f"{qualname(self.fun)} changed the carry in place without returning the "
+                    "changed container at its place in the carry (it returned a new object there, "
+                    "or none):\n"
+                    + "\n".join(f"  {line}" for line in lines)
+                    + "\nIn a Python loop the caller's object would keep the first iteration's "
+                    "change only, which a JAX loop does not reproduce. Return the same container "
+                    "(update in place) or leave it unchanged (build a new one). Nothing was "
+                    "written back.",
+                )
             )
 
     # -- after the loop ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _trace
+from treeclone._docs import see
 from treeclone._lift.arguments import StaticLeaves, flatten_call
 from treeclone._lift.boxes import ArgsBox, Out, Record, StaticOut
 from treeclone._lift.naming import Naming
@@ -183,10 +184,13 @@ class SliceWatch:
             ]
             if self.mutations == "shared":
                 raise ValueError(
-                    f"{qualname(fun)} changed its slice of xs in place:\n"
-                    + "\n".join(f"  {line}" for line in lines)
-                    + "\nxs shares an array with init, which the loop carries, so the slice "
-                    "cannot be written back into xs; pass a copy of that array in one of them."
+                    see(
+                        "loop-slice",
+                        f"{qualname(fun)} changed its slice of xs in place:\n"
+                        + "\n".join(f"  {line}" for line in lines)
+                        + "\nxs shares an array with init, which the loop carries, so the slice "
+                        "cannot be written back into xs; pass a copy of that array in one of them.",
+                    )
                 )
             if self.mutations == "discard":  # xs left alone (a policy per argument)
                 _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
@@ -254,10 +258,13 @@ def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) ->
                 paths = _trace.Paths(both.sdef, both.objects, _trace.Layout(2, ["init", "xs"]))
                 a, b = (_trace.policy_name(p) for p in policies)
                 raise ValueError(
-                    f"{qualname(f)}: the {type(both.objects[e.target]).__name__} at "
-                    f"{paths.paths.get(e.target)} (policy {a}) is also at {paths.paths.get(n)} "
-                    f"(policy {b}): one container cannot be both written back and left alone. "
-                    "Pass it through one argument, or give both arguments one policy."
+                    see(
+                        "one-container-two-policies",
+                        f"{qualname(f)}: the {type(both.objects[e.target]).__name__} at "
+                        f"{paths.paths.get(e.target)} (policy {a}) is also at {paths.paths.get(n)} "
+                        f"(policy {b}): one container cannot be both written back and left alone. "
+                        "Pass it through one argument, or give both arguments one policy.",
+                    )
                 )
 
 

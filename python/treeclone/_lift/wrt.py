@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from treeclone import _native
+from treeclone._docs import see
 from treeclone._lift.arguments import Call, is_array
 
 
@@ -48,8 +49,11 @@ def wrt_rule(wrt: Any) -> Wrt | None:
         from flax.nnx import filterlib
     except ImportError:
         raise TypeError(
-            f"wrt={wrt!r}: a type or filter names nnx Variables and needs flax; without it give "
-            "wrt='arrays' or a predicate (key_path, leaf) -> bool"
+            see(
+                "invalid-option",
+                f"wrt={wrt!r}: a type or filter names nnx Variables and needs flax; without it "
+                "give wrt='arrays' or a predicate (key_path, leaf) -> bool",
+            )
         ) from None
     return Wrt("nnx", filterlib.to_predicate(wrt), wrt)
 

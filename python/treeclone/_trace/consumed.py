@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from treeclone import _native
+from treeclone._docs import see
 from treeclone._jax_compat import unflatten_node
 from treeclone._trace.messages import qualname, raise_mutation_error
 from treeclone._trace.tree import Paths, same_data
@@ -175,9 +176,12 @@ def _raise_lost(p: Any, k: int, count: int) -> None:
         raise_mutation_error(req.fun, [(k, [change])], req.sdef, p.objs, req.layout)
     where = Paths(req.sdef, p.objs, req.layout).paths.get(k, "?")
     raise ValueError(
-        f"{qualname(req.fun)} consumed the {what} at {where} (it can no longer be read, as an "
-        f"equinox State once set or updated) and left no new {what} of its structure in its "
-        f"result or its inputs to take its place ({which} found). Under policy 'alias' the "
-        f"caller's {what} takes the contents of the one that replaced it: return the new "
-        "state, as equinox's stateful layers do (`return out, state`)."
+        see(
+            "consumed-state",
+            f"{qualname(req.fun)} consumed the {what} at {where} (it can no longer be read, as an "
+            f"equinox State once set or updated) and left no new {what} of its structure in its "
+            f"result or its inputs to take its place ({which} found). Under policy 'alias' the "
+            f"caller's {what} takes the contents of the one that replaced it: return the new "
+            "state, as equinox's stateful layers do (`return out, state`).",
+        )
     )

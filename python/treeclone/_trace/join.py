@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from treeclone import _native
+from treeclone._docs import see
 from treeclone._jax_compat import DictKey, is_ref, keystr, unflatten_node
 from treeclone._native import EntryInfo, Origin, Source
 from treeclone._trace.steps import Traced
@@ -312,9 +313,12 @@ def refined(r: BranchRecord) -> Any:
     )
     if not same or def_.num_leaves != len(pos):
         raise ValueError(
-            "treeclone: the branches share arrays between places of the operands in different "
-            "ways, and the structure could not be rebuilt to hold them apart (a pytree node "
-            "whose unflatten does not keep its children); use policy='clone'"
+            see(
+                "cond-branches",
+                "treeclone: the branches share arrays between places of the operands in different "
+                "ways, and the structure could not be rebuilt to hold them apart (a pytree node "
+                "whose unflatten does not keep its children); use policy='clone'",
+            )
         )
     return def_
 

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 import jax
 
+from treeclone._docs import see
 from treeclone._jax_compat import keystr, traced_by
 from treeclone._trace.tree import Layout, NodeInfo, Paths, argument_tops
 from treeclone.policies import MutationError, MutationWarning, Policy, discarded_mode
@@ -40,10 +41,13 @@ def mutation_error(
     change as the default text says)."""
     name = qualname(fun)
     return MutationError(
-        f"{name} mutated its inputs in place without returning them (policy 'strict'):\n"
-        + "\n".join(f"  {line}" for line in lines)
-        + "\n"
-        + remedy
+        see(
+            "mutation-error",
+            f"{name} mutated its inputs in place without returning them (policy 'strict'):\n"
+            + "\n".join(f"  {line}" for line in lines)
+            + "\n"
+            + remedy,
+        )
     )
 
 
@@ -86,20 +90,26 @@ def raise_changed_elsewhere(fun, touched, pre_def, objs, layout) -> None:
 
     where = ", ".join(name(k) for k in touched)
     raise ValueError(
-        f"{qualname(fun)} changed {where} through another name than its argument (a global, a "
-        "closure, an attribute of another object) while that object was also passed in. "
-        "The function works on the argument, so the two changes cannot both reach the "
-        "caller's object; it was put back as it was. Change it through the argument only."
+        see(
+            "changed-elsewhere",
+            f"{qualname(fun)} changed {where} through another name than its argument (a global, "
+            "a closure, an attribute of another object) while that object was also passed in. "
+            "The function works on the argument, so the two changes cannot both reach the "
+            "caller's object; it was put back as it was. Change it through the argument only.",
+        )
     )
 
 
 def raise_outside_attribute(fun, k, name, pre_def, objs, layout) -> None:
     where = Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
     raise ValueError(
-        f"{qualname(fun)} set the attribute {name!r} on {where} ({type(objs[k]).__name__}), which "
-        "its pytree flatten does not carry, so the call cannot hand it back to the caller's "
-        "object. Make it part of the node's flatten, or set it outside the transformed "
-        "function."
+        see(
+            "attribute-not-carried",
+            f"{qualname(fun)} set the attribute {name!r} on {where} ({type(objs[k]).__name__}), "
+            "which its pytree flatten does not carry, so the call cannot hand it back to the "
+            "caller's object. Make it part of the node's flatten, or set it outside the "
+            "transformed function.",
+        )
     )
 
 
@@ -107,10 +117,13 @@ def raise_traced_static_data(fun, k, pre_def, objs, layout) -> None:
     where = Paths(pre_def, objs, layout).paths.get(k, "?") or "(the arguments)"
     name = qualname(fun)
     raise ValueError(
-        f"{name} stored a traced value in the static data of {where} "
-        f"({type(objs[k]).__name__}: a field its pytree flatten keeps as aux data, not as a "
-        "leaf). Static data must be concrete: make that field a leaf, or compute it outside "
-        "the transformed function."
+        see(
+            "traced-static-data",
+            f"{name} stored a traced value in the static data of {where} "
+            f"({type(objs[k]).__name__}: a field its pytree flatten keeps as aux data, not as a "
+            "leaf). Static data must be concrete: make that field a leaf, or compute it outside "
+            "the transformed function.",
+        )
     )
 
 
@@ -170,6 +183,7 @@ def report_discarded(
         + " (treeclone.set_discarded_mutations, or discarded_mutations= on treeclone.jit, says "
         "'off' or 'error' instead of this warning.)"
     )
+    text = see("mutation-warning", text)
     if chosen == "error":
         raise MutationError(text)
     code = getattr(inspect.unwrap(fun), "__code__", None)
@@ -243,17 +257,20 @@ def enclosing_write_error(name: str, tracer: Any, path: str) -> ValueError:
     results) would write it into ``path``, an object from outside that transformation."""
     jax_name, _ = jax_transformation(tracer)
     return ValueError(
-        f"{name} (policy alias) was called inside a JAX transformation "
-        f"({jax_name or 'jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...'}) and would write a "
-        f"traced value of it into {path}, whose argument holds none of that transformation's "
-        "values: an object from outside it would keep a tracer once it returns, and a copy it "
-        "made of its argument is dropped, so the caller would not get the value either way "
-        "(a container made inside it from constants alone cannot be told from one from "
-        "outside: make it from a traced value, or empty). Nothing was written. "
-        + instead(
-            tracer,
-            ", and pass that object to it as an argument (a loop's carry): it writes concrete "
-            "values back into the caller's objects. Or return the value.",
+        see(
+            "jax-transformation-inside",
+            f"{name} (policy alias) was called inside a JAX transformation "
+            f"({jax_name or 'jax.grad, jax.vmap, jax.jit, jax.lax.scan, ...'}) and would write a "
+            f"traced value of it into {path}, whose argument holds none of that transformation's "
+            "values: an object from outside it would keep a tracer once it returns, and a copy it "
+            "made of its argument is dropped, so the caller would not get the value either way "
+            "(a container made inside it from constants alone cannot be told from one from "
+            "outside: make it from a traced value, or empty). Nothing was written. "
+            + instead(
+                tracer,
+                ", and pass that object to it as an argument (a loop's carry): it writes concrete "
+                "values back into the caller's objects. Or return the value.",
+            ),
         )
     )
 
@@ -275,15 +292,18 @@ def raise_escaped(fun: Any, tracer: Any, where: str, policy: Policy) -> NoReturn
     function's arguments at ``where`` after the call (a change made in place inside it)."""
     jax_name = jax_transformation(tracer)[0] or "a JAX transformation"
     raise ValueError(
-        f"{qualname(fun)} (policy {policy_name(policy)}) changed {where} in place inside "
-        f"{jax_name}, which has returned: that change holds a traced value of it that no "
-        f"longer exists (JAX's UnexpectedTracerError), because {jax_name} keeps only what "
-        "its function returns. "
-        + instead(
-            tracer,
-            ", and pass that container to it as an argument (a loop's carry), not through a "
-            "closure: it writes what its function changes in place back into it, as plain "
-            f"Python does. Or return the value from the function {jax_name} runs.",
+        see(
+            "jax-transformation-inside",
+            f"{qualname(fun)} (policy {policy_name(policy)}) changed {where} in place inside "
+            f"{jax_name}, which has returned: that change holds a traced value of it that no "
+            f"longer exists (JAX's UnexpectedTracerError), because {jax_name} keeps only what "
+            "its function returns. "
+            + instead(
+                tracer,
+                ", and pass that container to it as an argument (a loop's carry), not through a "
+                "closure: it writes what its function changes in place back into it, as plain "
+                f"Python does. Or return the value from the function {jax_name} runs.",
+            ),
         )
     )
 
@@ -292,10 +312,13 @@ def traced_remedy(exc: TypeError, path: str, leaf: Any) -> TypeError:
     """jax.jit's TypeError ``exc`` for the leaf at ``path`` that is not a JAX type, with the
     remedy: ``traced="arrays"`` (equinox's rule) or a static argument."""
     new = TypeError(
-        f"{exc}\n{path} is a {type(leaf).__name__}, not an array. To keep such leaves out of "
-        "the computation (an equinox Module's activation function, a string field), give "
-        "treeclone.jit traced='arrays': the arrays are traced and every other leaf is static, "
-        'as under eqx.filter_jit (docs/semantics.md, "Leaves that are not arrays"); or '
-        "make the whole argument static (static_argnums/static_argnames)."
+        see(
+            "not-a-jax-type",
+            f"{exc}\n{path} is a {type(leaf).__name__}, not an array. To keep such leaves out "
+            "of the computation (an equinox Module's activation function, a string field), "
+            "give treeclone.jit traced='arrays': the arrays are traced and every other leaf is "
+            'static, as under eqx.filter_jit (docs/semantics.md, "Leaves that are not arrays"); '
+            "or make the whole argument static (static_argnums/static_argnames).",
+        )
     )
     return new.with_traceback(exc.__traceback__)

@@ -24,6 +24,7 @@ from typing import Any
 from jax.errors import UnexpectedTracerError
 
 from treeclone import _native
+from treeclone._docs import see
 from treeclone._jax_compat import current_trace, first_escaped
 from treeclone._native import Source
 from treeclone._trace.consumed import take_successors
@@ -270,13 +271,16 @@ class Called:
             change = (None, f"detached from the arguments and changed in place: {named}", None)
             raise_mutation_error(req.fun, [(k, [change])], req.sdef, p.objs, req.layout)
         raise ValueError(
-            f"{qualname(req.fun)} took the {type(p.objs[k]).__name__} at {where} out of its "
-            f"arguments and made it contain itself ({named}). Under policy "
-            f"{policy_name(p.policy_of(k))} what a function does to a container it detached "
-            "is written back into the caller's container, as plain Python leaves it, but a "
-            "container that contains itself is not a pytree, so it cannot be: nothing was "
-            "written. Break the cycle before the function returns, or use policy='clone' "
-            "(what jax.jit does: the caller's container is left as it was)."
+            see(
+                "cyclic-tree",
+                f"{qualname(req.fun)} took the {type(p.objs[k]).__name__} at {where} out of "
+                f"its arguments and made it contain itself ({named}). Under policy "
+                f"{policy_name(p.policy_of(k))} what a function does to a container it "
+                "detached is written back into the caller's container, as plain Python leaves "
+                "it, but a container that contains itself is not a pytree, so it cannot be: "
+                "nothing was written. Break the cycle before the function returns, or use "
+                "policy='clone' (what jax.jit does: the caller's container is left as it was).",
+            )
         ) from exc
 
     def _check_static_objects(self) -> None:

@@ -16,6 +16,7 @@ from types import NoneType
 from typing import Any
 
 from treeclone import _native
+from treeclone._docs import see
 from treeclone._jax_compat import unflatten_node
 from treeclone._native import EntryInfo, Origin
 from treeclone._trace.diff import reordered
@@ -89,11 +90,14 @@ def node_policies(
             paths = Paths(pre_def, objs, layout).paths
             name = qualname(fun)
             raise ValueError(
-                f"{name}: the {type(objs[target]).__name__} at {paths.get(target, '?')} "
-                f"(policy {policy_name(arg_policies[first])}) is also at "
-                f"{paths.get(n, '?')} (policy {policy_name(arg_policies[a])}): one container "
-                "cannot be both written back and left alone. Pass it through one argument, "
-                "or give both arguments one policy."
+                see(
+                    "one-container-two-policies",
+                    f"{name}: the {type(objs[target]).__name__} at {paths.get(target, '?')} "
+                    f"(policy {policy_name(arg_policies[first])}) is also at "
+                    f"{paths.get(n, '?')} (policy {policy_name(arg_policies[a])}): one container "
+                    "cannot be both written back and left alone. Pass it through one argument, "
+                    "or give both arguments one policy.",
+                )
             )
     return found
 
