@@ -68,7 +68,7 @@ fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
 /// ...     _native.check_arguments((1, loop), {}, frozenset(), frozenset())
 /// ... except ValueError as e:
 /// ...     print(e)
-/// cycle detected in pytree: the list at key path [0][1] contains itself at relative key path [0]
+/// cycle detected in pytree: the list at key path [0][1] contains itself at relative key path [0] (treeclone docs: errors.html#cyclic-tree)
 #[pyfunction(name = "check_arguments")]
 fn py_check_arguments<'py>(
     args: &Bound<'py, PyTuple>,

@@ -99,6 +99,7 @@ def test_a_broken_reference_fails_the_build(tmp_path: Path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=child_env(),
     )  # fmt: skip
     assert proc.returncode != 0 and "missing.md" in proc.stderr, proc.stderr
 

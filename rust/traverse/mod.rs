@@ -18,6 +18,10 @@ use pyo3::exceptions::{PyRecursionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyTuple};
 
+/// The pointer every message of treeclone's own ends with (`treeclone._docs.see`): the entry
+/// of the documentation's errors page for a cycle or a tree nested too deep.
+const CYCLIC_TREE_DOCS: &str = " (treeclone docs: errors.html#cyclic-tree)";
+
 /// What a traversal records. The engine calls these in post-order.
 pub trait Mode<'py> {
     /// A leaf at the current position (`path` is its key path when paths are recorded).
@@ -173,7 +177,7 @@ fn open<'py, M: Mode<'py>>(
         Err(Breach::Cycle) => return Err(cycle_error(py, frames, &obj, opts)?),
         Err(Breach::TooDeep) => {
             return Err(PyRecursionError::new_err(format!(
-                "pytree is nested more than {MAX_DEPTH} levels deep"
+                "pytree is nested more than {MAX_DEPTH} levels deep{CYCLIC_TREE_DOCS}"
             )))
         }
     }
@@ -247,7 +251,8 @@ fn cycle_error<'py>(
     };
     let loop_path = keystr.call1((keys(&path[first..second])?,))?;
     Ok(PyValueError::new_err(format!(
-        "cycle detected in pytree: the {} at {} contains itself at relative key path {}",
+        "cycle detected in pytree: the {} at {} contains itself at relative key path \
+         {}{CYCLIC_TREE_DOCS}",
         obj.get_type().name()?,
         where_first,
         loop_path

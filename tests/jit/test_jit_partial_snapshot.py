@@ -31,6 +31,7 @@ from bound_changes import (
     specs,
 )
 from bound_changes import summary as summary_fn
+from helpers import child_env
 from hypothesis import HealthCheck, example, given, settings
 
 WATCHED = tc._native.cpython_internals()[0] == "on"
@@ -76,7 +77,7 @@ def test_the_property_holds_with_the_internals_switched_off():
     read once at import): every call flattens the bound arguments, with the same results."""
     if not WATCHED:
         pytest.skip("this process already runs with the internals off")
-    env = dict(os.environ, TREECLONE_NO_CPYTHON_INTERNALS="1", JAX_PLATFORMS="cpu")
+    env = child_env(TREECLONE_NO_CPYTHON_INTERNALS="1")
     here = os.path.abspath(__file__)
     test = f"{here}::test_jit_partial_equals_plain_python_whatever_changes_between_calls"
     proc = subprocess.run(

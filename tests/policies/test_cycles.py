@@ -150,14 +150,16 @@ _CHILD = textwrap.dedent(
     """
 )
 
+_DOCS = " (treeclone docs: errors.html#cyclic-tree)"
 _EXPECTED = {
     "dict": "cycle detected in pytree: the dict at cfg contains itself at relative key path "
-    "['inner']['up']",
-    "list": "cycle detected in pytree: the list at cfg contains itself at relative key path [1]",
+    "['inner']['up']" + _DOCS,
+    "list": "cycle detected in pytree: the list at cfg contains itself at relative key path [1]"
+    + _DOCS,
     "ordereddict": "cycle detected in pytree: the OrderedDict at cfg contains itself at "
-    "relative key path ['self']",
+    "relative key path ['self']" + _DOCS,
     "registered": "cycle detected in pytree: the Box at cfg contains itself at relative key "
-    "path [<flat index 0>][1]",
+    "path [<flat index 0>][1]" + _DOCS,
 }
 
 

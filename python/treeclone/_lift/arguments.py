@@ -54,7 +54,7 @@ def check_arguments(
     >>> check_arguments(Naming(f), (loop, "fast"), {}, frozenset({-1}))
     Traceback (most recent call last):
     ...
-    ValueError: cycle detected in pytree: the list at xs contains itself at relative key path [0]
+    ValueError: cycle detected in pytree: the list at xs contains itself at relative key path [0] ...
     """
     try:
         _native.check_arguments(args, kwargs, static_nums, static_names)
