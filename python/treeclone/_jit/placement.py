@@ -133,8 +133,9 @@ def _check_fits(x: Any, sharding: Any, what: str, where: str) -> None:
     PartitionSpec, which names a mesh made current, is left to JAX)."""
     if not isinstance(sharding, jax.sharding.Sharding):
         return
+    placed: Any = sharding  # (its check is not part of Sharding's typed interface)
     try:
-        sharding.check_compatible_aval(_shape(x))
+        placed.check_compatible_aval(_shape(x))
     except ValueError as exc:
         raise ValueError(
             f"One of pjit {what} with pytree key path {where} is incompatible with its "
@@ -150,7 +151,7 @@ def _shape(x: Any) -> tuple:
 
 def _spec_part(spec: Any, names: frozenset, inside: bool) -> Any:
     """``spec`` with only the mesh axes in ``names`` (``inside``) or only the others."""
-    entries = []
+    entries: list[Any] = []
     for entry in spec:
         if entry is None or entry is PartitionSpec.UNCONSTRAINED:
             entries.append(None if inside else entry)
@@ -167,7 +168,7 @@ def _constrain(x: Any, sharding: Any) -> Any:
     jax.jit's ``out_shardings`` does at its boundary): its Auto axes by
     ``with_sharding_constraint``, its Explicit ones (a ``jax.make_mesh`` default) by
     ``reshard``, which JAX requires for them."""
-    mesh = getattr(sharding, "mesh", None)
+    mesh: Any = getattr(sharding, "mesh", None)
     explicit = _jax_compat.explicit_axes(mesh) if isinstance(sharding, NamedSharding) else ()
     if not explicit:
         return jax.lax.with_sharding_constraint(x, sharding)
