@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,10 @@ class BoundArguments:
     def __init__(self, args: tuple, naming: Naming):
         self.args = args
         self.naming = naming
+        # The snapshot's check runs Python code (a registered flatten, a finalizer), where
+        # another thread calling the same jit_partial may follow its write-back into the
+        # snapshot: the two take turns (a native object read and written at once refuses).
+        self.lock = threading.RLock()
         self.flatten()
 
     def flatten(self) -> None:
@@ -67,7 +72,9 @@ class BoundArguments:
         flattening only the others (and the bound ones again if they were changed since)."""
         if self.replaced:
             return _native.flatten_shared((*args, kwargs))
-        if not self.snapshot.checkable or not self.snapshot.unchanged():
+        with self.lock:
+            fresh = self.snapshot.checkable and self.snapshot.unchanged()
+        if not fresh:
             self.flatten()
         n = len(self.args)
         leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
@@ -99,7 +106,8 @@ class BoundArguments:
             if taker is None:
                 taker = self.takers[index] = Taker(index[: len(self.leaves)])
             self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
-            self.snapshot.refresh(written, self.leaves)
+            with self.lock:
+                self.snapshot.refresh(written, self.leaves)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
