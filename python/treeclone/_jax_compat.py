@@ -588,7 +588,7 @@ def first_escaped(leaves: Any) -> Any:
     return None
 
 
-# --- JAX difference 8: explicit mesh axes and ``reshard`` -----------------------------------
+# --- JAX difference 9: explicit mesh axes and ``reshard`` -----------------------------------
 # Every supported release has ``jax.sharding.AxisType`` (Auto, Explicit, Manual) and a mesh's
 # ``axis_types``; jax.make_mesh makes Explicit axes by default from 0.8 on (Auto before).
 # ``with_sharding_constraint`` takes only Auto axes (and under ``jax.set_mesh`` of an all-
@@ -608,3 +608,14 @@ def explicit_axes(mesh: Any) -> frozenset:
     return frozenset(
         n for n, t in zip(mesh.axis_names, types, strict=False) if t == _AxisType.Explicit
     )
+
+
+# --- JAX difference 10: a sharding's check against an array's shape --------------------------
+# jax 0.10 checks that a sharding fits an array's rank with ``Sharding.check_compatible_aval``
+# (jax.jit's "is incompatible with its sharding annotation"); 0.6 and 0.7 have no such public
+# method, and their jax.jit's own check differs: there only ``shard_shape``'s is made.
+def check_compatible_aval(sharding: Any, shape: tuple) -> None:
+    """``sharding.check_compatible_aval(shape)`` where this JAX has it (its ValueError)."""
+    check = getattr(sharding, "check_compatible_aval", None)
+    if check is not None:
+        check(shape)

@@ -133,9 +133,8 @@ def _check_fits(x: Any, sharding: Any, what: str, where: str) -> None:
     PartitionSpec, which names a mesh made current, is left to JAX)."""
     if not isinstance(sharding, jax.sharding.Sharding):
         return
-    placed: Any = sharding  # (its check is not part of Sharding's typed interface)
     try:
-        placed.check_compatible_aval(_shape(x))
+        _jax_compat.check_compatible_aval(sharding, _shape(x))
     except ValueError as exc:
         raise ValueError(
             f"One of pjit {what} with pytree key path {where} is incompatible with its "
