@@ -1,0 +1,715 @@
+//! `LeanCall`: one call of `treeclone.jit` under a policy other than `clone` (or with
+//! `traced=`), in one native call: every configuration (static arguments, donation, `traced=`
+//! static leaves, `in_shardings`, arguments on a mesh), for `jit` and `jit_partial` alike.
+//!
+//! It takes the static arguments out (with the function's `StaticArguments`, the `CallShape`'s),
+//! flattens the others with identity (`flatten_shared`), sorts out the leaves `traced=` leaves
+//! static, finds the key of the call (one key object per structure, static values, static
+//! leaves and placements, kept by the inner function, so that JAX compares it by identity) with
+//! the order the inner jit takes the leaves in (the kept ones, the donated ones), runs the inner
+//! `jax.jit` as `jitted(key, donated, *kept)` with the call recorded for its debug info, and
+//! applies the trace's `CallPlan`. Python runs on a cache miss (`key_of`: the key of a new
+//! structure, its donation and static leaves), at a trace, and on the error paths: an argument
+//! that cannot be flattened (`FlattenFailed` hands the call back, whose error names it), and
+//! `finish`, for a result that hands inputs back as `jax.jit`'s arrays (strict) or a write-back
+//! inside a JAX transformation.
+
+use super::statics::{keyword_items, sorted_dict, StaticArguments};
+use super::{running, FlattenFailed, ResultBox, ShardedArguments};
+use crate::sharing::{flatten_shared_sized, Sizes};
+use crate::writeback::CallPlan;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::gc::PyVisit;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::PyTraverseError;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// How many calls' leaves a call holds on a platform where it holds them: the harness's floor
+/// holds each call's arrays three calls on the TPU, where letting go of an array a computation
+/// may still read costs the host time (benches/floor_probe.py on the v5e: mlp_adam let go at
+/// once 457.5 µs a step, held one call 414.9, three 372.4).
+const HELD_CALLS: usize = 3;
+
+/// What the native call of one `treeclone.jit` under one policy holds (see the module comment).
+#[pyclass(frozen, module = "treeclone")]
+pub struct LeanCall {
+    /// The inner function (`Inner`), first item of the call recorded for its debug info.
+    inner: Py<PyAny>,
+    /// Its `jax.jit`, called as `jitted(key, donated, *kept)`.
+    jitted: Py<PyAny>,
+    /// `inner.keys`: what `key_of` made for each structure seen (`LeanKey`'s Python form).
+    keys: Py<PyDict>,
+    /// `key_of(sdef, statics, placed, static_leaves, positions, args, kwargs)`: on a cache
+    /// miss, `(key, kept, donated)`, the key and the slots the inner jit takes as its kept and
+    /// donated arguments (each None: every slot kept, nothing donated).
+    key_of: Py<PyAny>,
+    /// `jax.core.Tracer`: an output that is one means a call inside a JAX transformation.
+    tracer: Py<PyType>,
+    /// `finish(call, info, outputs) -> result` for results that need Python.
+    finish: Py<PyAny>,
+    /// The static arguments, when the function has some: the `CallShape`'s own.
+    statics: Option<Py<StaticArguments>>,
+    /// The `traced=` rule (None: every leaf traced), and whether it decides by a leaf's type
+    /// alone (equinox's `is_array`): then its answers are kept per type, `traced_types`.
+    traced: Option<Py<PyAny>>,
+    by_type: bool,
+    traced_types: Mutex<Vec<(Py<PyType>, bool)>>,
+    /// `in_shardings` was given: a call with keyword arguments is jax.jit's error, said by the
+    /// general path.
+    no_keywords: bool,
+    /// The last key met: a training loop meets one structure call after call, and comparing
+    /// with it costs less than hashing.
+    last: Mutex<Option<Last>>,
+    /// What `run` reads of the last trace's `TraceInfo` (set at trace time, not changed
+    /// after): read again only when another trace's comes back.
+    last_info: Mutex<Option<InfoParts>>,
+    /// The last flatten's entries and distinct leaves: the next one's buffers start that
+    /// large (`flatten_shared_sized`).
+    last_entries: AtomicUsize,
+    last_leaves: AtomicUsize,
+    /// The last `HELD_CALLS` calls' leaves, when their trace says so (`TraceInfo.hold_inputs`,
+    /// see `HOLD_INPUT_PLATFORMS` in _jit/inner.py) and they ran outside any JAX
+    /// transformation: on a TPU an array whose last reference goes while a computation still
+    /// reads it costs the host time, and a training loop lets go of its old state right after
+    /// the call that reads it.
+    held: Mutex<VecDeque<Py<PyList>>>,
+    /// `jax.Array`: where the arguments are is part of a key once `keyed` is set, as
+    /// `_jit.placement.placements` says (the sharding of each committed array).
+    array: Py<PyType>,
+    /// Set from the start with `in_shardings`, else when the inner function refused a call
+    /// whose key held no shardings (`ShardedArguments`: its arguments were on several
+    /// devices): from then on every key holds them.
+    keyed: AtomicBool,
+}
+
+/// Of a `TraceInfo`: itself, the input slots its result hands back as `jax.jit`'s arrays
+/// (`returned_inputs`, strict's), whether the call's leaves are held (`hold_inputs`), the
+/// outputs `traced=` left static (`static_outputs`, None when none) and its plan (whose
+/// `apply` checks rule 25a itself).
+struct InfoParts {
+    info: Py<PyAny>,
+    returned_inputs: Arc<[usize]>,
+    hold_inputs: bool,
+    static_outputs: Option<Py<PyAny>>,
+    plan: Py<CallPlan>,
+}
+
+/// A call's key with the order the inner jit takes its leaves in: the slots of the kept
+/// leaves and of the donated ones (None: every slot kept, in order; nothing donated).
+struct LeanKey {
+    key: Py<PyAny>,
+    kept: Option<Arc<[usize]>>,
+    donated: Option<Arc<[usize]>>,
+}
+
+/// `(structure, what else the key depends on or None, its LeanKey)`.
+type Last = (Py<PyAny>, Option<Py<PyAny>>, LeanKey);
+
+impl LeanKey {
+    fn clone_ref(&self, py: Python<'_>) -> Self {
+        LeanKey {
+            key: self.key.clone_ref(py),
+            kept: self.kept.clone(),
+            donated: self.donated.clone(),
+        }
+    }
+
+    /// From `key_of`'s `(key, kept, donated)`.
+    fn from_python(made: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (key, kept, donated): (Py<PyAny>, Option<Vec<usize>>, Option<Vec<usize>>) =
+            made.extract()?;
+        Ok(LeanKey {
+            key,
+            kept: kept.map(Arc::from),
+            donated: donated.map(Arc::from),
+        })
+    }
+}
+
+/// What `flatten_call` hands on: the call as its trace reads it (its dynamic arguments, their
+/// keyword dict and their positions among all, None: all), its structure and the static
+/// arguments' key.
+struct Flat<'py> {
+    record: (Bound<'py, PyTuple>, Bound<'py, PyDict>, Bound<'py, PyAny>),
+    sdef: Bound<'py, PyAny>,
+    statics: Option<Bound<'py, PyAny>>,
+    leaves: Bound<'py, PyList>,
+    objects: Bound<'py, PyList>,
+}
+
+#[pymethods]
+impl LeanCall {
+    /// `statics`: the function's `StaticArguments`, or None; `traced`: the `traced=` rule, or
+    /// None, and whether it decides by type alone (`by_type`); `keyed`: calls are keyed on
+    /// their arguments' placements from the start (`in_shardings`).
+    #[new]
+    #[pyo3(signature = (
+        inner, jitted, keys, key_of, tracer, finish, array, statics=None, traced=None,
+        by_type=false, keyed=false
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        inner: Py<PyAny>,
+        jitted: Py<PyAny>,
+        keys: Py<PyDict>,
+        key_of: Py<PyAny>,
+        tracer: Py<PyType>,
+        finish: Py<PyAny>,
+        array: Py<PyType>,
+        statics: Option<Py<StaticArguments>>,
+        traced: Option<Py<PyAny>>,
+        by_type: bool,
+        keyed: bool,
+    ) -> PyResult<Self> {
+        Ok(LeanCall {
+            inner,
+            jitted,
+            keys,
+            key_of,
+            tracer,
+            finish,
+            statics,
+            traced,
+            by_type,
+            traced_types: Mutex::new(Vec::new()),
+            no_keywords: keyed,
+            last: Mutex::new(None),
+            last_info: Mutex::new(None),
+            last_entries: AtomicUsize::new(0),
+            last_leaves: AtomicUsize::new(0),
+            held: Mutex::new(VecDeque::new()),
+            array,
+            keyed: AtomicBool::new(keyed),
+        })
+    }
+
+    /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
+    /// already: `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))` (`kwargs`
+    /// sorted). Returns `(result, the trace's TraceInfo, the computation's outputs)`.
+    fn call_joined<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+        leaves: Bound<'py, PyList>,
+        sdef: Bound<'py, PyAny>,
+        objects: Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        if self.no_keywords && !kwargs.is_empty() {
+            return Err(FlattenFailed::new_err(()));
+        }
+        let flat = Flat {
+            record: (args.clone(), kwargs.clone(), py.None().into_bound(py)),
+            sdef,
+            statics: None,
+            leaves,
+            objects,
+        };
+        self.run_keyed(py, flat)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.inner)?;
+        visit.call(&self.jitted)?;
+        visit.call(&self.keys)?;
+        visit.call(&self.key_of)?;
+        visit.call(&self.tracer)?;
+        visit.call(&self.finish)?;
+        visit.call(&self.array)?;
+        if let Some(statics) = &self.statics {
+            visit.call(statics)?;
+        }
+        if let Some(traced) = &self.traced {
+            visit.call(traced)?;
+        }
+        if let Ok(types) = self.traced_types.try_lock() {
+            for (ty, _) in types.iter() {
+                visit.call(ty)?;
+            }
+        }
+        if let Ok(last) = self.last.try_lock() {
+            if let Some((sdef, extra, key)) = last.as_ref() {
+                visit.call(sdef)?;
+                if let Some(extra) = extra {
+                    visit.call(extra)?;
+                }
+                visit.call(&key.key)?;
+            }
+        }
+        if let Ok(last) = self.last_info.try_lock() {
+            if let Some(parts) = last.as_ref() {
+                visit.call(&parts.info)?;
+                if let Some(static_outputs) = &parts.static_outputs {
+                    visit.call(static_outputs)?;
+                }
+                visit.call(&parts.plan)?;
+            }
+        }
+        if let Ok(held) = self.held.try_lock() {
+            for leaves in held.iter() {
+                visit.call(leaves)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl LeanCall {
+    /// `fun(*args, **kwargs)` under the policy; `FlattenFailed` when the arguments cannot be
+    /// flattened (nothing was run). `kwargs` is the caller's: the call makes its own dict.
+    pub(crate) fn call<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.call_traced(py, args, kwargs)?.0)
+    }
+
+    /// `call`, returning `(result, the trace's TraceInfo, the computation's outputs)`.
+    pub(crate) fn call_traced<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let flat = self.flatten_call(py, args, kwargs)?;
+        self.run_keyed(py, flat)
+    }
+
+    /// The call's arguments, the static ones taken out, flattened with identity.
+    fn flatten_call<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Flat<'py>> {
+        let mut items = match kwargs {
+            Some(kwargs) => keyword_items(kwargs)?,
+            None => Vec::new(),
+        };
+        if self.no_keywords && !items.is_empty() {
+            return Err(FlattenFailed::new_err(()));
+        }
+        let statics = self.statics.as_ref().map(|statics| statics.get());
+        let split = match statics {
+            Some(statics) => Some(statics.split(py, args, &mut items)?),
+            None => None,
+        };
+        let args = split.as_ref().map_or(args, |split| &split.args);
+        let kwargs = sorted_dict(py, items)?;
+        let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
+        arguments.push(kwargs.clone().into_any());
+        let tree = PyTuple::new(py, arguments)?;
+        let sizes = Sizes {
+            entries: self.last_entries.load(Ordering::Relaxed),
+            leaves: self.last_leaves.load(Ordering::Relaxed),
+        };
+        let (leaves, sdef, objects) = match flatten_shared_sized(tree.as_any(), sizes) {
+            Ok(flat) => {
+                let sizes = flat.sizes();
+                self.last_entries.store(sizes.entries, Ordering::Relaxed);
+                self.last_leaves.store(sizes.leaves, Ordering::Relaxed);
+                flat.into_python(py)?
+            }
+            Err(e) if e.is_instance_of::<PyValueError>(py) => {
+                return Err(FlattenFailed::new_err(()));
+            }
+            Err(e) => return Err(e),
+        };
+        let (statics, positions) = match (&split, statics) {
+            (Some(split), Some(statics)) => {
+                // Hashed after the flatten, as jax.jit orders its errors.
+                statics.check_hashable(py, split)?;
+                (
+                    Some(split.key.clone().into_any()),
+                    split.positions.clone().into_any(),
+                )
+            }
+            _ => (None, py.None().into_bound(py)),
+        };
+        Ok(Flat {
+            record: (args.clone(), kwargs, positions),
+            sdef: sdef.into_any(),
+            statics,
+            leaves,
+            objects,
+        })
+    }
+
+    /// `run` with the call's key: of its structure, static arguments and static leaves, and,
+    /// once calls are keyed on placements (`keyed`), of where its arguments are. A call
+    /// refused for want of them (`ShardedArguments`) sets `keyed` and is made again with them.
+    fn run_keyed<'py>(
+        &self,
+        py: Python<'py>,
+        flat: Flat<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let static_leaves = self.static_leaves(py, &flat.leaves)?;
+        let keyed = self.keyed.load(Ordering::Relaxed);
+        let key = self.key(py, &flat, static_leaves.as_ref(), keyed)?;
+        match self.run(py, &flat, key) {
+            Err(err) if !keyed && err.is_instance_of::<ShardedArguments>(py) => {
+                self.keyed.store(true, Ordering::Relaxed);
+                let key = self.key(py, &flat, static_leaves.as_ref(), true)?;
+                self.run(py, &flat, key)
+            }
+            result => result,
+        }
+    }
+
+    /// The leaves the `traced=` rule leaves static, as `((slot, type, value), ...)` (None:
+    /// none, or no rule).
+    fn static_leaves<'py>(
+        &self,
+        py: Python<'py>,
+        leaves: &Bound<'py, PyList>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let Some(rule) = &self.traced else {
+            return Ok(None);
+        };
+        let mut entries = Vec::new();
+        for (slot, leaf) in leaves.iter().enumerate() {
+            if !self.is_traced(py, rule.bind(py), &leaf)? {
+                let ty = leaf.get_type().into_any();
+                entries.push(PyTuple::new(
+                    py,
+                    [slot.into_pyobject(py)?.into_any(), ty, leaf],
+                )?);
+            }
+        }
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(PyTuple::new(py, entries)?))
+    }
+
+    /// Whether the `traced=` rule traces `leaf`: asked once per type when it decides by type.
+    fn is_traced(
+        &self,
+        py: Python<'_>,
+        rule: &Bound<'_, PyAny>,
+        leaf: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        if !self.by_type {
+            return rule.call1((leaf,))?.is_truthy();
+        }
+        let ty = leaf.get_type();
+        if let Ok(types) = self.traced_types.lock() {
+            if let Some((_, answer)) = types.iter().find(|(t, _)| t.is(&ty)) {
+                return Ok(*answer);
+            }
+        }
+        // Python code runs in the rule: nothing is held locked meanwhile.
+        let answer = rule.call1((leaf,))?.is_truthy()?;
+        if let Ok(mut types) = self.traced_types.lock() {
+            if types.len() < TRACED_TYPES {
+                types.push((ty.unbind(), answer));
+            }
+        }
+        let _ = py;
+        Ok(answer)
+    }
+
+    /// The key of the call (and the order of its leaves): the last one's when the structure
+    /// and the rest are equal, else the inner function's for them (`keys`), else made by
+    /// `key_of` and kept there.
+    fn key<'py>(
+        &self,
+        py: Python<'py>,
+        flat: &Flat<'py>,
+        static_leaves: Option<&Bound<'py, PyTuple>>,
+        keyed: bool,
+    ) -> PyResult<LeanKey> {
+        let placed = if keyed {
+            Some(self.placements(py, &flat.leaves)?.into_any())
+        } else {
+            None
+        };
+        let sdef = &flat.sdef;
+        let statics = flat.statics.as_ref();
+        // What the key depends on beside the structure: None when nothing.
+        let extra = if statics.is_none() && static_leaves.is_none() && placed.is_none() {
+            None
+        } else {
+            let none = || py.None().into_bound(py);
+            Some(
+                PyTuple::new(
+                    py,
+                    [
+                        statics.cloned().unwrap_or_else(none),
+                        static_leaves
+                            .map(|s| s.clone().into_any())
+                            .unwrap_or_else(none),
+                        placed.clone().unwrap_or_else(none),
+                    ],
+                )?
+                .into_any(),
+            )
+        };
+        if let Some((last_sdef, last_extra, key)) = self.last_entry(py) {
+            // Python code may run in `eq` (a node's data, a static value's `__eq__`): nothing
+            // is held locked meanwhile.
+            let same_extra = match (&last_extra, &extra) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.is(b) || a.bind(py).eq(b)?,
+                _ => false,
+            };
+            if same_extra && (last_sdef.is(sdef) || last_sdef.bind(py).eq(sdef)?) {
+                return Ok(key);
+            }
+        }
+        let lookup = match &extra {
+            None => sdef.clone(),
+            Some(extra) => PyTuple::new(py, [sdef, extra])?.into_any(),
+        };
+        let keys = self.keys.bind(py);
+        let found = match keys.get_item(&lookup) {
+            Ok(found) => found,
+            // A static leaf that cannot be hashed: `key_of` names it.
+            Err(err) if err.is_instance_of::<PyTypeError>(py) => None,
+            Err(err) => return Err(err),
+        };
+        let made = match found {
+            Some(made) => made,
+            None => {
+                let (args, kwargs, positions) = &flat.record;
+                let made = self.key_of.bind(py).call1((
+                    sdef,
+                    statics,
+                    placed.as_ref(),
+                    static_leaves,
+                    positions,
+                    args,
+                    kwargs,
+                ))?;
+                if keys.len() >= KEY_CACHE_SIZE {
+                    keys.clear();
+                }
+                keys.set_item(&lookup, &made)?;
+                made
+            }
+        };
+        let key = LeanKey::from_python(&made)?;
+        let kept = key.clone_ref(py);
+        // The old entry is dropped after the lock is let go: a finalizer may call back.
+        let old = self.last.lock().ok().and_then(|mut last| {
+            last.replace((sdef.clone().unbind(), extra.map(Bound::unbind), kept))
+        });
+        drop(old);
+        Ok(key)
+    }
+
+    /// Per leaf, the sharding of a committed `jax.Array` (None for any other leaf): where the
+    /// arguments are, as `_jit.placement.placements` says.
+    fn placements<'py>(
+        &self,
+        py: Python<'py>,
+        leaves: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let (array, tracer) = (self.array.bind(py), self.tracer.bind(py));
+        let mut placed = Vec::with_capacity(leaves.len());
+        for leaf in leaves.iter() {
+            let committed = leaf.is_instance(array)?
+                && !leaf.is_instance(tracer)?
+                && leaf.getattr(intern!(py, "committed"))?.is_truthy()?;
+            placed.push(if committed {
+                leaf.getattr(intern!(py, "sharding"))?
+            } else {
+                py.None().into_bound(py)
+            });
+        }
+        PyTuple::new(py, placed)
+    }
+
+    fn last_entry(&self, py: Python<'_>) -> Option<Last> {
+        let last = self.last.lock().ok()?;
+        last.as_ref().map(|(sdef, extra, key)| {
+            (
+                sdef.clone_ref(py),
+                extra.as_ref().map(|s| s.clone_ref(py)),
+                key.clone_ref(py),
+            )
+        })
+    }
+
+    /// Everything after the flatten and the key: the inner jit, the plan.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        flat: &Flat<'py>,
+        key: LeanKey,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let leaves = &flat.leaves;
+        let objects = &flat.objects;
+        // `jitted(key, donated, *kept)`.
+        let key_object = key.key.bind(py).clone();
+        let donated = match &key.donated {
+            None => py.None().into_bound(py),
+            Some(slots) => PyList::new(py, take(leaves, slots)?)?.into_any(),
+        };
+        let mut arguments = Vec::with_capacity(leaves.len() + 2);
+        arguments.push(key_object.clone());
+        arguments.push(donated);
+        match &key.kept {
+            None => arguments.extend(leaves.iter()),
+            Some(slots) => arguments.extend(take(leaves, slots)?),
+        }
+        let arguments = PyTuple::new(py, arguments)?;
+        // The call as `Inner.call` reads it (made into a `JitCall` when a trace needs it).
+        let (args, kwargs, positions) = flat.record.clone();
+        let call = PyTuple::new(
+            py,
+            [
+                self.inner.bind(py).clone(),
+                self.jitted.bind(py).clone(),
+                key_object,
+                leaves.clone().into_any(),
+                objects.clone().into_any(),
+                args.into_any(),
+                kwargs.into_any(),
+                positions,
+            ],
+        )?;
+        let saved = running::swap(Some(call.clone().into_any().unbind()));
+        let result = self.jitted.bind(py).call1(arguments);
+        drop(running::swap(saved));
+        let result = result?;
+        let result = result.cast::<ResultBox>()?.get();
+        let info = result.info.bind(py).clone();
+        let mut outputs = result.leaves.bind(py).clone();
+        let parts = self.info_parts(&info)?;
+        if let Some(static_outputs) = &parts.static_outputs {
+            // What the function made that `traced=` leaves static comes back as it is.
+            let list = PyList::new(py, outputs.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+            for entry in static_outputs.bind(py).try_iter()? {
+                let (i, value): (usize, Bound<'py, PyAny>) = entry?.extract()?;
+                list.set_item(i, value)?;
+            }
+            outputs = list.into_any();
+        }
+        let traced = if parts.hold_inputs {
+            self.traced(&outputs)?
+        } else {
+            None
+        };
+        // Python's end: an input handed back that is not a `jax.Array` (made one as `jax.jit`
+        // makes it).
+        let out = if !self.all_arrays(leaves, &parts.returned_inputs)? {
+            self.finish.bind(py).call1((call, &info, &outputs))?
+        } else {
+            parts
+                .plan
+                .bind(py)
+                .get()
+                .apply(py, leaves, objects, &outputs)?
+        };
+        // Inside a JAX transformation the leaves are its tracers: not held past it. A trace
+        // that holds nothing lets go of what the others held.
+        if parts.hold_inputs && traced == Some(false) {
+            self.hold(Some(leaves.clone().unbind()));
+        } else if !parts.hold_inputs {
+            self.hold(None);
+        }
+        Ok((out, info, outputs))
+    }
+
+    /// Whether each of `slots` holds a `jax.Array` (handed back as it is: `as_jit_outputs`).
+    fn all_arrays(&self, leaves: &Bound<'_, PyList>, slots: &[usize]) -> PyResult<bool> {
+        let array = self.array.bind(leaves.py());
+        for &s in slots {
+            if !leaves.get_item(s)?.is_instance(array)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether the computation's outputs are tracers, that is, whether the call ran inside a
+    /// JAX transformation (None: it has no outputs to tell by).
+    fn traced(&self, outputs: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+        if outputs.len()? == 0 {
+            return Ok(None);
+        }
+        let tracer = self.tracer.bind(outputs.py());
+        Ok(Some(outputs.get_item(0)?.is_instance(tracer)?))
+    }
+
+    /// Hold `leaves` for the next `HELD_CALLS` calls (None: let go of all that are held); the
+    /// leaves let go are dropped after the lock is, since a finalizer may call back.
+    pub(crate) fn hold(&self, leaves: Option<Py<PyList>>) {
+        let gone: Vec<Py<PyList>> = {
+            let Ok(mut held) = self.held.lock() else {
+                return; // poisoned: nothing is held
+            };
+            match leaves {
+                None => held.drain(..).collect(),
+                Some(leaves) => {
+                    held.push_back(leaves);
+                    let over = held.len().saturating_sub(HELD_CALLS);
+                    held.drain(..over).collect()
+                }
+            }
+        };
+        drop(gone);
+    }
+
+    /// What the call reads of `info`: the last info's when `info` is it.
+    fn info_parts(&self, info: &Bound<'_, PyAny>) -> PyResult<InfoParts> {
+        let py = info.py();
+        if let Ok(last) = self.last_info.lock() {
+            if let Some(parts) = last.as_ref().filter(|parts| parts.info.is(info)) {
+                return Ok(InfoParts {
+                    info: parts.info.clone_ref(py),
+                    returned_inputs: parts.returned_inputs.clone(),
+                    hold_inputs: parts.hold_inputs,
+                    static_outputs: parts.static_outputs.as_ref().map(|s| s.clone_ref(py)),
+                    plan: parts.plan.clone_ref(py),
+                });
+            }
+        }
+        // Python code may run in these reads: nothing is held locked meanwhile.
+        let static_outputs = info.getattr(intern!(py, "static_outputs"))?;
+        let parts = InfoParts {
+            info: info.clone().unbind(),
+            returned_inputs: info
+                .getattr(intern!(py, "returned_inputs"))?
+                .extract::<Vec<usize>>()?
+                .into(),
+            hold_inputs: info.getattr(intern!(py, "hold_inputs"))?.is_truthy()?,
+            static_outputs: static_outputs.is_truthy()?.then(|| static_outputs.unbind()),
+            plan: info
+                .getattr(intern!(py, "plan"))?
+                .cast_into::<CallPlan>()?
+                .unbind(),
+        };
+        let kept = InfoParts {
+            info: parts.info.clone_ref(py),
+            returned_inputs: parts.returned_inputs.clone(),
+            hold_inputs: parts.hold_inputs,
+            static_outputs: parts.static_outputs.as_ref().map(|s| s.clone_ref(py)),
+            plan: parts.plan.clone_ref(py),
+        };
+        let old = self
+            .last_info
+            .lock()
+            .ok()
+            .and_then(|mut last| last.replace(kept));
+        drop(old);
+        Ok(parts)
+    }
+}
+
+/// The leaves at `slots` (each a slot of `leaves`, which the key was made for).
+fn take<'py>(leaves: &Bound<'py, PyList>, slots: &[usize]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    slots.iter().map(|&s| leaves.get_item(s)).collect()
+}
+
+/// How many keys an inner function keeps (cleared when full), and how many types a `traced=`
+/// rule's answers are kept for.
+const KEY_CACHE_SIZE: usize = 256;
+const TRACED_TYPES: usize = 64;
