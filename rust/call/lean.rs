@@ -109,6 +109,18 @@ struct LeanKey {
 /// `(structure, what else the key depends on or None, its LeanKey)`.
 type Last = (Py<PyAny>, Option<Py<PyAny>>, LeanKey);
 
+impl InfoParts {
+    fn clone_ref(&self, py: Python<'_>) -> Self {
+        InfoParts {
+            info: self.info.clone_ref(py),
+            returned_inputs: self.returned_inputs.clone(),
+            hold_inputs: self.hold_inputs,
+            static_outputs: self.static_outputs.as_ref().map(|s| s.clone_ref(py)),
+            plan: self.plan.clone_ref(py),
+        }
+    }
+}
+
 impl LeanKey {
     fn clone_ref(&self, py: Python<'_>) -> Self {
         LeanKey {
@@ -374,7 +386,7 @@ impl LeanCall {
         };
         let mut entries = Vec::new();
         for (slot, leaf) in leaves.iter().enumerate() {
-            if !self.is_traced(py, rule.bind(py), &leaf)? {
+            if !self.is_traced(rule.bind(py), &leaf)? {
                 let ty = leaf.get_type().into_any();
                 entries.push(PyTuple::new(
                     py,
@@ -389,12 +401,7 @@ impl LeanCall {
     }
 
     /// Whether the `traced=` rule traces `leaf`: asked once per type when it decides by type.
-    fn is_traced(
-        &self,
-        py: Python<'_>,
-        rule: &Bound<'_, PyAny>,
-        leaf: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
+    fn is_traced(&self, rule: &Bound<'_, PyAny>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
         if !self.by_type {
             return rule.call1((leaf,))?.is_truthy();
         }
@@ -411,7 +418,6 @@ impl LeanCall {
                 types.push((ty.unbind(), answer));
             }
         }
-        let _ = py;
         Ok(answer)
     }
 
@@ -663,13 +669,7 @@ impl LeanCall {
         let py = info.py();
         if let Ok(last) = self.last_info.lock() {
             if let Some(parts) = last.as_ref().filter(|parts| parts.info.is(info)) {
-                return Ok(InfoParts {
-                    info: parts.info.clone_ref(py),
-                    returned_inputs: parts.returned_inputs.clone(),
-                    hold_inputs: parts.hold_inputs,
-                    static_outputs: parts.static_outputs.as_ref().map(|s| s.clone_ref(py)),
-                    plan: parts.plan.clone_ref(py),
-                });
+                return Ok(parts.clone_ref(py));
             }
         }
         // Python code may run in these reads: nothing is held locked meanwhile.
@@ -687,13 +687,7 @@ impl LeanCall {
                 .cast_into::<CallPlan>()?
                 .unbind(),
         };
-        let kept = InfoParts {
-            info: parts.info.clone_ref(py),
-            returned_inputs: parts.returned_inputs.clone(),
-            hold_inputs: parts.hold_inputs,
-            static_outputs: parts.static_outputs.as_ref().map(|s| s.clone_ref(py)),
-            plan: parts.plan.clone_ref(py),
-        };
+        let kept = parts.clone_ref(py);
         let old = self
             .last_info
             .lock()
