@@ -56,6 +56,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "ShardedArguments",
         m.py().get_type::<call::ShardedArguments>(),
     )?;
+    m.add_function(wrap_pyfunction!(call::bound_args::bound_join, m)?)?;
+    m.add_function(wrap_pyfunction!(call::bound_args::bound_advance, m)?)?;
     m.add_function(wrap_pyfunction!(call::running::running_call, m)?)?;
     m.add_function(wrap_pyfunction!(call::running::swap_running_call, m)?)?;
     m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;

@@ -182,15 +182,19 @@ impl Core {
     }
 }
 
-/// The native call of a call of `jit` now (under its own policy or a block's), or None when
-/// the call is `jax.jit`'s own.
-pub(crate) fn lean_now<'py>(jit: &Bound<'py, JitCore>) -> PyResult<Option<Bound<'py, LeanCall>>> {
+/// The policy of a call of `jit` now (its own or a block's), with its native call, or None
+/// when the call is `jax.jit`'s own.
+#[allow(clippy::type_complexity)]
+pub(crate) fn lean_now<'py>(
+    jit: &Bound<'py, JitCore>,
+) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, LeanCall>>)> {
     let core = core_of(jit)?;
     let policy = core.call_policy(jit.py())?;
     if core.is_jax_call(&policy) {
-        return Ok(None);
+        return Ok((policy, None));
     }
-    lean_of(jit, core, &policy).map(Some)
+    let lean = lean_of(jit, core, &policy)?;
+    Ok((policy, Some(lean)))
 }
 
 /// Fill `cell`, once: the native bases' `_init_*` methods (`what` names the wrapper).
@@ -209,7 +213,7 @@ fn core_of<'a>(slf: &'a Bound<'_, JitCore>) -> PyResult<&'a Core> {
 /// A `TypeError` of a call as the Python method `_explain_type_error` words it (jax.jit's
 /// refusal of a leaf that is not an array, with treeclone's remedy); any other error, or one
 /// that method cannot word, as it is. Only on the error path.
-fn explain(
+pub(crate) fn explain(
     slf: &Bound<'_, JitCore>,
     err: PyErr,
     args: &Bound<'_, PyTuple>,

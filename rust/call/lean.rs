@@ -202,7 +202,7 @@ impl LeanCall {
     /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
     /// already: `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))` (`kwargs`
     /// sorted). Returns `(result, the trace's TraceInfo, the computation's outputs)`.
-    fn call_joined<'py>(
+    pub(crate) fn call_joined<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
@@ -271,6 +271,12 @@ impl LeanCall {
 }
 
 impl LeanCall {
+    /// Whether a call with keyword arguments is refused (`in_shardings`: jax.jit's error,
+    /// said by the general path).
+    pub(crate) fn takes_no_keywords(&self) -> bool {
+        self.no_keywords
+    }
+
     /// `fun(*args, **kwargs)` under the policy; `FlattenFailed` when the arguments cannot be
     /// flattened (nothing was run). `kwargs` is the caller's: the call makes its own dict.
     pub(crate) fn call<'py>(

@@ -2,8 +2,11 @@
 //! `__call__`), `PartialCore` (`treeclone.JitPartial`'s), and the one native call both make
 //! under a policy other than `clone`, `LeanCall` (`lean.rs`), with what it shares: the static
 //! arguments taken out (`statics.rs`), the call running now for the trace's debug info
-//! (`running.rs`), the inner jit's result box and the errors that hand a call back to Python.
+//! (`running.rs`), `jit_partial`'s bound arguments joined with a call's own and followed
+//! through its write-back (`bound_args.rs`), the inner jit's result box and the errors that
+//! hand a call back to Python.
 
+pub(crate) mod bound_args;
 mod core;
 mod lean;
 mod partial;

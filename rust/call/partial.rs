@@ -5,17 +5,21 @@
 //! them: each call flattens everything together, as `jit` does (`partial.py`). Such a call
 //! takes `jit`'s own lean path here, the bound arguments put before the others, with no
 //! Python frame of treeclone's, so that it costs what the same call of `jit` costs. Every
-//! other call runs the Python method `_call_bound`, which keeps the cache.
+//! other call keeps the cache of the bound arguments (`bound_args.rs`), natively too; the
+//! Python method `_call_bound` takes the calls this cannot (static arguments, a policy not
+//! seen yet, a call that cannot be flattened: its errors name the argument).
 
-use super::core::{lean_now, set_up, JitCore};
-use super::FlattenFailed;
+use super::bound_args::{bound_advance, bound_join};
+use super::core::{explain, lean_now, set_up, JitCore};
+use super::{FlattenFailed, LeanCall};
+use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// What `JitPartial._init_partial` hands over once the wrapper is set up.
 struct Setup {
@@ -23,6 +27,8 @@ struct Setup {
     jitted: Py<JitCore>,
     /// The bound arguments, first of every call's.
     bound: Py<PyTuple>,
+    /// Their `BoundArguments`: the flatten, the snapshot and the caches calls use.
+    arguments: Py<PyAny>,
     /// Whether calls may take the native call with everything flattened together (no static
     /// arguments).
     lean_allowed: bool,
@@ -34,7 +40,13 @@ pub struct PartialCore {
     /// The last call replaced containers of the bound arguments (`_BoundArguments.replaced`,
     /// mirrored by `_set_replaced`): the next flattens everything, on the lean path.
     replaced: AtomicBool,
+    /// The policies calls were checked to run under (they preserve identity), by identity: a
+    /// call under another goes to `_call_bound`, whose check words the error.
+    checked: Mutex<Vec<Py<PyAny>>>,
 }
+
+/// How many policies' checks a wrapper keeps (as `core.rs` keeps their native calls).
+const POLICIES_KEPT: usize = 8;
 
 #[pymethods]
 impl PartialCore {
@@ -45,6 +57,7 @@ impl PartialCore {
         PartialCore {
             setup: OnceLock::new(),
             replaced: AtomicBool::new(false),
+            checked: Mutex::new(Vec::new()),
         }
     }
 
@@ -53,11 +66,13 @@ impl PartialCore {
         &self,
         jitted: Py<JitCore>,
         bound: Py<PyTuple>,
+        arguments: Py<PyAny>,
         lean_allowed: bool,
     ) -> PyResult<()> {
         let setup = Setup {
             jitted,
             bound,
+            arguments,
             lean_allowed,
         };
         set_up(&self.setup, setup, "treeclone.jit_partial")
@@ -65,6 +80,15 @@ impl PartialCore {
 
     fn _set_replaced(&self, replaced: bool) {
         self.replaced.store(replaced, Ordering::Relaxed);
+    }
+
+    /// Note that calls under `policy` passed `_call_bound`'s check of it.
+    fn _checked(&self, policy: &Bound<'_, PyAny>) {
+        if let Ok(mut checked) = self.checked.lock() {
+            if checked.len() < POLICIES_KEPT && !checked.iter().any(|p| p.is(policy)) {
+                checked.push(policy.clone().unbind());
+            }
+        }
     }
 
     /// `fun(*bound, *args, **kwargs)`, compiled, under the policy (see
@@ -77,8 +101,13 @@ impl PartialCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         if let Some(setup) = slf.get().setup.get() {
+            if setup.lean_allowed && !slf.get().replaced.load(Ordering::Relaxed) {
+                if let Some(out) = call_cached(slf, setup, args, kwargs)? {
+                    return Ok(out);
+                }
+            }
             if setup.lean_allowed && slf.get().replaced.load(Ordering::Relaxed) {
-                if let Some(lean) = lean_now(setup.jitted.bind(py))? {
+                if let (_, Some(lean)) = lean_now(setup.jitted.bind(py))? {
                     let all: Vec<_> = setup.bound.bind(py).iter().chain(args.iter()).collect();
                     let all = PyTuple::new(py, all)?;
                     match lean.get().call_traced(py, &all, kwargs) {
@@ -104,7 +133,94 @@ impl PartialCore {
         if let Some(setup) = self.setup.get() {
             visit.call(&setup.jitted)?;
             visit.call(&setup.bound)?;
+            visit.call(&setup.arguments)?;
+        }
+        if let Ok(checked) = self.checked.try_lock() {
+            for policy in checked.iter() {
+                visit.call(policy)?;
+            }
         }
         Ok(())
     }
+}
+
+/// A call with the cache of the bound arguments, natively: the bound arguments joined with
+/// the call's own (`bound_join`), the policy's native call, the bound leaves followed through
+/// its write-back (`bound_advance`). None when the call goes to `_call_bound` instead (nothing
+/// has run then): a policy not checked yet, `clone`, a call the native call cannot flatten.
+fn call_cached<'py>(
+    slf: &Bound<'py, PartialCore>,
+    setup: &Setup,
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = slf.py();
+    let jitted = setup.jitted.bind(py);
+    let (policy, Some(lean)) = lean_now(jitted)? else {
+        return Ok(None);
+    };
+    let checked = (slf.get().checked.lock()).is_ok_and(|c| c.iter().any(|p| p.is(&policy)));
+    if !checked || lean.get().takes_no_keywords() && kwargs.is_some_and(|k| !k.is_empty()) {
+        return Ok(None);
+    }
+    let kwargs = sorted_keywords(py, kwargs)?;
+    let all: Vec<Bound<'py, PyAny>> = setup.bound.bind(py).iter().chain(args.iter()).collect();
+    let all = PyTuple::new(py, all)?;
+    let arguments = setup.arguments.bind(py);
+    let result = call_joined(jitted, &lean, arguments, &all, &kwargs);
+    let replaced = arguments.getattr(intern!(py, "replaced"))?.is_truthy()?;
+    slf.get().replaced.store(replaced, Ordering::Relaxed);
+    result.map(Some)
+}
+
+/// `bound_join`, the native call and `bound_advance`, with the errors the Python path gives.
+fn call_joined<'py>(
+    jitted: &Bound<'py, JitCore>,
+    lean: &Bound<'py, LeanCall>,
+    arguments: &Bound<'py, PyAny>,
+    all: &Bound<'py, PyTuple>,
+    kwargs: &Bound<'py, PyDict>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = jitted.py();
+    let (leaves, sdef, objects) = match bound_join(arguments, all, kwargs) {
+        Ok(joined) => joined,
+        Err(err) => {
+            if err.is_instance_of::<PyValueError>(py) {
+                // A cycle: the error names the argument.
+                jitted.call_method1(intern!(py, "_check_cycles"), (all, kwargs))?;
+            }
+            return Err(err);
+        }
+    };
+    let (out, info, outputs) = (lean.get())
+        .call_joined(py, all, kwargs, leaves.clone(), sdef, objects)
+        .map_err(|err| explain(jitted, err, all, Some(kwargs)))?;
+    let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
+    bound_advance(arguments, &next_inputs, &leaves, &outputs)?;
+    Ok(out)
+}
+
+/// The call's keywords in sorted order (keyword order is not part of a call's structure, as
+/// in jax.jit), in a dict of the call's own.
+fn sorted_keywords<'py>(
+    py: Python<'py>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let Some(kwargs) = kwargs else {
+        return Ok(PyDict::new(py));
+    };
+    if kwargs.len() <= 1 {
+        return kwargs.copy();
+    }
+    let mut items: Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)> = Vec::new();
+    for (key, value) in kwargs.iter() {
+        items.push((key.cast_into::<PyString>()?, value));
+    }
+    // Strings compare by code points, as `sorted` does; no Python code runs.
+    items.sort_by(|a, b| a.0.compare(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    let sorted = PyDict::new(py);
+    for (key, value) in items {
+        sorted.set_item(key, value)?;
+    }
+    Ok(sorted)
 }

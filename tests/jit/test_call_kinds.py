@@ -285,3 +285,48 @@ def test_a_cached_call_under_a_policy_block_runs_no_python_frame_of_treeclone() 
     with tc.policy("strict"):
         state = jitted(state, jnp.ones(3))[0]
         assert treeclone_frames(lambda: jitted(state, jnp.ones(3))) == []
+
+
+def _bound_step(state: dict, x: jax.Array, *, scale: float = 1.0) -> jax.Array:
+    return _step(state, x * scale)
+
+
+def _nnx_model() -> Any:
+    from flax import nnx
+
+    class Counted(nnx.Module):
+        def __init__(self) -> None:
+            self.linear = nnx.Linear(3, 3, rngs=nnx.Rngs(0))
+            self.calls = nnx.Variable(jnp.zeros((), jnp.int32))
+
+    return Counted()
+
+
+def _nnx_step(model: Any, x: jax.Array) -> jax.Array:
+    model.calls[...] = model.calls[...] + 1
+    model.linear.bias[...] = model.linear.bias[...] - 0.1 * x
+    return model.linear(x).sum()
+
+
+PARTIAL_CONFIGURATIONS: dict[str, tuple[Callable, Callable[[], Any], dict, dict]] = {
+    "alias": (_step, _state, {"policy": "alias"}, {}),
+    "strict": (_returns_state, _state, {"policy": "strict"}, {}),
+    "donated": (_step, _state, {"policy": "alias", "donate_argnums": 0}, {}),
+    "keywords": (_bound_step, _state, {"policy": "alias"}, {"scale": jnp.ones(()), "z": 1}),
+    "nnx": (_nnx_step, _nnx_model, {"policy": "alias"}, {}),
+}
+
+
+@pytest.mark.parametrize("configuration", list(PARTIAL_CONFIGURATIONS))
+def test_a_cached_jit_partial_call_runs_no_python_frame_of_treeclone(configuration: str) -> None:
+    """jit_partial's bound arguments are joined with the call's own and followed through the
+    write-back natively (``rust/call/bound_args.rs``): a cached call runs no Python frame of
+    treeclone's, whether its bound containers are written in place or not."""
+    fun, make_state, options, kwargs = PARTIAL_CONFIGURATIONS[configuration]
+    if configuration == "keywords":
+        fun = lambda state, x, *, scale, z: _bound_step(state, x, scale=scale * z)  # noqa: E731
+    bound = tc.jit_partial(fun, make_state(), **options)
+    x = jnp.ones(3)
+    for _ in range(3):  # traced, compiled, cached
+        bound(x, **kwargs)
+    assert treeclone_frames(lambda: bound(x, **kwargs)) == []

@@ -1,9 +1,12 @@
 """``jit_partial``'s bound arguments, flattened once (:class:`BoundArguments`): each call
 flattens only its own arguments and joins the two structures (``join``), flattening the bound
 ones again only when their snapshot (``rust/bound``) says they changed, and follows the call's
-write-back into them (``advance``). ``treeclone.jit``'s call path (``CallShape.prepare``)
-calls these two methods. And what ``jit_partial`` uses of the jitted function it binds
-(:class:`JitInterface`, made by ``Jitted.interface()``).
+write-back into them (``advance``). Both run natively (``rust/call/bound_args.rs``, at every
+call of ``JitPartial``'s native base, with no Python frame), reading and writing this
+object's attributes; ``flatten`` is Python, run when the bound arguments changed.
+``treeclone.jit``'s general path (``CallShape.prepare``) and the stages call them too.
+And what ``jit_partial`` uses of the jitted function it binds (:class:`JitInterface`, made
+by ``Jitted.interface()``).
 """
 
 from __future__ import annotations
@@ -17,10 +20,6 @@ from typing import Any
 from treeclone import _native
 from treeclone._lift import Naming, check_cycles
 from treeclone._native import EntryInfo, SharedTreeDef, Snapshot, Taker
-
-_SCALARS = (int, float, bool, complex)
-# Joined structures kept per bound state (one per structure of the call's own arguments).
-_JOIN_CACHE_SIZE = 64
 
 
 class BoundArguments:
@@ -69,45 +68,15 @@ class BoundArguments:
 
     def join(self, args: tuple, kwargs: dict) -> tuple[list, Any, list]:
         """``flatten_shared((*args, kwargs))``, where ``args`` starts with the bound arguments,
-        flattening only the others (and the bound ones again if they were changed since)."""
-        if self.replaced:
-            return _native.flatten_shared((*args, kwargs))
-        with self.lock:
-            fresh = self.snapshot.checkable and self.snapshot.unchanged()
-        if not fresh:
-            self.flatten()
-        n = len(self.args)
-        leaves, sdef, objects = _native.flatten_shared((*args[n:], kwargs))
-        # Python scalars are values, not tracked (a small int is one object everywhere).
-        given = [o for o in objects if type(o) not in _SCALARS]
-        if not self.ids.isdisjoint(map(id, given)) or _native.any_identical(given, self.leaves):
-            # An argument reachable from the bound ones: one flatten keeps them one object.
-            self.stale = True
-            return _native.flatten_shared((*args, kwargs))
-        joined = self.joined.get(sdef)
-        if joined is None:
-            if len(self.joined) >= _JOIN_CACHE_SIZE:
-                self.joined.clear()
-            joined = self.joined[sdef] = SharedTreeDef.join_tuples(self.sdef, sdef)
-        joined_objects = self.bound_objects + objects[:-1]
-        joined_objects.append((*args, kwargs))  # the root
-        return self.leaves + leaves, joined, joined_objects
+        flattening only the others (and the bound ones again if they were changed since):
+        ``rust/call/bound_args.rs``, which reads and writes this object's attributes."""
+        return _native.bound_join(self, args, kwargs)
 
     def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
         """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
-        bound leaves are now among ``leaves + outputs`` and which containers it wrote."""
-        if next_inputs is False:  # containers replaced: the next call flattens all (join)
-            self.replaced = True
-        elif self.stale or self.replaced:
-            self.flatten()
-        elif next_inputs is not None:
-            index, written = next_inputs
-            taker = self.takers.get(index)
-            if taker is None:
-                taker = self.takers[index] = Taker(index[: len(self.leaves)])
-            self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
-            with self.lock:
-                self.snapshot.refresh(written, self.leaves)
+        bound leaves are now among ``leaves + outputs`` and which containers it wrote (False:
+        it replaced bound containers, and the next call flattens everything)."""
+        _native.bound_advance(self, next_inputs, leaves, outputs)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -77,8 +77,9 @@ class JitPartial(_native.PartialCore):
         # before the join).
         self._lean_allowed = not (jit.static_nums or jit.static_names)
         # The native base's __call__ takes jit's lean path while the bound containers are
-        # replaced at every call (nothing cached then), else calls _call_bound.
-        self._init_partial(jitted, self._bound.args, self._lean_allowed)
+        # replaced at every call (nothing cached then), else the same with the bound arguments'
+        # cache, natively, under a policy _call_bound checked; _call_bound otherwise.
+        self._init_partial(jitted, self._bound.args, self._bound, self._lean_allowed)
 
     @property
     def policy(self) -> Policy | ArgPolicies:
@@ -100,6 +101,7 @@ class JitPartial(_native.PartialCore):
             args = (*bound.args, *args)
             if not self._lean_allowed:  # static arguments: split out before the join
                 return jit.call(policy, args, kwargs, bound)
+            self._checked(policy)  # the native base's next calls under it need no check
             lean = jit.lean_for(policy)
             # The native call (Jitted's): the bound arguments joined, then one native call.
             if len(kwargs) > 1:  # keyword order is not part of a call's structure (jax.jit)
