@@ -67,7 +67,7 @@ class TraceInfo:
     key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
     own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
     ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
-    ``next_inputs``: where the arguments' leaves are after a call (``_trace._next_inputs``),
+    ``next_inputs``: where the arguments' leaves are after a call (``_trace.writes.next_inputs``),
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
     the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
