@@ -433,7 +433,7 @@ class _ShardMap(_lift.Wrapper):
                             "one-array-two-shardings",
                             f"{places.name(first)} and {places.name(path)} are one array, given "
                             f"different in_specs ({spec} and {other}); under this policy an array "
-                            "passed at two places is one input (docs/semantics.md, rule 7): give "
+                            "passed at two places is one input (docs/semantics.md, rule J8): give "
                             "both places the same in_spec, or pass a copy",
                         )
                     )
@@ -511,7 +511,7 @@ def shard_map(
 
     * the function sees each device's block of the inputs, as under ``jax.shard_map``, and its
       result is ``jax.shard_map``'s, assembled with ``out_specs`` (a returned input that the
-      function left as it was is the caller's own array, rule 6);
+      function left as it was is the caller's own array, rule J7);
     * under ``alias`` a value the function writes into an input in place (``state["n"] =
       ...``) reaches the caller's object as a global array assembled with that input's
       in_spec, so it has the input's shape and sharding. A value written into an input

@@ -44,7 +44,7 @@ class BoundArguments:
             # One native call: no Python code runs between a container's read and its record.
             flat = Snapshot.flatten_and_take(self.args)
         except ValueError:
-            # A cycle: the error names the argument (rule 14), as treeclone.jit's does, not
+            # A cycle: the error names the argument (rule J17), as treeclone.jit's does, not
             # its position in the tuple of bound arguments.
             check_cycles(self.naming, self.args, {})
             raise
@@ -105,7 +105,7 @@ class BoundArguments:
             taker = self.takers.get(index)
             if taker is None:
                 taker = self.takers[index] = Taker(index[: len(self.leaves)])
-            self.leaves = taker(leaves, outputs)  # the arrays written back (rule 11)
+            self.leaves = taker(leaves, outputs)  # the arrays written back (rule J13)
             with self.lock:
                 self.snapshot.refresh(written, self.leaves)
 
