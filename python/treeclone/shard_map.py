@@ -75,7 +75,7 @@ def _varying(aval: Any) -> set[Any]:
     return set(getattr(aval, "vma", ()) or ())
 
 
-class _Places:
+class _PathSpecs:
     """Names and in_specs of key paths in a call's positional arguments (``(SequenceKey(i),
     ...)`` paths, as ``jax.tree_util`` gives them for the ``args`` tuple)."""
 
@@ -147,7 +147,7 @@ class _Body:
         self,
         runner: _lift.Runner,
         call: _lift.Call,
-        places: _Places,
+        places: _PathSpecs,
         out_specs: Any,
         check_vma: bool,
         written_specs: list,
@@ -359,7 +359,7 @@ class _ShardMap(_lift.Wrapper):
                 )
             )
         call = _lift.flatten_call(self._naming, args, {}, traced=self._traced, hashed=False)
-        places = _Places(self._naming, in_specs)
+        places = _PathSpecs(self._naming, in_specs)
         slot_specs, slot_names = self._slot_specs(call, in_specs, places)
         written_specs: list = []
         body = _Body(
@@ -396,7 +396,7 @@ class _ShardMap(_lift.Wrapper):
         return plan.apply(call.leaves, call.objects, [given[kind][i] for kind, i in sources])
 
     def _slot_specs(
-        self, call: _lift.Call, in_specs: Any, places: _Places
+        self, call: _lift.Call, in_specs: Any, places: _PathSpecs
     ) -> tuple[list, list[str]]:
         """The in_spec of each distinct leaf of the call, and where each leaf JAX is given is
         (its first place; a static one, ``traced=``, is not given). An array at several places

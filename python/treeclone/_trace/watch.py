@@ -18,8 +18,8 @@ from treeclone._jax_compat import registry
 from treeclone._trace.messages import raise_changed_elsewhere
 from treeclone._trace.tree import Layout, NodeInfo
 
-# .stack: per call of run now running here, its rebuilt objects' ids and the trace the
-# function runs under (None: the caller's own, treeclone.call's)
+# .stack: per function running here now (``Prepared.call``), its rebuilt objects' ids and the
+# trace it runs under (None: the caller's own, treeclone.call's)
 _running = threading.local()
 
 
@@ -38,8 +38,8 @@ def running_on(objs: Sequence[Any], trace: Any = None) -> Iterator[None]:
 
 
 def made_for_a_call(obj: Any) -> bool:
-    """Whether ``obj`` is a container ``run`` rebuilt for a function running now in this
-    thread (its ids are those of live objects: ``run`` holds them)."""
+    """Whether ``obj`` is a container ``prepare`` rebuilt for a function running now in this
+    thread (its ids are those of live objects: the ``Prepared`` step holds them)."""
     return any(id(obj) in ids for ids, _ in getattr(_running, "stack", ()))
 
 
