@@ -23,6 +23,9 @@ What counts as naming something of treeclone's:
   the file that names it;
 - a private name alone in backticks (``_calls``, ``_init_partial``): defined there too, or one of
   the few private names of other libraries that the sources name (``EXTERNAL_PRIVATE``);
+- a method or attribute of one of the package's classes (``Prepared.call``,
+  ``JitPartial._init_partial``), where the class is defined once and has no base but the
+  package's own;
 - in a Rust comment, a CamelCase name in backticks (``SlotReader``): a Rust or Python name of
   treeclone's, a Python builtin, one of CPython's C API or pyo3's (``Py...``), or in
   ``EXTERNAL_RUST``.
@@ -228,6 +231,36 @@ def resolve_dotted(dotted: str) -> bool:
 
 
 @cache
+def own_classes() -> dict[str, set[str]]:
+    """The package's classes defined once, with no base but the package's own (a subclass of
+    ``jax.stages.Compiled`` has names this cannot see) -> their names and their bases'."""
+    found: dict[str, list[ast.ClassDef]] = {}
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(node)
+    unique = {name: nodes[0] for name, nodes in found.items() if len(nodes) == 1}
+
+    def names(cls: ast.ClassDef, seen: frozenset[str] = frozenset()) -> set[str] | None:
+        own = _class_names(cls)
+        for base in cls.bases:
+            module, _, base_name = ast.unparse(base).rpartition(".")
+            if not module and base_name in ("object", "tuple", "Generic", "Protocol"):
+                continue
+            ours = not module or module.split(".")[0] in {"treeclone", *private_modules()}
+            if not ours or base_name not in unique or base_name in seen:
+                return None
+            inherited = names(unique[base_name], seen | {cls.name})
+            if inherited is None:
+                return None
+            own |= inherited
+        return own
+
+    classes = {name: names(cls) for name, cls in unique.items()}
+    return {name: members for name, members in classes.items() if members is not None}
+
+
+@cache
 def private_modules() -> frozenset[str]:
     """The package's private top-level modules and subpackages (``_trace``, ``_native``)."""
     return frozenset(
@@ -343,6 +376,12 @@ def code_problems(code: str, own: frozenset[str], rust: bool) -> Iterator[str]:
             continue
         if not resolve_dotted(full):
             yield f"{dotted}: no such name in treeclone"
+    for dotted in DOTTED.findall(code):
+        parts = dotted.split(".")
+        cls, name = parts[0], parts[1]
+        if cls in own_classes() and not name.startswith("__"):
+            if name not in own_classes()[cls]:
+                yield f"{cls}.{name}: {cls} has no {name}"
     for name in PRIVATE_CLASS.findall(code):
         if name not in known:
             yield f"{name}: no such class"
@@ -432,6 +471,8 @@ def test_every_allowed_external_name_is_still_named() -> None:
         ("(``_calls``)", "x.py", ["_calls: no such name"]),
         ("`SlotReader`, `PyDict`, `TypeError`", "rust/x.rs", []),
         ("`GoneReader`", "rust/x.rs", ["GoneReader: no such Rust or Python name"]),
+        ("`Prepared.call`, `CallShape.prepare()`, `Compiled.call`", "x.py", []),
+        ("`Prepared.gone`", "x.py", ["Prepared.gone: Prepared has no gone"]),
     ],
 )
 def test_the_check(text: str, naming: str, expected: list[str]) -> None:
