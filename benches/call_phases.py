@@ -7,7 +7,7 @@ the harness's models, for reading next to the harness's ratios (what limits a ra
 Both run on the lean path (``_native.LeanCall``: one native call per call). Phases, each timed
 over many calls after compilation (medians of rounds, microseconds): ``call`` (a whole call,
 waited for), ``flatten`` (the arguments flattened with identity; for ``jit_partial``, the
-bound ones checked and joined with the others flattened: ``_BoundArguments.join``),
+bound ones checked and joined with the others flattened: ``BoundArguments.join``),
 ``jitted`` (JAX's dispatch of the inner jit on the distinct leaves and the computation,
 waited for), ``apply`` (the plan: rebuild the result, write back), and for
 ``jit_partial`` the check of the bound containers alone (``snapshot``, part of ``flatten``).

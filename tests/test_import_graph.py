@@ -3,15 +3,16 @@
 Read from the source with ``ast`` (nothing is imported): every ``import treeclone...`` and
 ``from treeclone... import ...``, at the top of a module or inside a function, is an edge from
 the module to the one it imports. The modules must form no cycle, so each can be read (and
-imported) after the ones below it: the shared call machinery (``_calls``) below ``jit``,
-``jit_partial`` and the lifted transformations, ``policies`` below them all.
+imported) after the ones below it: the trace (``_trace``) below the call machinery the
+transformations share (``_lift``), that below ``_jit`` and the lifted transformations,
+``policies`` below them all.
 
 A name with a leading underscore is private to the module that defines it: no module imports
-one from another treeclone module (``from treeclone.jit import _Naming``), reaches for one
-through a module it imported (``_trace._Paths``) or reads one of another module's classes on
-an object (``jitted._fun``). What modules share has a public name in the
-module that owns it; a private *module* (``_native``, ``_trace``, ``_calls``) is imported as
-any other, its public names being its API inside the package.
+one from another treeclone module (``from treeclone._jit.jitted import _FunSignature``),
+reaches for one through a module it imported (``_trace.enclosing._Structure``) or reads one
+of another module's classes on an object (``jitted._fun``). What modules share has a public
+name in the module that owns it; a private *module* (``_native``, ``_trace``, ``_lift``) is
+imported as any other, its public names being its API inside the package.
 """
 
 from __future__ import annotations

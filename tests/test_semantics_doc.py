@@ -6,8 +6,13 @@ the ``sc_`` prefix. A name alone must be defined in a file that its rule (or par
 or else in the files its section names outside its rules ("Tests: `tests/...`"; the nearest
 section that names any, the document's own opening for the rest:
 ``tests/policies/test_policies.py``). A file is named by its path or, when that is unique in
-``tests/``, by its base name (``test_loops_nnx.py``). Rules are the numbered paragraphs
-(``12.``, ``7a.``, ``V3.``, ``S10.``, ``L1.``, ``C13.``).
+``tests/``, by its base name (``test_loops_nnx.py``).
+
+Rules are the numbered paragraphs, numbered one way: the letter of their section and their
+place in it, from 1 (``J12.``: jit's policies, ``P``: a policy per argument, ``G``: grad and
+checkpoint, ``V``: vmap, ``S``: shard_map, ``L``: the loops, ``C``: cond). A reference to a rule
+anywhere in the sources or the docs (``rule J31``, ``rules J5-J30``, ``rules J30 and L16``)
+names one that exists.
 """
 
 from __future__ import annotations
@@ -19,7 +24,15 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "semantics.md"
 
-RULE_START = re.compile(r"^(\d+a?|[VSLC]\d+)\. \*\*")
+RULE_START = re.compile(r"^([A-Z]\d+)\. \*\*")
+SECTION_LETTERS = "JPGVSLC"
+# "rule J31", "rules J5-J30", "rules J30 and L16", "Rule P5's": the word, then a list of rules;
+# a line break inside a comment may come between them.
+_ID = r"(?:[A-Z]\d+|\d+[a-z]?)"
+_SEP = r"(?:\s*,\s*(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+|\s*[-\u2013]\s*)"
+RULE_REFERENCE = re.compile(
+    r"\b[Rr]ules?\s+(?:(?:#|//[/!]?)\s*)?(" + _ID + "(?:" + _SEP + _ID + r")*)\b"
+)
 HEADING = re.compile(r"^(#+) ")
 CODE = re.compile(r"`([^`]+)`")
 FILE = re.compile(r"(?:tests/[\w/]+/)?test_\w+\.py|tests/support/\w+\.py")
@@ -146,9 +159,52 @@ def test_every_rule_names_a_test_that_is_where_the_doc_says():
     doc = DOC.read_text()
     rules = [b.rule for b in blocks(doc, lambda text: set()) if b.rule is not None]
     # what the parser must see: the numbered rules of every section
-    assert {"1", "7a", "12a", "17a", "25", "35", "V1", "S10", "L15", "C13"} <= set(rules)
+    assert {"J1", "J31", "P7", "G10", "V1", "S10", "L15", "C13"} <= set(rules)
     assert len(rules) == len(set(rules)), sorted(r for r in rules if rules.count(r) > 1)
     assert problems(doc, ROOT / "tests") == []
+
+
+def test_the_rules_are_numbered_one_way():
+    """Each rule is its section's letter and its place in the section: J1, J2, ... V1, V2, ..."""
+    rules = [b.rule for b in blocks(DOC.read_text(), lambda text: set()) if b.rule is not None]
+    letters = list(dict.fromkeys(rule[0] for rule in rules))
+    assert letters == list(SECTION_LETTERS), letters
+    for letter in letters:
+        numbers = [int(rule[1:]) for rule in rules if rule[0] == letter]
+        assert numbers == list(range(1, len(numbers) + 1)), (letter, numbers)
+
+
+def rule_references(text: str) -> list[str]:
+    """The rules a text refers to (``rules J5-J30`` refers to J5 and J30)."""
+    return [rule for m in RULE_REFERENCE.finditer(text) for rule in re.findall(_ID, m.group(1))]
+
+
+def test_every_reference_to_a_rule_names_one_that_exists():
+    rules = {b.rule for b in blocks(DOC.read_text(), lambda text: set()) if b.rule is not None}
+    here = pathlib.Path(__file__).resolve()
+    paths = [
+        *(ROOT / "python").rglob("*.py"),
+        *(ROOT / "python").rglob("*.pyi"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "benches").rglob("*.py"),
+        *(ROOT / "examples").rglob("*.py"),
+        *(ROOT / "rust").rglob("*.rs"),
+        *(ROOT / "docs").rglob("*.md"),
+        ROOT / "README.md",
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}: rule {rule}"
+        for path in sorted(paths)
+        if path != here and "_build" not in path.parts
+        for rule in rule_references(path.read_text(encoding="utf-8"))
+        if rule not in rules
+    ]
+    assert not found, "references to rules docs/semantics.md does not have:\n" + "\n".join(found)
+
+
+def test_rule_references_are_read():
+    text = "rule J31; rules J5-J30, rules J30 and L16 (rule\n    # P5) or rule 25a's; rule of thumb"
+    assert rule_references(text) == ["J31", "J5", "J30", "J30", "L16", "P5", "25a"]
 
 
 def test_the_check_finds_a_missing_a_misplaced_and_an_absent_test():
@@ -156,23 +212,23 @@ def test_the_check_finds_a_missing_a_misplaced_and_an_absent_test():
 All of them live in `tests/policies/test_policies.py` unless another file is named.
 
 ## Section
-1. **Fine.** (`test_clone_caller_untouched`, `tests/policies/test_cycles.py::test_cycle_in_arguments_is_a_value_error`).
-2. **Missing.** (`test_that_does_not_exist`).
-3. **Misplaced.** (`test_cycle_in_arguments_is_a_value_error`).
-4. **Absent.** Nothing named.
-5. **Wrong file.** (`tests/policies/test_policies.py::test_cycle_in_arguments_is_a_value_error`).
+J1. **Fine.** (`test_clone_caller_untouched`, `tests/policies/test_cycles.py::test_cycle_in_arguments_is_a_value_error`).
+J2. **Missing.** (`test_that_does_not_exist`).
+J3. **Misplaced.** (`test_cycle_in_arguments_is_a_value_error`).
+J4. **Absent.** Nothing named.
+J5. **Wrong file.** (`tests/policies/test_policies.py::test_cycle_in_arguments_is_a_value_error`).
 """  # noqa: E501
     found = problems(doc, ROOT / "tests")
     expected = [
-        "rule 2: test_that_does_not_exist is defined nowhere in tests/",
-        "rule 2 names no test",
-        "rule 3: test_cycle_in_arguments_is_a_value_error is in "
+        "rule J2: test_that_does_not_exist is defined nowhere in tests/",
+        "rule J2 names no test",
+        "rule J3: test_cycle_in_arguments_is_a_value_error is in "
         "['tests/policies/test_cycles.py'], which it does not name",
-        "rule 3 names no test",
-        "rule 4 names no test",
-        "rule 5: tests/policies/test_policies.py::test_cycle_in_arguments_is_a_value_error is "
+        "rule J3 names no test",
+        "rule J4 names no test",
+        "rule J5: tests/policies/test_policies.py::test_cycle_in_arguments_is_a_value_error is "
         "not defined there",
-        "rule 5 names no test",
+        "rule J5 names no test",
     ]
     assert len(found) == len(expected), found
     assert all(f.startswith(e) for f, e in zip(found, expected, strict=True)), found

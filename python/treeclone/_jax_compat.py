@@ -245,7 +245,7 @@ except ImportError:
 # public way to ask, so it reads the tracer type and the current trace (vmap.py).
 BatchTracer = internal("jax._src.interpreters.batching", "BatchTracer")
 trace_ctx = internal("jax._src.core", "trace_ctx")
-# Rule 25a's write-back check runs only inside a JAX transformation: the native CallPlan reads
+# Rule J31's write-back check runs only inside a JAX transformation: the native CallPlan reads
 # ``trace_ctx.trace`` and compares its type with the top level's (rust/registry/compat.rs);
 # without these it looks at the values instead.
 EvalTrace = internal("jax._src.core", "EvalTrace")

@@ -148,7 +148,7 @@ class Snapshot:
         flatten may read more than is watched (docs/semantics.md, "jit_partial")."""
 
 def running_call() -> Any:
-    """The call running now in this thread (a ``_Call`` or a lean call's record), or None."""
+    """The call running now in this thread (a ``JitCall`` or a lean call's record), or None."""
 
 def swap_running_call(call: Any) -> Any:
     """Put ``call`` in this thread's running-call slot; returns what it held."""
@@ -190,7 +190,7 @@ class PartialCore:
 
 @final
 class ResultBox:
-    """The inner jit's result: its outputs, with the trace's ``_TraceInfo`` as static data."""
+    """The inner jit's result: its outputs, with the trace's ``TraceInfo`` as static data."""
 
     def __new__(cls, info: Any, leaves: Any) -> ResultBox: ...
     @property

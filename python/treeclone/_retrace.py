@@ -3,8 +3,8 @@
 Under those policies ``treeclone.jit`` (and ``jit_partial``) hands JAX one boxed list of
 distinct leaves whose static data is the arguments' structure: a structure change is a new
 JAX cache entry, and JAX's own explanation of it can only say that the box has another number
-of children. Each trace of the inner function (``jit._Inner.__call__``) therefore records the
-arguments as the user sees them, one descriptor per key path (``state['hist']``: a list of 3;
+of children. Each trace of the inner function (``_jit.inner.Inner.__call__``) therefore records
+the arguments as the user sees them, one descriptor per key path (``state['hist']``: a list of 3;
 ``batch['x']``: ``f32[8,2]``), and compares a new trace with the earlier ones of the same
 function and policy:
 
@@ -397,7 +397,7 @@ def structure_difference(old: Record, new: Record) -> str:
 
 
 class History:
-    """The traces of one function under one policy (``jit._Inner``), and what they say."""
+    """The traces of one function under one policy (``_jit.inner.Inner``), and what they say."""
 
     def __init__(self, fun: Callable, policy: Any, name: Callable[[int], str]) -> None:
         self.fun_where = where(fun)

@@ -191,7 +191,7 @@ def cond(
     operands = _operands(operands, operand)
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
-        _lift.check_call(Naming(true_fun), operands, {})  # a cycle: rule 14's ValueError
+        _lift.check_call(Naming(true_fun), operands, {})  # a cycle: rule J17's ValueError
         return jax.lax.cond(pred, reporting(true_fun), reporting(false_fun), *operands)
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages

@@ -324,7 +324,7 @@ class ArgPolicies:
     default: Policy
     # The dict gave no ``...``: the default is for data no named argument holds, so a
     # container of another argument that a named one also holds follows the named one (rule
-    # 39a) instead of being rule 39's error.
+    # P5) instead of being rule P4's error.
     implicit_default: bool = dataclasses.field(default=False, compare=True)
 
     @property

@@ -75,7 +75,7 @@ def _varying(aval: Any) -> set[Any]:
     return set(getattr(aval, "vma", ()) or ())
 
 
-class _Places:
+class _PathSpecs:
     """Names and in_specs of key paths in a call's positional arguments (``(SequenceKey(i),
     ...)`` paths, as ``jax.tree_util`` gives them for the ``args`` tuple)."""
 
@@ -147,7 +147,7 @@ class _Body:
         self,
         runner: _lift.Runner,
         call: _lift.Call,
-        places: _Places,
+        places: _PathSpecs,
         out_specs: Any,
         check_vma: bool,
         written_specs: list,
@@ -359,7 +359,7 @@ class _ShardMap(_lift.Wrapper):
                 )
             )
         call = _lift.flatten_call(self._naming, args, {}, traced=self._traced, hashed=False)
-        places = _Places(self._naming, in_specs)
+        places = _PathSpecs(self._naming, in_specs)
         slot_specs, slot_names = self._slot_specs(call, in_specs, places)
         written_specs: list = []
         body = _Body(
@@ -396,7 +396,7 @@ class _ShardMap(_lift.Wrapper):
         return plan.apply(call.leaves, call.objects, [given[kind][i] for kind, i in sources])
 
     def _slot_specs(
-        self, call: _lift.Call, in_specs: Any, places: _Places
+        self, call: _lift.Call, in_specs: Any, places: _PathSpecs
     ) -> tuple[list, list[str]]:
         """The in_spec of each distinct leaf of the call, and where each leaf JAX is given is
         (its first place; a static one, ``traced=``, is not given). An array at several places
@@ -433,7 +433,7 @@ class _ShardMap(_lift.Wrapper):
                             "one-array-two-shardings",
                             f"{places.name(first)} and {places.name(path)} are one array, given "
                             f"different in_specs ({spec} and {other}); under this policy an array "
-                            "passed at two places is one input (docs/semantics.md, rule 7): give "
+                            "passed at two places is one input (docs/semantics.md, rule J8): give "
                             "both places the same in_spec, or pass a copy",
                         )
                     )
@@ -511,7 +511,7 @@ def shard_map(
 
     * the function sees each device's block of the inputs, as under ``jax.shard_map``, and its
       result is ``jax.shard_map``'s, assembled with ``out_specs`` (a returned input that the
-      function left as it was is the caller's own array, rule 6);
+      function left as it was is the caller's own array, rule J7);
     * under ``alias`` a value the function writes into an input in place (``state["n"] =
       ...``) reaches the caller's object as a global array assembled with that input's
       in_spec, so it has the input's shape and sharding. A value written into an input

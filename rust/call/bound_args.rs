@@ -164,7 +164,7 @@ pub fn bound_advance(
             taker
         }
     };
-    let now = taker.call1((leaves, outputs))?; // the arrays written back (rule 11)
+    let now = taker.call1((leaves, outputs))?; // the arrays written back (rule J13)
     bound.setattr(intern!(py, "leaves"), &now)?;
     let _held = Held::lock(bound)?;
     (bound.getattr(intern!(py, "snapshot"))?)

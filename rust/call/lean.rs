@@ -89,7 +89,7 @@ pub struct LeanCall {
 /// Of a `TraceInfo`: itself, the input slots its result hands back as `jax.jit`'s arrays
 /// (`returned_inputs`, strict's), whether the call's leaves are held (`hold_inputs`), the
 /// outputs `traced=` left static (`static_outputs`, None when none) and its plan (whose
-/// `apply` checks rule 25a itself).
+/// `apply` checks rule J31 itself).
 struct InfoParts {
     info: Py<PyAny>,
     returned_inputs: Arc<[usize]>,

@@ -2,7 +2,7 @@
 //!
 //! A `jit_partial` whose function replaces containers of the bound arguments at every call
 //! (`state["params"] = optax.apply_updates(...)`, as an optax step does) keeps no cache of
-//! them: each call flattens everything together, as `jit` does (`partial.py`). Such a call
+//! them: each call flattens everything together, as `jit` does (`_jit/partial.py`). Such a call
 //! takes `jit`'s own lean path here, the bound arguments put before the others, with no
 //! Python frame of treeclone's, so that it costs what the same call of `jit` costs. Every
 //! other call keeps the cache of the bound arguments (`bound_args.rs`), natively too; the
@@ -37,7 +37,7 @@ struct Setup {
 #[pyclass(frozen, subclass, module = "treeclone")]
 pub struct PartialCore {
     setup: OnceLock<Setup>,
-    /// The last call replaced containers of the bound arguments (`_BoundArguments.replaced`,
+    /// The last call replaced containers of the bound arguments (`BoundArguments.replaced`,
     /// mirrored by `_set_replaced`): the next flattens everything, on the lean path.
     replaced: AtomicBool,
     /// The policies calls were checked to run under (they preserve identity), by identity: a

@@ -17,7 +17,7 @@ pub(crate) fn swap(call: Option<Py<PyAny>>) -> Option<Py<PyAny>> {
 }
 
 /// The call running now in this thread: what `swap_running_call` or a lean call put there
-/// (a `_Call`, or the lean path's record tuple), or None.
+/// (a `JitCall`, or the lean path's record tuple), or None.
 #[pyfunction]
 pub fn running_call(py: Python<'_>) -> Option<Py<PyAny>> {
     RUNNING.with(|slot| slot.borrow().as_ref().map(|call| call.clone_ref(py)))

@@ -48,7 +48,7 @@ pub struct Origin {
     /// node's unflatten stores child `j` in attribute `name`, as nnx's `Variable` and modules
     /// do): `(name, j)` for each, set directly, without rebuilding the node or calling Python.
     direct: Option<Vec<(Py<PyString>, usize)>>,
-    /// Whether the node's items can be written entry by entry (rule 17): a list's item `j`
+    /// Whether the node's items can be written entry by entry (rule J20): a list's item `j`
     /// at call start is `old_children[j]`; a dict's value for `old_keys[j]` is
     /// `old_children[j]`. Only the entries the function changed are then written. False: the
     /// whole container is refilled (a subclass whose unflatten converts its items).
@@ -159,7 +159,7 @@ pub struct CallPlan {
     input_slots: Vec<Option<usize>>,
     /// Where attributes written directly are stored, by type version (`slots.rs`).
     slot_places: Mutex<Vec<SlotPlace>>,
-    /// Rule 25a (docs/semantics.md): `check(input_leaves, input_objects, outputs, writes)`,
+    /// Rule J31 (docs/semantics.md): `check(input_leaves, input_objects, outputs, writes)`,
     /// called before anything is written when the call runs inside a JAX transformation and
     /// an output is one of its tracers; `writes` lists each caller container to be written
     /// as `(its node in the caller's tree, its new children)`. It raises when a traced value
@@ -172,7 +172,7 @@ impl CallPlan {
     /// `sources`: a `Source` per leaf slot of `def`; `origins`: per node of `def`, its
     /// `Origin` in the caller's tree, or None; `input_def`: the structure of the caller's
     /// tree the origins point into (given, subtrees the function left alone are skipped).
-    /// `enclosing`: rule 25a's check of what is written inside a JAX transformation (see the
+    /// `enclosing`: rule J31's check of what is written inside a JAX transformation (see the
     /// field).
     #[new]
     #[pyo3(signature = (
@@ -532,7 +532,7 @@ impl Undo<'_> {
 }
 
 impl CallPlan {
-    /// Rule 25a, before anything is written: inside a JAX transformation (not at the top
+    /// Rule J31, before anything is written: inside a JAX transformation (not at the top
     /// level, one look at JAX's trace state), when an output is a tracer, `enclosing` is
     /// handed the pending writes and raises for a traced value bound for an object from
     /// outside the transformation.
@@ -790,7 +790,7 @@ fn write_list<'py>(list: &Bound<'py, PyAny>, items: &Bound<'py, PyAny>) -> PyRes
 }
 
 /// Give the list (or list subclass) `list` the items `new` where they differ from `old`, its
-/// items at call start, by identity (rule 17): the indices the function changed are set one
+/// items at call start, by identity (rule J20): the indices the function changed are set one
 /// by one, and a resized list gets its tail from the shorter length on replaced by one slice
 /// assignment; everything else is left as it is now. Returns how to undo it.
 fn write_list_entries<'py>(
@@ -867,7 +867,7 @@ fn put_in_order<'py>(dict: &Bound<'py, PyAny>, order: &[Bound<'py, PyAny>]) -> P
 }
 
 /// Give the dict (or dict subclass) `dict` the items `new` where they differ from what it
-/// held at call start (`old_keys[j]` held `old[j]`), by identity (rule 17): keys the function
+/// held at call start (`old_keys[j]` held `old[j]`), by identity (rule J20): keys the function
 /// removed are deleted, keys it set to another object or added are set (new keys in
 /// `key_order`, after the others), and nothing else is touched. Kept keys keep their place;
 /// when the function `reordered` the keys (a dict kind it sees in its own order), they are then
@@ -1030,7 +1030,7 @@ fn write_one<'py>(
     let py = obj.py();
     let key_order = origin.key_order.as_ref().map(|o| o.bind(py));
     let old_keys = origin.old_keys.as_ref().map(|k| k.bind(py));
-    // The entries to compare with, for a container written entry by entry (rule 17).
+    // The entries to compare with, for a container written entry by entry (rule J20).
     let list_old = old.as_deref();
     let dict_old = old.as_deref().zip(old_keys);
     match &node.kind {

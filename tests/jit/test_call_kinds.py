@@ -211,7 +211,7 @@ def test_in_shardings_give_what_jax_jit_gives(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["jit", "jit_partial"])
 def test_an_outside_object_written_inside_a_transformation_is_refused(kind: str) -> None:
-    """Rule 25a: inside ``jax.jit`` (or grad) an alias call that would leave the outer trace's
+    """Rule J31: inside ``jax.jit`` (or grad) an alias call that would leave the outer trace's
     tracer in an object from outside raises before anything is written."""
     outside = _state()
     call = make(kind, _step, "alias", outside, jnp.ones(3))

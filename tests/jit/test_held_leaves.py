@@ -1,5 +1,5 @@
 """A leaf the computation outputs in place of the caller's is written into the custom node that
-holds it (docs/semantics.md, rule 6): under ``alias``, an input array returned as it came is the
+holds it (docs/semantics.md, rule J7): under ``alias``, an input array returned as it came is the
 caller's own, except when it was donated, resharded by ``in_shardings`` or placed by
 ``out_shardings``: then the computation produces it, and the caller's container that holds it
 gets it. A dict's entry always did; a custom node written back by its changed attributes (an

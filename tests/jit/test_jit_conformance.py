@@ -51,7 +51,7 @@ pytestmark = [
 
 # Differences by design (docs/semantics.md), checked in tests/policies/test_policies.py instead.
 PASSTHROUGH = (
-    "by design (docs/semantics.md rule 6; test_alias_unchanged_python_values_are_handed_back): "
+    "by design (docs/semantics.md rule J7; test_alias_unchanged_python_values_are_handed_back): "
     "alias/strict hand back a returned input leaf that is not a jax.Array (a Python scalar, a "
     "NumPy array) as the caller's own object, where jax.jit returns a jax.Array"
 )

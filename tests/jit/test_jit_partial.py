@@ -256,8 +256,8 @@ def test_an_argument_reachable_from_the_bound_ones_is_the_same_object_inside():
 def test_a_part_of_the_bound_model_passed_at_the_call_under_the_default_policy():
     """The documented ``p(model.layer)`` with ``model`` bound, under jit_partial's default
     (bound ``alias``, the others ``clone``): the layer is bound data, so it follows the bound
-    model (rule 39a) and the call does what plain Python does on the same objects; it was rule
-    39's ValueError (issue 57)."""
+    model (rule P5) and the call does what plain Python does on the same objects; it was rule
+    P4's ValueError (issue 57)."""
 
     def step(model, layer, x):
         layer["w"] = layer["w"] * x
@@ -461,7 +461,7 @@ def test_nnx_eval_mode_set_between_calls_is_used():
 
 @pytest.mark.parametrize("when", ["at_creation", "between_calls"])
 def test_a_cycle_in_a_bound_argument_names_the_argument(when):
-    """Rule 14: the same ValueError text as treeclone.jit's, naming the argument (``state``),
+    """Rule J17: the same ValueError text as treeclone.jit's, naming the argument (``state``),
     whether the bound argument holds the cycle when bound or is given one between calls."""
 
     def step(state, x):
@@ -486,8 +486,8 @@ def test_a_cycle_in_a_bound_argument_names_the_argument(when):
 
 def test_a_written_back_leaf_passed_again_is_the_bound_object():
     """After a call writes a bound leaf, the new array passed back as an argument is the bound
-    object inside (``s["w"] is x``), as in plain Python and under treeclone.jit (rule 7), and
-    with that argument donated it is not donated, since the bound state keeps it (rule 11),
+    object inside (``s["w"] is x``), as in plain Python and under treeclone.jit (rule J8), and
+    with that argument donated it is not donated, since the bound state keeps it (rule J13),
     where XLA's "Attempt to donate a buffer which is also used by the same call" escaped."""
 
     def step(s, x):

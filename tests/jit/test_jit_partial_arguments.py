@@ -72,7 +72,7 @@ def test_the_default_is_jit_with_the_bound_arguments_alias_and_the_others_clone(
     mine, theirs = _model_and_optimizer(), _model_and_optimizer()
     batch, their_batch = _batch(), _batch()
     step = tc.jit_partial(_step, *mine)
-    # The others are clone by the dict's default, not by a ``...`` (rule 39a).
+    # The others are clone by the dict's default, not by a ``...`` (rule P5).
     jitted = tc.jit(_step, policy={"model": "alias", "optimizer": "alias"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tc.MutationWarning)

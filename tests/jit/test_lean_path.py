@@ -131,7 +131,7 @@ def test_a_cyclic_argument_is_named_on_the_lean_path(policy: str) -> None:
 
 def test_a_call_inside_a_jax_transformation_takes_the_checked_end() -> None:
     # Alias inside jax.grad: the outputs are tracers, so the lean call finishes in Python,
-    # where rule 25a's check runs (an object from outside the transformation is refused).
+    # where rule J31's check runs (an object from outside the transformation is refused).
     outside = {"w": jnp.ones(())}
 
     def bump(state, x):

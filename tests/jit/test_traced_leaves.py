@@ -232,7 +232,7 @@ def _consuming_step():
 
 
 def test_clone_accepts_a_step_that_consumes_an_equinox_state_as_jax_jit_does():
-    """The report of discarded mutations (rule 3a) never fails a call jax.jit accepts: the
+    """The report of discarded mutations (rule J4) never fails a call jax.jit accepts: the
     old State, consumed by ``set``, can no longer be flattened to be compared."""
     norm, state, step = _consuming_step()
     with warnings.catch_warnings():

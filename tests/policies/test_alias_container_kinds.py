@@ -5,7 +5,7 @@ list subclass, tuples, a dataclass registered with a ``drop_fields`` field and a
 class with an attribute its flatten leaves out. Random programs set, add, delete, append, pop,
 detach (mutate a child container, then put a fresh one in its place) and re-attach (move a
 container elsewhere). Plain Python runs the program on a deep copy, seeing dicts sorted as the
-function does (``run_as_alias``: rule 7); under ``alias``, jitted and eager, every one of the
+function does (``run_as_alias``: rule J8); under ``alias``, jitted and eager, every one of the
 caller's original containers (those still in the tree and those the program detached) must
 end equal to its plain-Python twin: same type, same items in the same order, same leaves,
 same attributes, including the state outside the pytree.

@@ -1,4 +1,4 @@
-"""Rule 14 of docs/semantics.md: a cycle in a call's arguments is a ValueError naming the
+"""Rule J17 of docs/semantics.md: a cycle in a call's arguments is a ValueError naming the
 argument and the key path, with the same text under every policy, and the process stays
 usable. Under clone this is treeclone's own check: jax.jit's flatten, met with a cycle through
 a dict, exhausts the interpreter's recursion counter for good (every later Python call raises

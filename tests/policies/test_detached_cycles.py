@@ -1,7 +1,7 @@
 """A step that takes a container out of its arguments and makes it contain itself (issue 57):
 ``x = state["a"]; del state["a"]; x.append(x)``. Plain Python and jax.jit run it, and so does
 clone. Under alias what a function does to a container it detached is written back into the
-caller's container (rule 17), but one that contains itself is not a pytree and cannot be: the
+caller's container (rule J20), but one that contains itself is not a pytree and cannot be: the
 call is a ``ValueError`` naming the caller's key path (``state['a']``), nothing written; under
 strict the change is not returned, a ``MutationError`` naming it. Both named the internal tree
 the trace flattens after the call (``[2][0]``) before.

@@ -1,4 +1,4 @@
-"""Discarded mutations are loud (docs/semantics.md, rule 3a): a function run under ``clone``
+"""Discarded mutations are loud (docs/semantics.md, rule J4): a function run under ``clone``
 that changes an input in place without returning it gets a ``MutationWarning`` naming the key
 paths, once per trace, in ``jit``, ``call`` and every lifted transformation; configurable."""
 

@@ -1,4 +1,4 @@
-"""Rule 25a: an alias call inside an enclosing JAX transformation never leaves a tracer of it
+"""Rule J31: an alias call inside an enclosing JAX transformation never leaves a tracer of it
 in a caller's object. Each case is checked against the plain Python program on NumPy copies
 (what the caller's objects must hold) or against the error, with the caller untouched."""
 
@@ -38,7 +38,7 @@ _WS = jnp.arange(6.0).reshape(2, 3)
 
 # Around an alias call, each JAX transformation that hands the function the caller's own
 # object (jax.grad's undifferentiated argument, a closure) or its own copy with concrete
-# leaves (jax.vmap's unbatched argument): rule 25a's error.
+# leaves (jax.vmap's unbatched argument): rule J31's error.
 _LEAKS: dict[str, Callable[[Callable, dict], Any]] = {
     "jax.grad": lambda loss, s: jax.grad(loss)(_W, s),
     "jax.vmap": lambda loss, s: jax.vmap(loss, in_axes=(0, None))(_WS, s),
@@ -129,7 +129,7 @@ def test_at_the_top_level_nothing_changes() -> None:
 
 
 # --- Every lifted transformation, inside every enclosing JAX transformation ------------------
-# Rule 25a is one check in the write-back every lifted transformation shares (the native
+# Rule J31 is one check in the write-back every lifted transformation shares (the native
 # CallPlan.apply calls _trace.enclosing.EnclosingWrites), so each of them is held to it: an
 # object from outside the enclosing transformation is refused, naming the key path, and one
 # made inside it, or passed to it as its own argument, is written as plain Python writes it.

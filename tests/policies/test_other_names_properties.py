@@ -1,6 +1,6 @@
-"""Rule 25 (and L16 for the loops) as a property: a function, loop body, loop condition or
+"""Rule J30 (and L16 for the loops) as a property: a function, loop body, loop condition or
 branch that receives the caller's container as an argument and also reaches it (or one of its
-sub-containers) through a global or a closure, and changes it there, is rule 25's
+sub-containers) through a global or a closure, and changes it there, is rule J30's
 ``ValueError`` ("changed ... through another name") under ``alias`` and ``strict``, in every
 transformation, and the caller's objects are exactly as they were: the same containers, each
 holding the same children (by identity), in the same order.
@@ -245,7 +245,7 @@ def test_a_container_also_changed_through_another_name_is_rule_25s_error_everywh
     selector,
     writer_branch,
 ):
-    # docs/semantics.md, rules 25 and L16.
+    # docs/semantics.md, rules J30 and L16.
     write = other_name_writer(tree, position, via_root, kind, traced, through)
     before = snapshot(tree)
     try:

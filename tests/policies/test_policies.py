@@ -131,7 +131,7 @@ def test_clone_returns_fresh_objects(mode):
         for leaves in (outputs, reference):
             assert all(isinstance(o, jax.Array) for o in leaves)
             assert not {id(o) for o in leaves} & {id(i) for i in inputs}
-    else:  # no computation: a NumPy array is a copy (rule 23), a jax.Array (immutable) itself
+    else:  # no computation: a NumPy array is a copy (rule J28), a jax.Array (immutable) itself
         assert out["table"] is not state["table"]
         assert out["opt"].count is opt.count
 
@@ -316,7 +316,7 @@ def test_alias_unchanged_leaf_is_not_materialized(mode):
 
 def test_alias_unchanged_python_values_are_handed_back():
     """Not only arrays: an input value returned untouched is the caller's object, as in plain
-    Python (jax.jit, and strict, hand back a new jax.Array: rule 12a,
+    Python (jax.jit, and strict, hand back a new jax.Array: rule J15,
     tests/policies/test_strict_outputs.py)."""
     scalar, host = 2.0, np.arange(3.0)
     out = tc.jit(lambda x, s, h: (x * 2, s, h), policy="alias")(jnp.ones(2), scalar, host)
@@ -579,7 +579,7 @@ def _items(d, lst):
 
 
 def test_structure_changes_are_mutations_replayed_at_every_cached_call():
-    """Rule 15: written back under alias, discarded under clone, an error under strict; the
+    """Rule J18: written back under alias, discarded under clone, an error under strict; the
     change the one trace recorded is replayed, with each call's values, at every later call
     of the same structure."""
     traces = []

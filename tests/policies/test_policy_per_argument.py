@@ -83,7 +83,7 @@ def test_setdefault_on_a_cloned_config_leaves_the_callers_config_alone(mode):
             tc.call(step, params, cfg, policy=PARAMS_ALIASED)
     assert cfg == {}
     assert _equal(params, expected)
-    # the discarded change of the cloned argument is reported, as under clone (rule 3a)
+    # the discarded change of the cloned argument is reported, as under clone (rule J4)
     [warning] = [w for w in caught if w.category is tc.MutationWarning]
     assert "cfg: key added: 'lr'" in str(warning.message)
 
@@ -220,7 +220,7 @@ def test_a_container_shared_by_an_alias_and_a_clone_argument_is_an_error_naming_
 @pytest.mark.parametrize("first", ["named", "unnamed"])
 @pytest.mark.parametrize("mode", ["jit", "call"])
 def test_a_container_a_named_argument_shares_with_an_unnamed_one_follows_the_named(mode, first):
-    """Rule 39a: a dict without ``...`` leaves the other arguments ``clone`` for the data no
+    """Rule P5: a dict without ``...`` leaves the other arguments ``clone`` for the data no
     named argument holds; a container of theirs that an alias argument also holds is written
     back, as plain Python changes it, wherever it is met first."""
 

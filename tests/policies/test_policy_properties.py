@@ -2,7 +2,7 @@
 
 For each generated (tree, mutation program): plain Python applies the program to a deep copy;
 under ``alias`` (jitted and eager) the caller's tree must end up equal to it, key order
-included (rule 7a's order: ``run_as_alias``); under ``strict`` the error must name every
+included (rule J9's order: ``run_as_alias``); under ``strict`` the error must name every
 container the program changed; under ``clone`` the caller's tree must be untouched. The
 identity-tracking flatten must agree with ``jax.tree_util`` on trees without sharing and
 restore sharing on unflatten.
@@ -91,7 +91,7 @@ def run_program(tree, program):
 def run_as_alias(tree, program):
     """``run_program`` as a call under alias leaves ``tree``: each dict keeps the keys the
     program kept in their places (one deleted and added back too), its new keys after them in
-    the order the program added them (docs/semantics.md, rule 7)."""
+    the order the program added them (docs/semantics.md, rule J8)."""
     dicts = [(node, list(node)) for node, _ in containers(tree) if isinstance(node, dict)]
     run_program(tree, program)
     for d, order in dicts:

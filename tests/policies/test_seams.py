@@ -1,7 +1,7 @@
 """The seams of issue 21 that are rules of use rather than code: JAX's own transformations
 inside an alias step (case 6) and what "shared references stay shared" means for a step that
 computes each position anew. Each is checked against nnx's or plain Python's result
-(docs/semantics.md, "JAX's own transformations inside an alias step" and rule 7)."""
+(docs/semantics.md, "JAX's own transformations inside an alias step" and rule J8)."""
 
 from __future__ import annotations
 

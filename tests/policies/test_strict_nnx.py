@@ -1,4 +1,4 @@
-"""strict on flax nnx (rule 12): a step that returns the model and optimizer it updates raises
+"""strict on flax nnx (rule J14): a step that returns the model and optimizer it updates raises
 nothing; one that does not raises a MutationError naming the Variables, never nnx's own
 bookkeeping (each module's ``_pytree__state``, a leafless node rebuilt by every unflatten)."""
 

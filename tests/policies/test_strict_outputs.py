@@ -1,8 +1,8 @@
-"""Rule 12a: under ``strict`` every output leaf is what ``jax.jit`` returns: an input value the
+"""Rule J15: under ``strict`` every output leaf is what ``jax.jit`` returns: an input value the
 function hands back untouched (a Python scalar, a NumPy array or scalar) comes back as the
 ``jax.Array`` jax.jit returns for it, with jax.jit's dtype and weak type; a ``jax.Array``
 input returned untouched may stay the caller's object (it is immutable and equal). Under
-``alias`` the same value is plain Python's, the caller's own object (rule 6)."""
+``alias`` the same value is plain Python's, the caller's own object (rule J7)."""
 
 from __future__ import annotations
 
@@ -100,12 +100,12 @@ def test_strict_mixed_state_matches_jax_jit_leaf_by_leaf():
             assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(expected)
             got, want = jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)
             assert [_describe(x) for x in got] == [_describe(x) for x in want]
-    assert out[0] is not state  # strict's results are fresh containers (rule 13)
+    assert out[0] is not state  # strict's results are fresh containers (rule J16)
     assert out[0]["jax_float32"] is state["jax_float32"]
 
 
 def test_alias_keeps_plain_pythons_values():
-    """Rule 6 is unchanged under alias: the caller's own objects come back."""
+    """Rule J7 is unchanged under alias: the caller's own objects come back."""
     state = {"n": 3, "x": np.ones(2), "f": 0.5}
     out = tc.jit(lambda s: (s["n"], s["x"], s["f"]), policy="alias")(state)
     assert out[0] == 3 and type(out[0]) is int
@@ -125,7 +125,7 @@ def test_strict_jit_partial_returns_jax_arrays_for_bound_python_values():
 def test_strict_nnx_state_with_python_values_round_trips_like_jax_jit():
     """flax nnx: a module's state holding Python values (a Variable of an int, as nnx's own
     graph tests build) passed through a strict jit and merged back works as under jax.jit;
-    before rule 12a the int came back as an int and ``variable[...]`` failed."""
+    before rule J15 the int came back as an int and ``variable[...]`` failed."""
     nnx = pytest.importorskip("flax.nnx")
 
     class Counter(nnx.Module):
@@ -161,7 +161,7 @@ def _new_ref():
 @pytest.mark.skipif(_new_ref() is None, reason=f"jax {jax.__version__} has no jax.new_ref")
 @pytest.mark.parametrize("policy", ["alias", "strict"])
 def test_a_ref_handed_back_is_the_callers_ref(policy):
-    """Rule 12a: a JAX Ref handed back untouched is the caller's Ref under strict as under
+    """Rule J15: a JAX Ref handed back untouched is the caller's Ref under strict as under
     alias (jax.jit returns no Ref, and a copy would not be the Ref the function wrote)."""
     state = {"r": _new_ref()(jnp.arange(3.0))}
 

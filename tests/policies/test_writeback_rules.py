@@ -356,7 +356,7 @@ def settings_state(cfg):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("where", list(DEEP_CHANGES))
 def test_strict_reports_a_change_below_a_static_objects_top_level_and_restores_it(mode, where):
-    # docs/semantics.md, rule 24: strict watches the plain data inside a static object.
+    # docs/semantics.md, rule J29: strict watches the plain data inside a static object.
     cfg = Settings()
     before = settings_state(cfg)
 
@@ -373,7 +373,7 @@ def test_strict_reports_a_change_below_a_static_objects_top_level_and_restores_i
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("where", list(DEEP_CHANGES))
 def test_alias_keeps_a_change_below_a_static_objects_top_level_as_plain_python(mode, where):
-    # docs/semantics.md, rule 24: under alias a static object is the caller's own, as in plain
+    # docs/semantics.md, rule J29: under alias a static object is the caller's own, as in plain
     # Python (inside jit, the change is made when the function is traced).
     def f(x, cfg):
         DEEP_CHANGES[where](cfg)
@@ -401,7 +401,7 @@ jax.tree_util.register_static(Activations)
 
 @pytest.mark.parametrize("mode", MODES)
 def test_strict_compares_other_objects_inside_a_static_object_by_identity(mode):
-    # docs/semantics.md, rule 24: a jitted function inside a static object is not looked
+    # docs/semantics.md, rule J29: a jitted function inside a static object is not looked
     # into (its cache fills at the first call), so calling it is no change.
     acts = Activations()
     held = (acts.ours, acts.jaxs)
@@ -652,7 +652,7 @@ def test_alias_undoes_attributes_set_directly_when_a_later_write_fails(mode, kin
 
 @pytest.mark.parametrize("mode", MODES)
 def test_alias_hands_back_untouched_subtrees_with_their_sharing(mode):
-    """The write-back skips a subtree the trace proved unchanged (rule 17a) and hands the
+    """The write-back skips a subtree the trace proved unchanged (rule J21) and hands the
     caller's own objects over, also where a later place refers back into it (a shared
     container), at every call of the same structure, with other objects each time."""
 
@@ -683,7 +683,7 @@ def test_alias_hands_back_untouched_subtrees_with_their_sharing(mode):
     assert as_lists(t["frozen"]["inner"]["w"]) == [2.0, 2.0]
 
 
-# Rule 17, entry by entry: a write-back sets the keys, indices and attributes the function
+# Rule J20, entry by entry: a write-back sets the keys, indices and attributes the function
 # changed and nothing else, so what another thread writes meanwhile into the same containers
 # is never reverted to the value read at call start.
 
@@ -779,7 +779,7 @@ def test_a_writer_threads_entries_are_never_reverted_by_a_write_back(kind, calle
     assert final == last
 
 
-# --- Rule 17b: a registered node's attribute-held dict or list is updated in place ----------
+# --- Rule J22: a registered node's attribute-held dict or list is updated in place ----------
 
 
 class DictHeld:

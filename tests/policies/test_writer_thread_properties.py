@@ -1,4 +1,4 @@
-"""Rule 17 (entry by entry) as a property: a write-back sets the entries the function changed
+"""Rule J20 (entry by entry) as a property: a write-back sets the entries the function changed
 and nothing else, so what another thread writes into other entries of the same containers
 while the calls run is never reverted to the value read at call start.
 
@@ -12,7 +12,7 @@ steps. The steps start once the thread has written (it yields the GIL after each
 the switch interval is tiny, so they interleave); nothing depends on timing: after every step
 its own updates are written, the thread's entries never go backwards, and after the join each
 holds the thread's last write. (The first call traces before the thread starts: a write made
-by another thread while a call traces is taken for rule 25's change through another name.)
+by another thread while a call traces is taken for rule J30's change through another name.)
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def run_against_writer(inner_kind, outer, size, mine, theirs, caller, steps):
     steps=st.integers(50, 300),
 )
 def test_a_writer_threads_entries_are_never_reverted_whatever_the_containers(layout, caller, steps):
-    # docs/semantics.md, rule 17.
+    # docs/semantics.md, rule J20.
     inner_kind, outer, size, mine, theirs = layout
     seen, last, final = run_against_writer(inner_kind, outer, size, mine, theirs, caller, steps)
     for n, (own, _) in enumerate(seen, start=2):  # the first call was before the thread

@@ -179,7 +179,7 @@ def _reorder(d, keys):
 
 def sorted_view(tree):
     """A deep copy of ``tree`` as a function sees it under alias: dicts and defaultdicts with
-    their keys sorted (rule 7a)."""
+    their keys sorted (rule J9)."""
     view = copy.deepcopy(tree)
     for node in containers(view):
         if _sorted_view(node):
@@ -189,7 +189,7 @@ def sorted_view(tree):
 
 def run_as_alias(tree, program):
     """What a call under alias does to ``tree`` (in place) when its function runs ``program``,
-    written as plain Python (docs/semantics.md, rule 7): the function sees every dict and
+    written as plain Python (docs/semantics.md, rule J8): the function sees every dict and
     defaultdict with its keys sorted; afterwards each of those dicts keeps the keys the
     function kept in their own places, followed by its new keys in the order the function
     left them, and a dict the function created comes back sorted, as jax.jit builds it."""

@@ -173,7 +173,7 @@ def _prevent_cse_per_input(checkpoint):
 )
 def test_per_argument_prevent_cse_under_alias(cse):
     # jax.checkpoint has w twice, an operand per place with its argument's flag; alias makes it
-    # one operand (rule 7), protected when any of its places is; every other leaf has its own
+    # one operand (rule J8), protected when any of its places is; every other leaf has its own
     # argument's flag, as under jax.checkpoint
     theirs = _prevent_cse_per_input(lambda f: jax.checkpoint(f, prevent_cse=cse))
     ours = _prevent_cse_per_input(lambda f: tc.checkpoint(f, policy="alias", prevent_cse=cse))

@@ -1,6 +1,6 @@
 """``treeclone.cond(policy="alias")`` on random trees of every container kind with random
 mutation programs in its branches (``tests/support/mutation_programs.py``), against the plain
-Python ``if`` run on a deep copy (``run_as_alias``: the function sees dicts sorted, rule 7a):
+Python ``if`` run on a deep copy (``run_as_alias``: the function sees dicts sorted, rule J9):
 
 * the same program of any kind (set, add, delete, append, pop, detach, re-attach) in both
   branches, which return different values: the caller's containers end as plain Python leaves

@@ -78,7 +78,7 @@ def _shares(spec: tuple) -> bool:
 
 def _fresh_statics(model: Any) -> Any:
     """``model`` with every string and float leaf replaced by an equal but distinct object;
-    one object at several places stays one (rule 7 tracks a string's identity: a string at
+    one object at several places stays one (rule J8 tracks a string's identity: a string at
     two places and two equal strings there are two structures, traced apart)."""
     fresh: dict[int, Any] = {}
 
@@ -129,7 +129,7 @@ def test_property_traced_arrays_training_step_is_filter_jit(spec, seed):
         # Equal statics: no new trace for them. The second call traces again where equinox's
         # does (an eqx.nn.PReLU's weakly typed slope comes back strongly typed, a new
         # signature for jax.jit) or where the first call's shared submodule came back as two
-        # (rule 7: sharing is structure; apply_updates rebuilds each place).
+        # (rule J8: sharing is structure; apply_updates rebuilds each place).
         assert traces.count(policy) == max(traces.count("eqx"), 1 + _shares(spec))
         # Nothing is written into the caller's (immutable) model.
         assert all(a is b for a, b in zip(_snapshot(model), before, strict=True))
@@ -172,7 +172,7 @@ def _shared_loss(tree: tuple, x: jax.Array) -> jax.Array:
 
 
 def test_an_array_at_two_places_under_clone_gets_filter_grads_gradient_at_each():
-    """Rule 29 under clone: each place is its own input, as for jax.grad and
+    """Rule G4 under clone: each place is its own input, as for jax.grad and
     eqx.filter_grad (the lift, which flattens with identity, is given the places untied)."""
     tree, x = _shared_model(), jnp.ones(2)
     want = eqx.filter_grad(_shared_loss)(tree, x)
@@ -183,7 +183,7 @@ def test_an_array_at_two_places_under_clone_gets_filter_grads_gradient_at_each()
 
 @pytest.mark.parametrize("policy", ["alias", "strict"])
 def test_an_array_at_two_places_under_alias_and_strict_gets_its_total_gradient(policy):
-    """Rule 29 under alias and strict: one array is one parameter (a tie), its gradient at
+    """Rule G4 under alias and strict: one array is one parameter (a tie), its gradient at
     each place the total, as plain Python's loss of the one object would have it."""
     tree, x = _shared_model(), jnp.ones(2)
     per_place = eqx.filter_grad(_shared_loss)(tree, x)

@@ -322,7 +322,7 @@ def test_decorator_form_and_names():
 
 
 def test_python_scalars_are_values_each_place_its_own_input():
-    # One float object at two places is two inputs (rule 7: scalars are values), each with
+    # One float object at two places is two inputs (rule J8: scalars are values), each with
     # its own gradient, as under jax.grad.
     one = 1.0
     d = {"a": one, "b": one}

@@ -4,7 +4,7 @@ pop, detach, re-attach; ``tests/support/mutation_programs.py``):
 
 * every one of the caller's containers ends as plain Python leaves its twin (the program run
   un-transformed on a deep copy, NumPy leaves, seeing dicts sorted as the function does:
-  ``run_as_alias``, rule 7a);
+  ``run_as_alias``, rule J9);
 * the value is plain Python's on that sorted view;
 * the gradient equals ``jax.grad`` of the functional version: the same program on a copy of
   the sorted view rebuilt around the traced leaves, compared leaf by leaf at the same key

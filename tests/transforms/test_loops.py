@@ -838,7 +838,7 @@ def test_threads_share_the_trace_and_each_writes_its_own_objects():
     ]
 
 
-# --- rule 25: the caller's carry changed through another name -----------------------------------
+# --- rule J30: the caller's carry changed through another name -----------------------------------
 
 # The caller's carry, reached by a body through this global as well as through its argument.
 LOOP_SHARED: dict = {}
@@ -870,7 +870,7 @@ def _changed_path(message):
 def test_a_carry_also_changed_through_a_global_or_closure_is_rule_25s_error(
     kind, policy, where, through
 ):
-    # docs/semantics.md, rule L16 (rule 25 for the loops): no write may vanish silently.
+    # docs/semantics.md, rule L16 (rule J30 for the loops): no write may vanish silently.
     LOOP_SHARED.clear()
     LOOP_SHARED.update(n=jnp.zeros(()), sub={"k": jnp.zeros(())})
     sub, n = LOOP_SHARED["sub"], LOOP_SHARED["n"]
@@ -903,7 +903,7 @@ def test_a_carry_also_changed_through_a_global_or_closure_is_rule_25s_error(
         else:
             expected = "init['sub']" if kind == "scan" else "init_val['sub']"
     assert _changed_path(message) == expected
-    # jit's own rule 25 on the same write: the same error kind and text after the path.
+    # jit's own rule J30 on the same write: the same error kind and text after the path.
     jit_message = _error_of(
         lambda: tc.jit(lambda d: program(LOOP_SHARED)(d), policy=policy)(LOOP_SHARED)
     )

@@ -71,7 +71,7 @@ def states(tree, index):
 @SETTINGS
 @given(tree=trees, chosen=st.lists(st.integers(0, 20), max_size=4))
 def test_alias_in_place_scan_is_the_python_loop(tree, chosen):
-    tree = sorted_view(tree)  # the body sees dicts sorted (rule 7a); so does the reference
+    tree = sorted_view(tree)  # the body sees dicts sorted (rule J9); so does the reference
     twin = copy.deepcopy(tree)
     index = {id(n): i for i, n in enumerate(containers(tree))}
     twin_index = {id(n): i for i, n in enumerate(containers(twin))}
@@ -164,7 +164,7 @@ def python_scan_over_views(body, carry, xs, reverse):
 @SETTINGS
 @given(tree=trees, chosen=st.lists(st.integers(0, 20), max_size=4), reverse=st.booleans())
 def test_alias_scan_writes_slices_back_into_xs_as_the_python_loop_over_views(tree, chosen, reverse):
-    xs = sorted_view(tree)  # the body sees dicts sorted (rule 7a); so does the reference
+    xs = sorted_view(tree)  # the body sees dicts sorted (rule J9); so does the reference
     twin = copy.deepcopy(xs)
     index = {id(n): i for i, n in enumerate(containers(xs))}
     twin_index = {id(n): i for i, n in enumerate(containers(twin))}

@@ -222,7 +222,7 @@ def sc_alias_returned_state_is_the_callers_object():
         assert returned is state
         assert isinstance(state["step"], jax.Array)
     assert int(state["step"]) == 2
-    # an input returned unchanged is the caller's own array (rule 6)
+    # an input returned unchanged is the caller's own array (rule J7)
     x = put(batch(), P(AXIS))
     same = tc.shard_map(lambda x: x, mesh=mesh(), in_specs=P(AXIS), out_specs=P(AXIS))
     assert same(x) is not x  # clone: jax.shard_map's new array

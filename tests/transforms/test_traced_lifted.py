@@ -102,7 +102,7 @@ def test_vmap_alias_writes_back_in_place_changes_and_a_replaced_static_leaf():
     assert state["phase"] == "stepped"
 
     clone_state = {"total": jnp.zeros(3), "phase": "init"}
-    with pytest.warns(tc.MutationWarning):  # clone discards, loudly (rule 3a)
+    with pytest.warns(tc.MutationWarning):  # clone discards, loudly (rule J4)
         tc.vmap(step, policy="clone", traced="arrays")(clone_state, xs)
     assert clone_state["phase"] == "init"
     strict_state = {"total": jnp.zeros(3), "phase": "init"}

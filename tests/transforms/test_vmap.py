@@ -130,7 +130,7 @@ def test_alias_equals_the_python_loop_over_the_batch():
     assert_same_values(state, want_state)  # keys added, leaves replaced, the list grown
     assert state["history"] is history  # the caller's containers, written in place
     assert state["total"] is not total and state["total"].shape == (B, 3)
-    assert list(state) == ["total", "count", "history", "new"]  # rule 7a: new keys after
+    assert list(state) == ["total", "count", "history", "new"]  # rule J9: new keys after
     assert_same_values(cfg, _cfg())
 
 

@@ -4,7 +4,7 @@ re-attach; ``tests/support/mutation_programs.py``), against the Python loop over
 
 * for each example, the program runs un-transformed on a deep copy of the caller's tree
   whose leaves are that example's slices (NumPy), seeing dicts sorted as the function does
-  (``run_as_alias``, rule 7a);
+  (``run_as_alias``, rule J9);
 * every one of the caller's containers ends as the examples' twins do, with each leaf the
   stack of the examples' leaves along the tree's batch axis (0 or 1), and the same containers
   in the same places.
@@ -77,7 +77,7 @@ def stacked_description(nodes_per_example, index_per_example, axis):
 def test_alias_vmap_equals_the_python_loop_over_the_batch(tree, program, axis):
     caller = batched(tree, axis)
 
-    # The loop: each example on its own slice, as plain Python under alias (rule 7a).
+    # The loop: each example on its own slice, as plain Python under alias (rule J9).
     examples = [example(caller, i, axis) for i in range(B)]
     nodes = [containers(e) for e in examples]
     indexes = [{id(n): k for k, n in enumerate(ns)} for ns in nodes]

@@ -358,7 +358,7 @@ def test_generated_modules_flatten_as_jax(module):
 def test_variable_slots_are_read_as_getattr_reads_them_also_after_the_class_changes():
     """The native flatten and the cycle check read a Variable's ``_raw_value`` and
     ``_var_metadata`` from where the instance stores them, the place found once per version
-    of the class (``SlotReader`` in ``rust/member.rs``): a property shadowing the slot, a
+    of the class (``SlotReader`` in ``rust/cpython/members.rs``): a property shadowing the slot, a
     ``__getattribute__`` set on the class later and an unset slot are each seen as ``getattr``
     sees them, by the flatten (against JAX's) and by the cycle check (a value that contains
     the Variable itself only through the class's ``__getattribute__``)."""

@@ -67,11 +67,11 @@ class TraceInfo:
     key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
     own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
     ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
-    ``next_inputs``: where the arguments' leaves are after a call (``_trace._next_inputs``),
+    ``next_inputs``: where the arguments' leaves are after a call (``_trace.writes.next_inputs``),
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
     the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
-    under alias, whose result is plain Python's (its plan checks rule 25a itself, as every
+    under alias, whose result is plain Python's (its plan checks rule J31 itself, as every
     lifted transformation's does: ``_trace.enclosing``). ``hold_inputs``: whether the lean
     path holds a call's leaves until the next call (their arrays are on a platform of
     ``HOLD_INPUT_PLATFORMS`` and total at most ``HOLD_INPUT_BYTES``). Compared by identity,
@@ -128,7 +128,7 @@ _native.invalidate_registry_cache()
 
 
 def end_of_call(info: TraceInfo, leaves: list, objects: list, outputs: list) -> Any:
-    """The result of a call and its write-back: the plan (which checks rule 25a), with the
+    """The result of a call and its write-back: the plan (which checks rule J31), with the
     inputs strict hands back as ``jax.jit``'s arrays."""
     return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
 
@@ -368,7 +368,7 @@ def returned_inputs(
     leaves: list, out: Any, keep_inputs: Sequence[bool] | None, static: Any
 ) -> tuple[int, ...]:
     """Under a policy that gives ``jax.jit``'s results (strict), the input slots the result
-    ``out`` hands back as they came in, each returned as a ``jax.Array`` (rule 12a); alias
+    ``out`` hands back as they came in, each returned as a ``jax.Array`` (rule J15); alias
     gives plain Python's, the caller's own object. treeclone's own flatten: JAX's recurses
     natively and fails on a deep result (the trace has flattened this one already)."""
     returned = {id(x) for x in _native.leaves(out)}

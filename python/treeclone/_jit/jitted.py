@@ -39,7 +39,7 @@ from treeclone._jit.options import (
     resolve_arguments,
 )
 from treeclone._jit.placement import ShardedArguments, specified
-from treeclone._jit.stages import StageSource, run, trace
+from treeclone._jit.stages import StageSource, run_call, trace
 from treeclone._lift import (
     Naming,
     check_cycles,
@@ -209,10 +209,10 @@ class Jitted(_native.JitCore):
     ) -> Any:
         try:
             try:
-                return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+                return run_call(self._fun, self._prepare(policy, args, kwargs, bound), bound)
             except ShardedArguments:
                 # Arguments on a mesh: the call again, keyed by their shardings (_jit.placement).
-                return run(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+                return run_call(self._fun, self._prepare(policy, args, kwargs, bound), bound)
         except TypeError as exc:
             explained = self._explain_type_error(exc, args, kwargs)
             if explained is exc:

@@ -1,11 +1,11 @@
-"""The end of every ``treeclone.jit`` call under a policy (:func:`run`), and its ahead-of-time
+"""The end of every ``treeclone.jit`` call under a policy (:func:`run_call`), and its ahead-of-time
 stages: ``jitted.trace(...)``, ``.lower(...)`` and ``.compile()`` give :class:`Traced`,
 :class:`Lowered` and :class:`Compiled`, each holding the stage of the inner ``jax.jit`` made
 for one call (:class:`StagedCall`).
 
 A stage is the computation that runs, so it is traced, lowered and compiled once: calling a
 traced or compiled stage is the jitted call with the stage in place of the inner jit (the
-same ``CallShape.prepare``, the same :func:`run`: the plan's write-back, strict's arrays, the
+same ``CallShape.prepare``, the same :func:`run_call`: the plan's write-back, strict's arrays, the
 static leaves put back, ``jit_partial``'s cache followed), for arguments of the structure,
 sharing, static values and static leaves it was made for (another is a TypeError saying what
 differs). JAX's introspection (``as_text``, ``cost_analysis``, ``memory_analysis``,
@@ -34,7 +34,7 @@ from treeclone._jit.inner import Inner, TraceInfo, end_of_call, fun_name
 from treeclone.policies import ArgPolicies, Policy, policy_override
 
 
-def run(
+def run_call(
     fun: Callable, call: JitCall, bound: BoundArguments | None = None, stage: Any = None
 ) -> Any:
     """Run a prepared call (``CallShape.prepare``) and end it: its inner jit, or ``stage`` (a
@@ -141,7 +141,7 @@ class StagedCall:
             call = source.shape.prepare(source.entry, args, kwargs, source.bound)
             if call.key != self.key:
                 raise TypeError(self._mismatch(call))
-            return run(source.fun, call, source.bound, stage)
+            return run_call(source.fun, call, source.bound, stage)
         finally:
             if source.after is not None:
                 source.after()

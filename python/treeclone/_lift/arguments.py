@@ -102,7 +102,7 @@ def check_cycles(
 
 
 # Raise the ``ValueError`` every policy raises for a cyclic argument, naming it, before a JAX
-# transformation's own flatten meets the cycle (docs/semantics.md, rule 14): one native look
+# transformation's own flatten meets the cycle (docs/semantics.md, rule J17): one native look
 # through the arguments it flattens (static positions and keywords, frozensets, left out).
 # Under ``clone`` this is all a call adds. The same check as ``jit``'s clone path.
 check_call = check_arguments

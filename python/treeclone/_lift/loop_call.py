@@ -170,7 +170,7 @@ class LoopCall:
         objs = prepared.objs
         watched = snapshot(objs, self.info, self.skip)
         # The caller's containers, which the body may reach through a global or a closure
-        # (rule 25; checked first, as it puts them back).
+        # (rule J30; checked first, as it puts them back).
         callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
         called = prepared.call()
         _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)

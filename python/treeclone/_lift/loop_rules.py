@@ -245,7 +245,7 @@ def structure_difference(name: str, old: Any, new: Any) -> str | None:
 def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) -> None:
     """A container in both ``init`` and ``xs``, given different policies, has no single answer
     (written back for one, left alone for the other): the ValueError jit raises, naming both
-    key paths (docs/semantics.md, rule 39)."""
+    key paths (docs/semantics.md, rule P4)."""
     both = flatten_call(NAMINGS["scan"], (init, xs), {})
     info = both.sdef.node_info()
     init_top, xs_top = info[-1].children[:2]

@@ -96,7 +96,7 @@ def wrt_hint(args: tuple, argnums: Sequence[int]) -> str:
 
 def untied(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The call with each array met again at another place replaced by a copy, so that every
-    place is its own input: under ``clone`` (rule 29) a gradient with ``wrt=`` is
+    place is its own input: under ``clone`` (rule G4) a gradient with ``wrt=`` is
     ``jax.grad``'s and ``eqx.filter_grad``'s, one per place, not the total of the places (the
     lift flattens with identity). The call itself when no array is at two places."""
     try:

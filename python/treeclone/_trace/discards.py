@@ -30,8 +30,8 @@ def run_reporting_discards(
     keyword arguments are named by their keys. The other positions and the keywords in
     ``static`` are static arguments, not looked into.
 
-    The same analysis as ``run``'s for ``strict``, on the containers themselves (nothing is
-    rebuilt); static objects (rule 24) stay the caller's own, as in plain Python."""
+    The same analysis as ``Called.diff``'s for ``strict``, on the containers themselves (nothing is
+    rebuilt); static objects (rule J29) stay the caller's own, as in plain Python."""
     traced = [i for i in range(len(args)) if i in names]
     root = (*(args[i] for i in traced), {k: v for k, v in kwargs.items() if k not in static})
     layout = Layout(len(traced), [names[i] for i in traced])

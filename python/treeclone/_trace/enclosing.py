@@ -1,4 +1,4 @@
-"""Rule 25a (docs/semantics.md): inside an enclosing JAX transformation an alias call never
+"""Rule J31 (docs/semantics.md): inside an enclosing JAX transformation an alias call never
 leaves a tracer of it in an object from outside that transformation.
 
 Every plan that writes back carries an :class:`EnclosingWrites` (``Traced.plan``, and cond's
@@ -24,7 +24,7 @@ from treeclone._trace.watch import made_for_a_call, traced_by_a_call
 
 
 class EnclosingWrites:
-    """Rule 25a's check for one plan: ``name``, the function's name for the message; ``sdef``
+    """Rule J31's check for one plan: ``name``, the function's name for the message; ``sdef``
     and ``layout``, the caller's call structure the plan's origins point into. Called by
     ``CallPlan.apply`` as ``check(leaves, objects, outputs, writes)``, with the caller's
     leaves and objects (by node of ``sdef``), the computation's outputs and, for each caller
@@ -89,7 +89,7 @@ def _traced_in(child: Any, traced: set[int], caller: set[int]) -> tuple[Any, str
 
 
 class _Structure:
-    """The caller's call structure as rule 25a reads it: each node's parent, within its
+    """The caller's call structure as rule J31 reads it: each node's parent, within its
     argument, and the leaf slots below each node."""
 
     def __init__(self, info: list, layout: Layout):

@@ -54,7 +54,7 @@ class BranchRecord:
         self.def_: Any = traced.result_def
         self.origins: list[Any] = traced.origins
         self.result_child: int | None = traced.result_child
-        # Rule 25a's check of what its plan writes (``Traced.enclosing_writes``).
+        # Rule J31's check of what its plan writes (``Traced.enclosing_writes``).
         self.enclosing: Any = traced.enclosing_writes()
         self.info: list[Any] = self.def_.node_info()
         self.slots: list[int] = [e.slot for e in self.info if isinstance(e, EntryInfo.Leaf)]
@@ -378,7 +378,7 @@ def joined_plan(records: Sequence[BranchRecord]) -> Any:
         else:
             sources[slots[p]] = Source.Output(index=rep[p])
     origins = [join_origins([r.origins[n] for r in records]) for n in range(def_.num_nodes)]
-    # Rule 25a: any writing branch's check (each names its branch; they share the operands).
+    # Rule J31: any writing branch's check (each names its branch; they share the operands).
     enclosing = next((r.enclosing for r in records if r.enclosing is not None), None)
     return _native.CallPlan(
         def_, sources, origins, records[0].result_child, write_custom, enclosing=enclosing

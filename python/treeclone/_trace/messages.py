@@ -253,7 +253,7 @@ def instead(tracer: Any, tail: str) -> str:
 
 
 def enclosing_write_error(name: str, tracer: Any, path: str) -> ValueError:
-    """Rule 25a's error: an alias call inside the JAX transformation of ``tracer`` (one of its
+    """Rule J31's error: an alias call inside the JAX transformation of ``tracer`` (one of its
     results) would write it into ``path``, an object from outside that transformation."""
     jax_name, _ = jax_transformation(tracer)
     return ValueError(

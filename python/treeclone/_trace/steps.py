@@ -85,8 +85,8 @@ class Request:
     ``static_args``: the static arguments to put back around the dynamic ones.
     ``arg_named``: per argument, whether a dict without ``...`` named it (None: every policy
     was chosen); a container of an argument it does not name that a named one also holds
-    follows the named one (rule 39a). ``eager``: the function runs in the caller's own JAX
-    trace (``treeclone.call``), not in one a JAX transformation made for it (rule 25a,
+    follows the named one (rule P5). ``eager``: the function runs in the caller's own JAX
+    trace (``treeclone.call``), not in one a JAX transformation made for it (rule J31,
     ``_trace.enclosing``)."""
 
     __slots__ = (
@@ -424,7 +424,7 @@ class Traced:
         origins = self.origins
         if produced and self.held:
             # An input leaf the computation outputs (donated, resharded, placed, batched) is
-            # written into the custom node that holds it, as into a dict (rule 6).
+            # written into the custom node that holds it, as into a dict (rule J7).
             origins = list(origins)
             for n, held in self.held.items():
                 origin = held.origin(produced)
@@ -442,7 +442,7 @@ class Traced:
         return Plan(plan, outputs, pool_index)
 
     def enclosing_writes(self) -> EnclosingWrites | None:
-        """Rule 25a's check for a plan that writes into the caller's containers (None when
+        """Rule J31's check for a plan that writes into the caller's containers (None when
         it writes none): ``CallPlan.apply`` runs it inside an enclosing JAX transformation."""
         if not any(o is not None for o in self.origins):
             return None

@@ -279,7 +279,7 @@ class Paths:
 def equal_empty_nodes(before: Any, after: Any) -> bool:
     """Whether two entries are leafless nodes of one immutable type with equal static data (nnx's
     per-module ``PytreeState``, rebuilt by every unflatten): no value a caller could rely on
-    changed when one replaces the other (docs/semantics.md, rule 12)."""
+    changed when one replaces the other (docs/semantics.md, rule J14)."""
     return (
         isinstance(before, NodeInfo)
         and isinstance(after, NodeInfo)

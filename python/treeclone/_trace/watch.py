@@ -1,6 +1,6 @@
 """What a trace watches while the user's function runs: the caller's own containers the function
-may reach through another name (rule 25), the ``register_static`` objects strict checks
-(rule 24), and which containers were rebuilt for a call now running (rule 25a).
+may reach through another name (rule J30), the ``register_static`` objects strict checks
+(rule J29), and which containers were rebuilt for a call now running (rule J31).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from treeclone._jax_compat import registry
 from treeclone._trace.messages import raise_changed_elsewhere
 from treeclone._trace.tree import Layout, NodeInfo
 
-# .stack: per call of run now running here, its rebuilt objects' ids and the trace the
-# function runs under (None: the caller's own, treeclone.call's)
+# .stack: per function running here now (``Prepared.call``), its rebuilt objects' ids and the
+# trace it runs under (None: the caller's own, treeclone.call's)
 _running = threading.local()
 
 
@@ -38,8 +38,8 @@ def running_on(objs: Sequence[Any], trace: Any = None) -> Iterator[None]:
 
 
 def made_for_a_call(obj: Any) -> bool:
-    """Whether ``obj`` is a container ``run`` rebuilt for a function running now in this
-    thread (its ids are those of live objects: ``run`` holds them)."""
+    """Whether ``obj`` is a container ``prepare`` rebuilt for a function running now in this
+    thread (its ids are those of live objects: the ``Prepared`` step holds them)."""
     return any(id(obj) in ids for ids, _ in getattr(_running, "stack", ()))
 
 
@@ -88,7 +88,7 @@ def restore_shallow_state(obj: Any, state: tuple) -> None:
         obj[:] = [v.value for v in items]
 
 
-# How many objects strict watches from one static object (docs/semantics.md, rule 24).
+# How many objects strict watches from one static object (docs/semantics.md, rule J29).
 STATIC_WATCH_LIMIT = 10_000
 
 
@@ -191,7 +191,7 @@ def watch_callers(
     """What each of the caller's containers (``callers``, per node of ``info``) that the
     function does not get itself (it gets ``objs``, rebuilt; nodes in ``skip`` are left out)
     holds one level down: it may reach the caller's through a global or a closure, and a
-    change made there would be lost (rule 25). A registered node's flatten may read its
+    change made there would be lost (rule J30). A registered node's flatten may read its
     children through a plain dict or list held in an attribute (``self._store["w"]``): such a
     container, when it holds one of the node's children, is watched too, under
     ``(node, attribute)``. :func:`check_callers` compares after."""
@@ -220,7 +220,7 @@ def check_callers(
     objs: list,
     layout: Layout,
 ) -> None:
-    """Rule 25's ValueError when ``fun`` changed one of the ``watched`` caller containers
+    """Rule J30's ValueError when ``fun`` changed one of the ``watched`` caller containers
     through another name than its argument; those containers are put back first."""
     touched = [key for key, (obj, state) in watched.items() if shallow_state(obj) != state]
     if touched:

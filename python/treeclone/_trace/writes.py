@@ -1,6 +1,6 @@
 """What alias writes back: for each container of the inputs the function changed, the
 ``Origin`` that tells the native ``CallPlan`` how to write the new contents into the caller's
-object (rule 17: entry by entry; a custom node by its changed attributes), which argument's
+object (rule J20: entry by entry; a custom node by its changed attributes), which argument's
 policy each container follows, and where the arguments' leaves are after a call
 (``jit_partial``'s cache).
 
@@ -51,10 +51,10 @@ def node_policies(
 ) -> dict[int, Policy]:
     """The policy of each container of the arguments: its argument's. A container reachable
     from two arguments with different policies has no single answer (written back for one,
-    left alone for the other): a ValueError naming both key paths (rule 39). But where
+    left alone for the other): a ValueError naming both key paths (rule P4). But where
     ``named`` says the policy dict did not name an argument (it gave no ``...``: the default
     is for data no named argument holds), a container of that argument that a named one also
-    holds follows the named one, with everything under it (rule 39a: ``p(model.layer)`` with
+    holds follows the named one, with everything under it (rule P5: ``p(model.layer)`` with
     ``model`` bound to ``jit_partial``)."""
     tops = [top for top, _ in argument_tops(info, layout)]
     found: dict[int, Policy] = {}
@@ -68,7 +68,7 @@ def node_policies(
                 found[n], owner[n] = chosen, a
             elif isinstance(entry, EntryInfo.Ref):
                 refs.append((n, a))
-    if named is not None:  # rule 39a: containers of unnamed arguments claimed by named ones
+    if named is not None:  # rule P5: containers of unnamed arguments claimed by named ones
         agenda = [(info[n].target, a) for n, a in refs if named[a]]
         while agenda:
             target, a = agenda.pop()
@@ -155,7 +155,7 @@ def custom_changes(
 
 
 def entrywise(pre: NodeInfo, objs: list) -> tuple[bool, tuple | None]:
-    """Whether a dict or list subclass node can be written entry by entry (rule 17): rebuilt
+    """Whether a dict or list subclass node can be written entry by entry (rule J20): rebuilt
     from the caller's contents by its unflatten, its item ``j`` is its child ``j`` itself (a
     dict's keys then name the children in order, returned). False for any other node, or
     one whose unflatten converts or reorders its children."""
@@ -244,7 +244,7 @@ class HeldLeaves:
     leaves the function left as they were (``held``: ``(input slot, attribute)``): when the
     computation outputs such a leaf in place of the caller's (it was donated, or resharded by
     ``in_shardings``, or placed by ``out_shardings``), its attribute is written too
-    (:meth:`origin`), as a dict's entry is (rule 6). ``options``: the node's ``Origin``'s
+    (:meth:`origin`), as a dict's entry is (rule J7). ``options``: the node's ``Origin``'s
     arguments; ``after`` and ``children``: the node rebuilt from the function's contents and
     those contents, for the direct writes."""
 
@@ -317,7 +317,7 @@ def container_writes(
         pre = pre_info[k]
         old = pre.children  # bound once: each read of ``children`` builds a new list
         if ty is list:
-            # Rule 17: a list's or dict's items are written entry by entry, those the
+            # Rule J20: a list's or dict's items are written entry by entry, those the
             # function changed only.
             origin = Origin(
                 node=k,
@@ -329,7 +329,7 @@ def container_writes(
             )
         elif ty is dict:
             # The function saw the keys sorted, as under jax.jit: the keys it kept keep their
-            # place in the caller's dict (rule 7). ``old_keys``: the keys at call start.
+            # place in the caller's dict (rule J9). ``old_keys``: the keys at call start.
             origin = Origin(
                 node=k,
                 old_children=old,
@@ -353,7 +353,7 @@ def container_writes(
         writes.found.append(n)
         for j, c in enumerate(entry.children):
             # A leafless node replaced by an equal one (nnx's PytreeState, rebuilt by every
-            # unflatten; rule 12) stands for the caller's own: its parent stays unchanged.
+            # unflatten; rule J14) stands for the caller's own: its parent stays unchanged.
             if (
                 j < len(old)
                 and c not in origin_of
@@ -399,7 +399,7 @@ def _custom_write(
                 InPlace(name) if kept_container(own, name, getattr(obj, name, None)) else name
                 for name in attrs
             )
-        # Rule 17: a dict or list subclass whose unflatten keeps its children is written entry
+        # Rule J20: a dict or list subclass whose unflatten keeps its children is written entry
         # by entry too.
         by_entry, old_keys = entrywise(pre, objs)
         direct = direct_writes(attrs, after, [post_objs[c] for c in post.children])
@@ -409,7 +409,7 @@ def _custom_write(
             if name not in own and not hasattr(after, name)
         ]
     key_order = tuple(obj) if isinstance(obj, dict) else None
-    # A defaultdict was seen with its keys sorted (rule 7); other dict kinds in their own
+    # A defaultdict was seen with its keys sorted (rule J9); other dict kinds in their own
     # order, which the function may change.
     options: dict[str, Any] = {
         "node": k,
