@@ -43,7 +43,7 @@ class BoundArguments:
             # One native call: no Python code runs between a container's read and its record.
             flat = Snapshot.flatten_and_take(self.args)
         except ValueError:
-            # A cycle: the error names the argument (rule 14), as treeclone.jit's does, not
+            # A cycle: the error names the argument (rule J17), as treeclone.jit's does, not
             # its position in the tuple of bound arguments.
             check_cycles(self.naming, self.args, {})
             raise
