@@ -49,10 +49,10 @@ pub use leaves::{any_identical, Taker};
 use reflatten::Reflatten;
 
 use crate::cpython::{internals, Internals, SlotAt, TypeVersion};
+use crate::keys::address::AddressMap;
 use crate::node::NodeKind;
 use crate::registry::registry_size;
 use crate::sharing::{Entry, SharedTreeDef};
-use crate::traverse::address::AddressMap;
 use pyo3::exceptions::PyAttributeError;
 use pyo3::ffi;
 use pyo3::prelude::*;

@@ -7,11 +7,12 @@
 //! then dropped.
 
 mod compat;
+mod custom;
 
 pub use compat::{at_top_level, compat};
+pub use custom::{Check, CustomType, Known, KnownFlatten};
 
 use crate::cpython::SlotReader;
-use crate::node::{Known, KnownFlatten};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -20,29 +21,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// A type registered with JAX through one of its registration functions.
-pub struct CustomType {
-    pub ty: Py<PyType>,
-    /// `obj -> (children, aux_data)`
-    pub flatten: Py<PyAny>,
-    /// `(aux_data, children_tuple) -> obj`
-    pub unflatten: Py<PyAny>,
-    /// The native version of `flatten`, where treeclone knows the function (flax nnx's).
-    pub known: Option<KnownFlatten>,
-    /// Whether `flatten` is known to read nothing but the node's instance dict (equinox's
-    /// generated flatten of the type: `TypeKind::EqxModule`), though it runs in Python.
-    pub reads_only_dict: bool,
-}
-
-impl CustomType {
-    /// Whether the type's flatten reads nothing but what `jit_partial`'s snapshot watches, so
-    /// that an unchanged watch says the flatten would give the same children and aux data
-    /// (`bound/reflatten.rs`): flax nnx's (`KnownFlatten::reads_only_watched`) and equinox's.
-    pub fn reads_only_watched(&self) -> bool {
-        self.reads_only_dict || (self.known.as_ref()).is_some_and(KnownFlatten::reads_only_watched)
-    }
-}
 
 /// What JAX's registry says an object is.
 #[derive(Clone)]
