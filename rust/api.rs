@@ -1,7 +1,7 @@
 //! The functions `treeclone._native` exports; `treeclone.tree_util` wraps them.
 
+use crate::keys::order;
 use crate::registry::{self, compat};
-use crate::traverse::keysort;
 use crate::traverse::plain::{check, check_arguments, flatten, static_positions};
 use crate::traverse::Options;
 use crate::treedef::{self, PyTreeDef};
@@ -220,7 +220,7 @@ fn invalidate_registry_cache() {
 /// Forget cached dict key orders.
 #[pyfunction]
 fn clear_key_order_cache() {
-    keysort::clear_cache();
+    order::clear_cache();
     crate::node::memo::clear();
 }
 

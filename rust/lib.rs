@@ -1,19 +1,24 @@
 //! treeclone's native core: JAX-exact pytree flatten/unflatten, treedefs and key paths, and
 //! the identity-tracking flatten and write-back of the alias/strict policies.
 //!
-//! - `registry/`: which types are nodes (JAX's registry, one fast path for builtins);
-//! - `node/`: the node model (kinds with typed payloads), taking nodes apart and building them;
-//! - `traverse/`: the one traversal engine, its cycle/depth guard, dict key order, plain mode;
-//! - `treedef/`: `PyTreeDef` (unflatten, flatten_up_to, equality, pickling, JAX conversion);
-//! - `sharing/`: the identity-tracking mode and `SharedTreeDef`;
-//! - `writeback/`: `CallPlan`, the all-or-nothing write into the caller's objects;
-//! - `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
-//! - `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, and
-//!   the native bases of `Jitted` and `JitPartial`, whose `__call__` they are;
-//! - `cpython/`: the one gate to CPython's internals (private layouts, unexported functions,
-//!   version gates), each read with its safety argument and a test, and the switch that turns
-//!   them all off (then the public API is used);
-//! - `api.rs`: the module's functions, converting arguments and delegating.
+//! The modules form layers, lowest first: each uses only modules of the layers below it
+//! (`tests/test_rust_layout.py` checks that their `crate::` paths form no cycle).
+//!
+//! 1. `cpython/`: the one gate to CPython's internals (private layouts, unexported functions,
+//!    version gates), each read with its safety argument and a test, and the switch that turns
+//!    them all off (then the public API is used); `keys/`: maps keyed by object address and
+//!    dict keys in JAX's order;
+//! 2. `registry/`: which types are nodes (JAX's registry, one fast path for builtins), the
+//!    registered types and the flatten functions treeclone knows;
+//! 3. `node/`: the node model (kinds with typed payloads), taking nodes apart and building them;
+//! 4. `traverse/`: the one traversal engine, its cycle/depth guard, plain mode; `treedef/`:
+//!    `PyTreeDef` (unflatten, flatten_up_to, equality, pickling, JAX conversion);
+//! 5. `sharing/`: the identity-tracking mode and `SharedTreeDef`;
+//! 6. `writeback/`: `CallPlan`, the all-or-nothing write into the caller's objects;
+//! 7. `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
+//! 8. `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, and
+//!    the native bases of `Jitted` and `JitPartial`, whose `__call__` they are; `api.rs`: the
+//!    module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.
 
@@ -23,6 +28,7 @@ mod api;
 mod bound;
 mod call;
 mod cpython;
+mod keys;
 mod node;
 mod registry;
 mod sharing;

@@ -13,7 +13,7 @@
 //! re-flattened in their turn) and its children compared by identity, its aux data by
 //! identity or `==` (as JAX compares treedefs).
 
-use super::{follow_value, LeafIndex};
+use super::follow::{follow_value, LeafIndex};
 use crate::node::{call_custom_flatten, NodeKind};
 use crate::registry::CustomType;
 use crate::sharing::{Entry, SharedTreeDef};

@@ -1,8 +1,8 @@
 //! Taking a node apart: its children (and their JAX key entries) and its payload.
 
 use super::{known, NodeKind};
+use crate::keys::order;
 use crate::registry::{compat, CustomType, Kind};
-use crate::traverse::keysort;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -96,7 +96,7 @@ pub fn expand<'py>(
         }
         Kind::Dict => {
             let d = obj.cast_exact::<PyDict>()?;
-            NodeKind::Dict(keysort::sorted_children(py, d, children)?)
+            NodeKind::Dict(order::sorted_children(py, d, children)?)
         }
         Kind::NamedTuple => {
             let t = obj.cast::<PyTuple>()?;

@@ -16,69 +16,13 @@
 
 use super::memo;
 use crate::cpython::SlotReader;
-use crate::registry::CustomType;
-use crate::traverse::address::AddressMap;
-use crate::traverse::keysort;
+use crate::keys::address::AddressMap;
+use crate::keys::order;
+use crate::registry::{Check, CustomType, Known};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString, PyTuple, PyType};
-use std::sync::atomic::{AtomicU8, Ordering};
-
-/// A flatten function treeclone knows, recognised when the type is classified (flax nnx's by
-/// identity, register_dataclass's by its name and the fields it closes over).
-pub enum Known {
-    /// `flax.nnx.pytreelib.Pytree._pytree__flatten`.
-    Pytree,
-    /// `flax.nnx.variablelib._variable_flatten`, with where the type keeps the two slots it
-    /// reads.
-    Variable {
-        value: SlotReader,
-        metadata: SlotReader,
-    },
-    /// `flax.nnx.pytreelib._flatten_pytree_state`.
-    PytreeState,
-    /// `flax.nnx.statelib._state_flatten`.
-    State,
-    /// `register_dataclass`'s `flatten_func`: children the `data` fields, aux a tuple of the
-    /// `meta` fields (read first, as the function reads them).
-    Dataclass {
-        data: Vec<Py<PyString>>,
-        meta: Vec<Py<PyString>>,
-    },
-}
-
-/// Whether the native flatten of a type has been checked against its Python function.
-pub struct KnownFlatten {
-    pub known: Known,
-    check: AtomicU8,
-}
-
-const UNCHECKED: u8 = 0;
-const AGREES: u8 = 1;
-const DIFFERS: u8 = 2;
-
-impl KnownFlatten {
-    pub fn new(known: Known) -> Self {
-        KnownFlatten {
-            known,
-            check: AtomicU8::new(UNCHECKED),
-        }
-    }
-
-    /// Whether the type's flatten reads nothing but what `jit_partial`'s snapshot watches (the
-    /// instance dict, the slots, the plain containers they hold, the class under its version
-    /// tag): flax nnx's four functions, recognised by identity, which read `vars(obj)`
-    /// (`_pytree__nodes` among it or on the class) and a Variable's two slots, natively or
-    /// (a case the native version does not cover: an `nnx.List`'s int keys) in Python; unless
-    /// the native version was found to differ from the function (a flax release that changed
-    /// it). Not `register_dataclass`'s: its `getattr` of each field may run a property or a
-    /// class's `__getattr__`, which can read anything.
-    pub fn reads_only_watched(&self) -> bool {
-        self.check.load(Ordering::Relaxed) != DIFFERS
-            && !matches!(self.known, Known::Dataclass { .. })
-    }
-}
 
 type Flat<'py> = (Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>);
 
@@ -93,8 +37,8 @@ pub fn flatten<'py>(
     let Some(known) = &custom.known else {
         return Ok(None);
     };
-    let state = known.check.load(Ordering::Relaxed);
-    if state == DIFFERS {
+    let state = known.check();
+    if state == Check::Differs {
         return Ok(None);
     }
     let native = match &known.known {
@@ -107,16 +51,14 @@ pub fn flatten<'py>(
     let Some(native) = native else {
         return Ok(None);
     };
-    if state == AGREES {
+    if state == Check::Agrees {
         return Ok(Some(native));
     }
     let expected = python()?;
     let agrees = native.0.len() == expected.0.len()
         && native.0.iter().zip(&expected.0).all(|(a, b)| a.is(b))
         && same_objects(&native.1, &expected.1);
-    known
-        .check
-        .store(if agrees { AGREES } else { DIFFERS }, Ordering::Relaxed);
+    known.set_check(agrees);
     // Where they agree, the native result, as every later node of the type gets (its aux the
     // one memoized: the first node's flatten then equals the later ones' by identity too).
     Ok(Some(if agrees { native } else { expected }))
@@ -147,7 +89,7 @@ fn children<'py>(
     out: &mut Vec<Bound<'py, PyAny>>,
 ) -> Option<()> {
     let known = custom.known.as_ref()?;
-    if known.check.load(Ordering::Relaxed) != AGREES {
+    if known.check() != Check::Agrees {
         return None;
     }
     let py = obj.py();
@@ -209,7 +151,7 @@ fn sorted_str_items<'py>(
 ) -> Option<Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)>> {
     let py = dict.py();
     let mut values = Vec::with_capacity(dict.len());
-    let keys = keysort::sorted_str_children(py, dict, &mut values)?;
+    let keys = order::sorted_str_children(py, dict, &mut values)?;
     let keys = keys.into_bound(py);
     let mut items = Vec::with_capacity(values.len());
     for (key, value) in keys.iter().zip(values) {

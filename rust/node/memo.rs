@@ -23,7 +23,7 @@
 //! allocations set off a garbage collection at almost every step); kept under the identity
 //! of the items, the new dicts find the memo their values came from.
 
-use crate::traverse::address::{insert_bounded, AddressMap};
+use crate::keys::address::{insert_bounded, AddressMap};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::cell::RefCell;

@@ -9,7 +9,6 @@ pub mod memo;
 
 pub use build::{build_node, new_sequence};
 pub use expand::{call_custom_flatten, expand, key_entry_of};
-pub use known::{Known, KnownFlatten};
 
 use crate::registry::{CustomType, Kind};
 use pyo3::exceptions::PyValueError;

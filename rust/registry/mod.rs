@@ -7,11 +7,12 @@
 //! then dropped.
 
 mod compat;
+mod custom;
 
 pub use compat::{at_top_level, compat};
+pub use custom::{Check, CustomType, Known, KnownFlatten};
 
 use crate::cpython::SlotReader;
-use crate::node::{Known, KnownFlatten};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -20,29 +21,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// A type registered with JAX through one of its registration functions.
-pub struct CustomType {
-    pub ty: Py<PyType>,
-    /// `obj -> (children, aux_data)`
-    pub flatten: Py<PyAny>,
-    /// `(aux_data, children_tuple) -> obj`
-    pub unflatten: Py<PyAny>,
-    /// The native version of `flatten`, where treeclone knows the function (flax nnx's).
-    pub known: Option<KnownFlatten>,
-    /// Whether `flatten` is known to read nothing but the node's instance dict (equinox's
-    /// generated flatten of the type: `TypeKind::EqxModule`), though it runs in Python.
-    pub reads_only_dict: bool,
-}
-
-impl CustomType {
-    /// Whether the type's flatten reads nothing but what `jit_partial`'s snapshot watches, so
-    /// that an unchanged watch says the flatten would give the same children and aux data
-    /// (`bound/reflatten.rs`): flax nnx's (`KnownFlatten::reads_only_watched`) and equinox's.
-    pub fn reads_only_watched(&self) -> bool {
-        self.reads_only_dict || (self.known.as_ref()).is_some_and(KnownFlatten::reads_only_watched)
-    }
-}
 
 /// What JAX's registry says an object is.
 #[derive(Clone)]
@@ -335,44 +313,7 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
 
     // Python code runs here: no lock is held.
     let answer = compat.classify_type.bind(py).call1((ty,))?;
-    let bad =
-        || PyTypeError::new_err("treeclone: classify_type must return (TypeKind, f, g[, fields])");
-    let answer = answer.cast::<PyTuple>().map_err(|_| bad())?;
-    if answer.len() != 3 && answer.len() != 4 {
-        return Err(bad());
-    }
-    let kind = match *answer
-        .get_item(0)?
-        .cast::<TypeKind>()
-        .map_err(|_| bad())?
-        .get()
-    {
-        TypeKind::Leaf => Kind::Leaf,
-        TypeKind::NamedTuple => Kind::NamedTuple,
-        custom => Kind::Custom(Arc::new(CustomType {
-            ty: ty.clone().unbind(),
-            flatten: answer.get_item(1)?.unbind(),
-            unflatten: answer.get_item(2)?.unbind(),
-            known: match custom {
-                TypeKind::NnxPytree => Some(KnownFlatten::new(Known::Pytree)),
-                TypeKind::NnxVariable => Some(KnownFlatten::new(Known::Variable {
-                    value: SlotReader::new(),
-                    metadata: SlotReader::new(),
-                })),
-                TypeKind::NnxPytreeState => Some(KnownFlatten::new(Known::PytreeState)),
-                TypeKind::NnxState => Some(KnownFlatten::new(Known::State)),
-                TypeKind::Dataclass => {
-                    let (data, meta) = answer
-                        .get_item(3)?
-                        .extract::<(Vec<Py<PyString>>, Vec<Py<PyString>>)>()
-                        .map_err(|_| bad())?;
-                    Some(KnownFlatten::new(Known::Dataclass { data, meta }))
-                }
-                _ => None,
-            },
-            reads_only_dict: custom == TypeKind::EqxModule,
-        })),
-    };
+    let kind = kind_of_answer(ty, &answer)?;
 
     // Types that take no weak reference are answered each time rather than kept alive.
     let weak = PyWeakrefReference::new(ty).ok().map(Bound::unbind);
@@ -395,6 +336,47 @@ fn classify_type(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Kind> {
     };
     drop(evicted);
     Ok(kind)
+}
+
+/// The kind `classify_type` answered for `ty`: `(TypeKind, flatten, unflatten[, fields])`.
+fn kind_of_answer(ty: &Bound<'_, PyType>, answer: &Bound<'_, PyAny>) -> PyResult<Kind> {
+    let bad =
+        || PyTypeError::new_err("treeclone: classify_type must return (TypeKind, f, g[, fields])");
+    let answer = answer.cast::<PyTuple>().map_err(|_| bad())?;
+    if answer.len() != 3 && answer.len() != 4 {
+        return Err(bad());
+    }
+    let type_kind = *answer
+        .get_item(0)?
+        .cast::<TypeKind>()
+        .map_err(|_| bad())?
+        .get();
+    let known = match type_kind {
+        TypeKind::Leaf => return Ok(Kind::Leaf),
+        TypeKind::NamedTuple => return Ok(Kind::NamedTuple),
+        TypeKind::NnxPytree => Some(Known::Pytree),
+        TypeKind::NnxVariable => Some(Known::Variable {
+            value: SlotReader::new(),
+            metadata: SlotReader::new(),
+        }),
+        TypeKind::NnxPytreeState => Some(Known::PytreeState),
+        TypeKind::NnxState => Some(Known::State),
+        TypeKind::Dataclass => {
+            let (data, meta) = answer
+                .get_item(3)?
+                .extract::<(Vec<Py<PyString>>, Vec<Py<PyString>>)>()
+                .map_err(|_| bad())?;
+            Some(Known::Dataclass { data, meta })
+        }
+        TypeKind::Custom | TypeKind::EqxModule => None,
+    };
+    Ok(Kind::Custom(Arc::new(CustomType {
+        ty: ty.clone().unbind(),
+        flatten: answer.get_item(1)?.unbind(),
+        unflatten: answer.get_item(2)?.unbind(),
+        known: known.map(KnownFlatten::new),
+        reads_only_dict: type_kind == TypeKind::EqxModule,
+    })))
 }
 
 #[cfg(test)]

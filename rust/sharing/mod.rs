@@ -12,9 +12,9 @@ mod treedef;
 
 pub use treedef::{Entry, EntryInfo, SharedTreeDef};
 
+use crate::keys::address::AddressMap;
 use crate::node::{Node, NodeKind};
 use crate::registry::{type_ptr, Kind};
-use crate::traverse::address::AddressMap;
 use crate::traverse::{walk, Mode, Options};
 use pyo3::ffi;
 use pyo3::prelude::*;

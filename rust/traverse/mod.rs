@@ -4,10 +4,11 @@
 //! The walk owns what they have in common: JAX's order, the `is_leaf` rule, classification,
 //! the cycle/depth guard and the key paths.
 
-pub mod address;
 mod guard;
-pub mod keysort;
 pub mod plain;
+
+/// Dict key order, where `rust/call/` still reads it (issue 58: it moved to `keys/`).
+pub use crate::keys::order as keysort;
 
 pub use guard::MAX_DEPTH;
 

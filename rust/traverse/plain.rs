@@ -1,7 +1,7 @@
 //! JAX's flatten: every leaf in order, every container a node.
 
-use super::address::AddressMap;
 use super::{walk, Mode, Options};
+use crate::keys::address::AddressMap;
 use crate::node::{call_custom_flatten, known, Node};
 use crate::registry::{classify, Classifier, Kind};
 use pyo3::ffi;

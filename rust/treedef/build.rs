@@ -3,10 +3,11 @@
 
 use super::{leaf_count_error, PyTreeDef};
 use crate::node::{build_node, call_custom_flatten, new_sequence, NodeKind};
+use crate::registry::CustomType;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 
 impl PyTreeDef {
     /// Rebuild a tree from owned leaves.
@@ -94,89 +95,121 @@ impl PyTreeDef {
                     check_arity("List", node.arity, l.len(), &obj)?;
                     agenda.extend(l.iter());
                 }
-                NodeKind::Dict(keys) => {
-                    let d = obj
-                        .cast_exact::<PyDict>()
-                        .map_err(|_| expected_error("dict", &obj))?;
-                    let keys = keys.bind(py);
-                    let mismatch = || -> PyResult<PyErr> {
-                        let present = d.keys();
-                        present.sort().ok();
-                        Ok(PyValueError::new_err(format!(
-                            "Dict key mismatch; expected keys: {}; present keys: {}.",
-                            keys.to_list().repr()?,
-                            present.repr()?
-                        )))
-                    };
-                    if d.len() != node.arity {
-                        return Err(mismatch()?);
-                    }
-                    for key in keys.iter() {
-                        match d.get_item(&key)? {
-                            Some(v) => agenda.push(v),
-                            None => return Err(mismatch()?),
-                        }
-                    }
-                }
+                NodeKind::Dict(keys) => dict_values(&obj, keys.bind(py), node.arity, &mut agenda)?,
                 NodeKind::NamedTuple(ty) => {
-                    // jaxlib's checks, in its order and with its texts: a tuple with
-                    // `_fields`, then the arity, then the type.
-                    let ty = ty.bind(py);
-                    let t = match obj.cast::<PyTuple>() {
-                        Ok(t) if obj.hasattr(intern!(py, "_fields"))? => t.clone(),
-                        _ => {
-                            return Err(PyValueError::new_err(format!(
-                                "Expected named tuple, got {}.",
-                                obj.repr()?
-                            )))
-                        }
-                    };
-                    if t.len() != node.arity {
-                        return Err(PyValueError::new_err(format!(
-                            "Named tuple arity mismatch: {} != {}; tuple: {}.",
-                            t.len(),
-                            node.arity,
-                            obj.repr()?
-                        )));
-                    }
-                    if !obj.get_type().is(ty) {
-                        return Err(PyValueError::new_err(format!(
-                            "Named tuple type mismatch: expected type: {}, tuple: {}.",
-                            ty.repr()?,
-                            obj.repr()?
-                        )));
-                    }
-                    agenda.extend(t.iter());
+                    named_tuple_items(&obj, ty.bind(py), node.arity, &mut agenda)?
                 }
-                NodeKind::Custom(custom, expected_aux) => {
-                    let ty = custom.ty.bind(py);
-                    if !obj.get_type().is(ty) {
-                        return Err(PyValueError::new_err(format!(
-                            "Custom node type mismatch; expected type: {}; value: {}.",
-                            ty.repr()?,
-                            obj.repr()?
-                        )));
-                    }
-                    let (children, aux) = call_custom_flatten(&obj, custom)?;
-                    let expected_aux = expected_aux.bind(py);
-                    // Identity first, as JAX: the same aux object always matches itself (even
-                    // an array, or NaN).
-                    if !aux.is(expected_aux) && !aux.eq(expected_aux)? {
-                        return Err(PyValueError::new_err(format!(
-                            "Mismatch custom node data: {} != {}; value: {}.",
-                            expected_aux.repr()?,
-                            aux.repr()?,
-                            obj.repr()?
-                        )));
-                    }
-                    check_arity("Custom node", node.arity, children.len(), &obj)?;
-                    agenda.extend(children);
+                NodeKind::Custom(custom, aux) => {
+                    let aux = aux.bind(py);
+                    custom_children(&obj, custom, aux, node.arity, &mut agenda)?
                 }
             }
         }
         leaves.reverse();
         Ok(leaves)
     }
+}
+
+/// Push the values of the dict `obj` under `keys` (this structure's, in child order) onto
+/// `agenda`.
+fn dict_values<'py>(
+    obj: &Bound<'py, PyAny>,
+    keys: &Bound<'py, PyTuple>,
+    arity: usize,
+    agenda: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let d = obj
+        .cast_exact::<PyDict>()
+        .map_err(|_| expected_error("dict", obj))?;
+    let mismatch = || -> PyResult<PyErr> {
+        let present = d.keys();
+        present.sort().ok();
+        Ok(PyValueError::new_err(format!(
+            "Dict key mismatch; expected keys: {}; present keys: {}.",
+            keys.to_list().repr()?,
+            present.repr()?
+        )))
+    };
+    if d.len() != arity {
+        return Err(mismatch()?);
+    }
+    for key in keys.iter() {
+        match d.get_item(&key)? {
+            Some(v) => agenda.push(v),
+            None => return Err(mismatch()?),
+        }
+    }
+    Ok(())
+}
+
+/// Push the items of the namedtuple `obj`, of type `ty`, onto `agenda`: jaxlib's checks, in
+/// its order and with its texts (a tuple with `_fields`, then the arity, then the type).
+fn named_tuple_items<'py>(
+    obj: &Bound<'py, PyAny>,
+    ty: &Bound<'py, PyType>,
+    arity: usize,
+    agenda: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let py = obj.py();
+    let t = match obj.cast::<PyTuple>() {
+        Ok(t) if obj.hasattr(intern!(py, "_fields"))? => t.clone(),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "Expected named tuple, got {}.",
+                obj.repr()?
+            )))
+        }
+    };
+    if t.len() != arity {
+        return Err(PyValueError::new_err(format!(
+            "Named tuple arity mismatch: {} != {}; tuple: {}.",
+            t.len(),
+            arity,
+            obj.repr()?
+        )));
+    }
+    if !obj.get_type().is(ty) {
+        return Err(PyValueError::new_err(format!(
+            "Named tuple type mismatch: expected type: {}, tuple: {}.",
+            ty.repr()?,
+            obj.repr()?
+        )));
+    }
+    agenda.extend(t.iter());
+    Ok(())
+}
+
+/// Push the children of `obj`, a node of the registered type `custom` whose aux data must
+/// match `expected_aux`, onto `agenda`.
+fn custom_children<'py>(
+    obj: &Bound<'py, PyAny>,
+    custom: &CustomType,
+    expected_aux: &Bound<'py, PyAny>,
+    arity: usize,
+    agenda: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let ty = custom.ty.bind(obj.py());
+    if !obj.get_type().is(ty) {
+        return Err(PyValueError::new_err(format!(
+            "Custom node type mismatch; expected type: {}; value: {}.",
+            ty.repr()?,
+            obj.repr()?
+        )));
+    }
+    let (children, aux) = call_custom_flatten(obj, custom)?;
+    // Identity first, as JAX: the same aux object always matches itself (even an array, or
+    // NaN).
+    if !aux.is(expected_aux) && !aux.eq(expected_aux)? {
+        return Err(PyValueError::new_err(format!(
+            "Mismatch custom node data: {} != {}; value: {}.",
+            expected_aux.repr()?,
+            aux.repr()?,
+            obj.repr()?
+        )));
+    }
+    check_arity("Custom node", arity, children.len(), obj)?;
+    agenda.extend(children);
+    Ok(())
 }
 
 fn expected_error(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
