@@ -452,7 +452,7 @@ def test_every_allowed_external_name_is_still_named() -> None:
     [
         ("`_lift/naming.py`, `treeclone._trace.join`, `_native.running_call`", "x.py", []),
         (
-            "`rust/call/partial.rs`, `call/lean.rs`, `tests/support/`, ../semantics.md",
+            "`rust/call/partial.rs`, `call/lean/key.rs`, `tests/support/`, ../semantics.md",
             "docs/site/x.md",
             [],
         ),

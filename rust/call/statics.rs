@@ -2,7 +2,7 @@
 //! for both of its paths: the lean native call (`LeanCall`) and the Python one
 //! (`CallShape.prepare` in `treeclone/_jit/call.py`), so that the rule is written once.
 
-use crate::traverse::keysort::str_order;
+use crate::keys::order::str_order;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple, PyType};
@@ -281,7 +281,7 @@ impl StaticArguments {
 }
 
 /// Keyword items sorted by name (the names differ): natively for exact `str` names
-/// (`keysort::str_order`), else with Python's sort.
+/// (`keys::order::str_order`), else with Python's sort.
 fn sorted_by_name<'py>(
     py: Python<'py>,
     mut items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,

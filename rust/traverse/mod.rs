@@ -7,9 +7,6 @@
 mod guard;
 pub mod plain;
 
-/// Dict key order, where `rust/call/` still reads it (issue 58: it moved to `keys/`).
-pub use crate::keys::order as keysort;
-
 pub use guard::MAX_DEPTH;
 
 use crate::node::{expand, key_entry_of, Node, NodeKind};
