@@ -501,20 +501,16 @@ def sc_alias_nnx_batch_norm_equals_nnx_shard_map():
         from flax import nnx
     except ImportError:
         raise Skip("flax is not installed") from None
+    from nnx_models import Block
 
-    class Model(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.linear = nnx.Linear(3, 4, rngs=rngs)
-            self.bn = nnx.BatchNorm(4, axis_name=AXIS, rngs=rngs)
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            return self.bn(self.linear(x))
+    def make_model() -> Block:
+        return Block(3, 4, rngs=nnx.Rngs(0), axis_name=AXIS)
 
     def forward(model: Any, x: jax.Array) -> jax.Array:
         return model(x)
 
     options = {"mesh": mesh(), "in_specs": (P(), P(AXIS)), "out_specs": P(AXIS)}
-    mine, reference = Model(nnx.Rngs(0)), Model(nnx.Rngs(0))
+    mine, reference = make_model(), make_model()
     variables = list(jax.tree.leaves(mine, is_leaf=lambda v: isinstance(v, nnx.Variable)))
     ours = tc.shard_map(forward, policy="alias", **options)
     for i, call in enumerate((tc.jit(ours, policy="alias"), ours, tc.jit(ours, policy="alias"))):
