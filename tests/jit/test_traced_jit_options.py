@@ -6,7 +6,6 @@ docs/semantics.md, "Leaves that are not arrays: ``traced=``"."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -24,8 +23,6 @@ POLICIES = ["alias", "strict", {"model": "alias", "opt_state": "alias", "x": "st
 
 # On 8 CPU devices (a fresh process: XLA_FLAGS must be set before JAX starts).
 _SHARDED = """
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import equinox as eqx, jax, jax.numpy as jnp, numpy as np, treeclone as tc
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -56,7 +53,7 @@ for policy in ["clone", "alias", "strict", {"model": "alias", "state": "alias", 
 
 
 def test_in_shardings_apply_to_the_traced_leaves_of_their_argument() -> None:
-    run_script(_SHARDED, prelude=False, timeout=600, path=[os.path.dirname(__file__)])
+    run_script(_SHARDED, prelude=False, timeout=600, cpu_devices=8)
 
 
 class _Net(eqx.Module):
