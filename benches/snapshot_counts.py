@@ -80,6 +80,8 @@ def _eqx_state():
     return step, (mlp,), {"traced": eqx.is_array}
 
 
+# tests/support/node_kinds.py has the same class; kept here as the benches import nothing from
+# tests/ (and the library holds no test models).
 @jax.tree_util.register_pytree_node_class
 class Scaled:
     """A registered class whose flatten is Python code (aux data from an attribute)."""

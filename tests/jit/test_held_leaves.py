@@ -16,22 +16,19 @@ subprocess (``XLA_FLAGS`` must be set before JAX is imported)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import treeclone as tc
-from helpers import run_script
+from helpers import printed_json, run_script
 
 nnx = pytest.importorskip("flax.nnx")
 
 MARKER = "HELD-LEAVES:"
 
 _SCRIPT = f"""
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import json
 import jax
 import numpy as np
@@ -90,9 +87,8 @@ print({MARKER!r} + json.dumps(found))
 
 
 def test_nnx_jit_in_shardings_on_treeclone_jit_place_the_model_as_on_jax_jit() -> None:
-    stdout = run_script(_SCRIPT, prelude=False, timeout=300)
-    line = next(line for line in stdout.splitlines() if line.startswith(MARKER))
-    found = json.loads(line[len(MARKER) :])
+    stdout = run_script(_SCRIPT, prelude=False, timeout=300, cpu_devices=8)
+    found = printed_json(stdout, MARKER)
     assert "NamedSharding" in found["jax.jit"][0]
     assert found["alias"] == found["jax.jit"]
     assert found["strict"] == found["jax.jit"]

@@ -394,18 +394,11 @@ def test_alias_equals_plain_python_with_changes_inside_and_between_calls(tree, i
 nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
 
-
-class Block(nnx.Module):
-    def __init__(self, rngs):
-        self.linear = nnx.Linear(4, 4, rngs=rngs)
-        self.bn = nnx.BatchNorm(4, rngs=rngs)
-
-    def __call__(self, x):
-        return nnx.relu(self.bn(self.linear(x)))
+from nnx_models import ReluBlock  # noqa: E402 - after the skips
 
 
 def _model_and_optimizer(tied=False):
-    model = nnx.Sequential(Block(nnx.Rngs(0)), Block(nnx.Rngs(1)))
+    model = nnx.Sequential(ReluBlock(4, 4, rngs=nnx.Rngs(0)), ReluBlock(4, 4, rngs=nnx.Rngs(1)))
     if tied:  # one Variable in two places
         model.layers[1].linear.kernel = model.layers[0].linear.kernel
     return model, nnx.Optimizer(model, optax.sgd(0.05, momentum=0.9), wrt=nnx.Param)

@@ -13,8 +13,6 @@ on the same kind the reference. The pytest side reports the problems found for e
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +21,12 @@ import jax.numpy as jnp
 import meshes
 import numpy as np
 import pytest
-from helpers import run_script
+from helpers import check_answer, run_all_on_cpu_devices
 from test_jit_conformance import POLICIES, Run, assert_conforms, run
 
 pytestmark = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable:UserWarning")
 
 NUM_DEVICES = 8
-MARKER = "SHARDING-RESULTS:"
 
 # --- the scenarios (run in the subprocess) --------------------------------------------------------
 
@@ -362,22 +359,10 @@ def run_all() -> dict[str, dict[str, str | None]]:
 
 # --- the tests --------------------------------------------------------------------------------
 
-_SCRIPT = f"""
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={NUM_DEVICES}"
-import json
-import warnings
-warnings.simplefilter("ignore")
-import test_jit_sharding
-print({MARKER!r} + json.dumps(test_jit_sharding.run_all()))
-"""
-
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, str | None]]:
-    stdout = run_script(_SCRIPT, prelude=False, timeout=600, path=[os.path.dirname(__file__)])
-    line = next(line for line in stdout.splitlines() if line.startswith(MARKER))
-    return json.loads(line[len(MARKER) :])
+    return run_all_on_cpu_devices(__file__, NUM_DEVICES)
 
 
 def _cases():
@@ -391,10 +376,7 @@ def _cases():
 
 @pytest.mark.parametrize(("name", "policy", "kind"), list(_cases()))
 def test_sharding_conforms(results: dict, name: str, policy: str, kind: str) -> None:
-    problem = results[f"{name}-{kind}"][policy]
-    if problem is not None and problem.startswith("SKIP: "):
-        pytest.skip(problem[len("SKIP: ") :])
-    assert problem is None, problem
+    check_answer(results[f"{name}-{kind}"][policy])
 
 
 @pytest.mark.parametrize("policy", ["alias", "strict"])

@@ -19,8 +19,6 @@ imported), as ``test_jit_sharding`` is.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +27,10 @@ import jax.numpy as jnp
 import meshes
 import numpy as np
 import pytest
-from helpers import run_script
+from helpers import check_answer, run_all_on_cpu_devices
 
 NUM_DEVICES = 8
 STEPS = 10
-MARKER = "MESH-STATE-RESULTS:"
 
 # --- the model and its step (run in the subprocess) -------------------------------------------
 
@@ -584,29 +581,10 @@ def _guard(check: Callable[..., str | None], mesh: str, kind: str, *args: str) -
 
 # --- the tests ----------------------------------------------------------------------------------
 
-_SCRIPT = f"""
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={NUM_DEVICES}"
-import json
-import warnings
-warnings.simplefilter("ignore")
-import test_mesh_state
-print({MARKER!r} + json.dumps(test_mesh_state.run_all()))
-"""
-
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str | None]:
-    stdout = run_script(_SCRIPT, prelude=False, timeout=600, path=[os.path.dirname(__file__)])
-    line = next(line for line in stdout.splitlines() if line.startswith(MARKER))
-    return json.loads(line[len(MARKER) :])
-
-
-def _answer(results: dict, case: str) -> None:
-    problem = results[case]
-    if problem is not None and problem.startswith("SKIP: "):
-        pytest.skip(problem[len("SKIP: ") :])
-    assert problem is None, problem
+    return run_all_on_cpu_devices(__file__, NUM_DEVICES)
 
 
 def _checks(check: str) -> list[str]:
@@ -617,40 +595,40 @@ def _checks(check: str) -> list[str]:
 def test_every_leaf_keeps_its_sharding_over_ten_steps_as_jax_jit_with_out_shardings(
     results: dict, case: str
 ) -> None:
-    _answer(results, case)
+    check_answer(results[case])
 
 
 @pytest.mark.parametrize("case", _checks("opt_out"))
 def test_keep_shardings_false_lets_xla_place_what_is_written_back(results: dict, case: str) -> None:
-    _answer(results, case)
+    check_answer(results[case])
 
 
 @pytest.mark.parametrize("case", _checks("placement_change"))
 def test_a_state_placed_otherwise_between_calls_keeps_its_new_placement(
     results: dict, case: str
 ) -> None:
-    _answer(results, case)
+    check_answer(results[case])
 
 
 @pytest.mark.parametrize("case", _checks("out_shardings"))
 def test_out_shardings_hand_back_the_callers_objects_placed_as_asked(
     results: dict, case: str
 ) -> None:
-    _answer(results, case)
+    check_answer(results[case])
 
 
 @pytest.mark.parametrize("case", _checks("clone"))
 def test_clone_places_the_state_as_jax_jit_does(results: dict, case: str) -> None:
-    _answer(results, case)
+    check_answer(results[case])
 
 
 @pytest.mark.parametrize("case", _checks("lean_path"))
 def test_a_state_on_a_mesh_keeps_the_lean_path(results: dict, case: str) -> None:
-    _answer(results, case)
+    check_answer(results[case])
 
 
 @pytest.mark.parametrize("case", _checks("rank_change"))
 def test_a_written_back_array_the_old_sharding_no_longer_fits_is_placed_as_jax_jit_places_it(
     results: dict, case: str
 ) -> None:
-    _answer(results, case)
+    check_answer(results[case])

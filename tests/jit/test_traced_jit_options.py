@@ -6,7 +6,6 @@ docs/semantics.md, "Leaves that are not arrays: ``traced=``"."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -19,13 +18,13 @@ from helpers import run_script
 eqx = pytest.importorskip("equinox")
 optax = pytest.importorskip("optax")
 
+from eqx_models import NamedMLP  # noqa: E402 - after the skips
+
 # jit_partial's policies (clone keeps no identity: jit_partial refuses it).
 POLICIES = ["alias", "strict", {"model": "alias", "opt_state": "alias", "x": "strict"}]
 
 # On 8 CPU devices (a fresh process: XLA_FLAGS must be set before JAX starts).
 _SHARDED = """
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import equinox as eqx, jax, jax.numpy as jnp, numpy as np, treeclone as tc
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -56,22 +55,14 @@ for policy in ["clone", "alias", "strict", {"model": "alias", "state": "alias", 
 
 
 def test_in_shardings_apply_to_the_traced_leaves_of_their_argument() -> None:
-    run_script(_SHARDED, prelude=False, timeout=600, path=[os.path.dirname(__file__)])
-
-
-class _Net(eqx.Module):
-    mlp: eqx.nn.MLP
-    name: str
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.mlp(x)
+    run_script(_SHARDED, prelude=False, timeout=600, cpu_devices=8)
 
 
 _OPT = optax.adam(1e-2)
 
 
-def _step(model: _Net, opt_state: Any, x: jax.Array) -> tuple[jax.Array, _Net, Any]:
-    def loss(m: _Net) -> jax.Array:
+def _step(model: NamedMLP, opt_state: Any, x: jax.Array) -> tuple[jax.Array, NamedMLP, Any]:
+    def loss(m: NamedMLP) -> jax.Array:
         return jnp.mean(jax.vmap(m)(x) ** 2)
 
     value, grads = eqx.filter_value_and_grad(loss)(model)
@@ -83,7 +74,7 @@ def _step(model: _Net, opt_state: Any, x: jax.Array) -> tuple[jax.Array, _Net, A
 def test_jit_partial_with_traced_binds_a_module_and_equals_filter_jit(policy: Any) -> None:
     """A Module (with its activation and a string) and its optimizer state bound once, the
     batch given at each call: ``eqx.filter_jit``'s losses and Module, step after step."""
-    model = _Net(eqx.nn.MLP(3, 2, 8, 1, activation=jnp.tanh, key=jax.random.key(1)), "net")
+    model = NamedMLP(eqx.nn.MLP(3, 2, 8, 1, activation=jnp.tanh, key=jax.random.key(1)), "net")
     opt_state = _OPT.init(eqx.filter(model, eqx.is_array))
     xs = jax.random.normal(jax.random.key(2), (3, 4, 3))
     theirs = eqx.filter_jit(_step)

@@ -277,19 +277,12 @@ def test_the_issues_nnx_step_is_refused_as_nnx_refuses_it() -> None:
     # program at once (its graph nodes are from another trace level); treeclone refuses it
     # too, naming the statistic, before anything is written.
     nnx = pytest.importorskip("flax.nnx")
-
-    class Model(nnx.Module):
-        def __init__(self) -> None:
-            self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
-            self.bn = nnx.BatchNorm(2, rngs=nnx.Rngs(0))
-
-        def __call__(self, x: Any) -> Any:
-            return self.bn(self.lin(x))
+    from nnx_models import Block
 
     def loss(m: Any, x: Any) -> Any:
         return (m(x) ** 2).mean()
 
-    model, x = Model(), jnp.ones((4, 3))
+    model, x = Block(3, 2, rngs=nnx.Rngs(0)), jnp.ones((4, 3))
     step = jax.jit(lambda x: tc.value_and_grad(loss, policy="alias", wrt=nnx.Param)(model, x)[0])
     with pytest.raises(ValueError, match=r"(?s)inside a JAX transformation \(jax\.jit\).*m\.bn"):
         step(x)

@@ -17,6 +17,8 @@ from treeclone.policies import ArgPolicies
 nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
 
+from nnx_models import Block  # noqa: E402 - after the skips
+
 PARAMS_ALIASED = {"params": "alias", ...: "clone"}
 
 
@@ -88,15 +90,6 @@ def test_setdefault_on_a_cloned_config_leaves_the_callers_config_alone(mode):
     assert "cfg: key added: 'lr'" in str(warning.message)
 
 
-class Model(nnx.Module):
-    def __init__(self, rngs):
-        self.linear = nnx.Linear(4, 3, rngs=rngs)
-        self.bn = nnx.BatchNorm(3, rngs=rngs)
-
-    def __call__(self, x):
-        return self.bn(self.linear(x))
-
-
 def _nnx_step(model, optimizer, batch):
     batch["x"] = batch["x"] * 2.0  # a cloned argument changed in place
     loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(batch["x"]) - batch["y"]) ** 2))(model)
@@ -105,7 +98,7 @@ def _nnx_step(model, optimizer, batch):
 
 
 def test_nnx_model_and_optimizer_aliased_batch_cloned_equals_nnx_jit():
-    model = Model(nnx.Rngs(0))
+    model = Block(4, 3, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     ref_model = nnx.clone(model)
     ref_optimizer = nnx.Optimizer(ref_model, optax.adam(1e-2), wrt=nnx.Param)

@@ -14,39 +14,35 @@ import numpy as np
 import optax
 import treeclone as tc
 from flax import nnx
+from nnx_models import Block
 
 
-class _Block(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.linear = nnx.Linear(3, 3, rngs=rngs)
-        self.norm = nnx.BatchNorm(3, use_running_average=False, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.norm(self.linear(x))
+def _block() -> Block:
+    return Block(3, 3, rngs=nnx.Rngs(0), use_running_average=False)
 
 
 _X = jnp.arange(12.0).reshape(4, 3) / 7
 
 
-def _mean(block: _Block) -> np.ndarray:
-    return np.asarray(block.norm.mean[...])
+def _mean(block: Block) -> np.ndarray:
+    return np.asarray(block.bn.mean[...])
 
 
 def test_jax_checkpoint_inside_an_alias_step_drops_state_and_treeclones_keeps_it() -> None:
     # Case 6: a step that rematerializes its block. nnx's own step is the reference.
     def step_with(remat: Any) -> Any:
-        def step(block: _Block, x: jax.Array) -> jax.Array:
+        def step(block: Block, x: jax.Array) -> jax.Array:
             return remat(lambda b, x: b(x))(block, x).sum()
 
         return step
 
-    reference = _Block(nnx.Rngs(0))
+    reference = _block()
     nnx.jit(step_with(nnx.remat))(reference, _X)
     assert np.abs(_mean(reference)).sum() > 0  # the statistics moved
 
     # jax.checkpoint hands the function copies of the block and keeps only what it returns:
     # the statistics stay at 0, as under nnx.jit with jax.checkpoint (JAX's behaviour).
-    dropped, dropped_nnx = _Block(nnx.Rngs(0)), _Block(nnx.Rngs(0))
+    dropped, dropped_nnx = _block(), _block()
     tc.jit(step_with(jax.checkpoint), policy="alias")(dropped, _X)
     nnx.jit(step_with(jax.checkpoint))(dropped_nnx, _X)
     np.testing.assert_array_equal(_mean(dropped), 0.0)
@@ -54,7 +50,7 @@ def test_jax_checkpoint_inside_an_alias_step_drops_state_and_treeclones_keeps_it
 
     # treeclone.checkpoint under alias (and nnx.remat) keep them: nnx's own values.
     for remat in (lambda f: tc.checkpoint(f, policy="alias"), nnx.remat):
-        kept = _Block(nnx.Rngs(0))
+        kept = _block()
         tc.jit(step_with(remat), policy="alias")(kept, _X)
         np.testing.assert_allclose(_mean(kept), _mean(reference), rtol=1e-6)
 

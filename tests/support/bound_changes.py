@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from hypothesis import strategies as st
-from node_kinds import MyDict, MyList
+from node_kinds import MyDict, MyList, Scaled
 
 # Module-level settings a flatten reads (``Moded``'s aux data).
 MODE = {"train": True}
@@ -78,21 +78,6 @@ class Moded:
     @classmethod
     def tree_unflatten(cls, mode, children):
         return cls(children[0], mode)
-
-
-@jax.tree_util.register_pytree_node_class
-class Scaled:
-    """``scale`` is aux data, read from the instance."""
-
-    def __init__(self, w, scale):
-        self.w, self.scale = w, scale
-
-    def tree_flatten(self):
-        return (self.w,), self.scale
-
-    @classmethod
-    def tree_unflatten(cls, scale, children):
-        return cls(children[0], scale)
 
 
 def mode_of(node: Moded) -> bool:

@@ -8,6 +8,9 @@ learnt ``eqx.nn.PReLU``; hidden layers scanned or not), a custom Module whose fi
 generated (float and integer JAX arrays, NumPy arrays and scalars, a string, a bool, a Python
 float and int, a function, None) and groups holding their submodules in a tuple, a list or a
 dict; ``build`` makes it. ``sgd_step`` is a training step written for ``eqx.filter_jit``.
+
+``NamedMLP`` is a fixed model: an ``eqx.nn.MLP`` and a name (``tests/transforms/
+test_traced_branches.py``, ``tests/jit/test_traced_jit_options.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,16 @@ def scale_of(tree: Any) -> float:
     """The largest magnitude among the floating array leaves of ``tree``."""
     floats = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     return max((float(np.max(np.abs(x), initial=0.0)) for x in floats), default=0.0)
+
+
+class NamedMLP(eqx.Module):
+    """An ``eqx.nn.MLP`` and a name: a string leaf, which jax.jit cannot trace."""
+
+    mlp: eqx.nn.MLP
+    name: str
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.mlp(x)
 
 
 # --- equinox: generated modules -----------------------------------------------------------------

@@ -254,25 +254,69 @@ def run_script(
     timeout: float = 300,
     prelude: bool = True,
     path: Sequence[str] = (),
+    cpu_devices: int | None = None,
 ) -> str:
     """Run ``body`` in a fresh interpreter; it must exit 0 and print ``marker``.
 
     The script can import the modules of this folder, and those of the folders in ``path``.
-    A segfault/abort shows up as a negative return code and fails the calling test instead of
-    killing pytest. Returns stdout.
+    ``cpu_devices``: its CPU backend has that many devices (XLA reads ``XLA_FLAGS`` when JAX
+    starts, which it has in the pytest process already). A segfault/abort shows up as a
+    negative return code and fails the calling test instead of killing pytest. Returns stdout.
     """
     setup = (PRELUDE if prelude else _PATH_SETUP) + "".join(
         f"sys.path.insert(0, {folder!r})\n" for folder in path
+    )
+    devices = (
+        {}
+        if cpu_devices is None
+        else {"XLA_FLAGS": f"--xla_force_host_platform_device_count={cpu_devices}"}
     )
     proc = subprocess.run(
         [sys.executable, "-c", _script(setup, body, marker)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env(),
+        env=child_env(**devices),
         cwd=SUPPORT_DIR,
     )
     return _checked(marker, proc.returncode, proc.stdout, proc.stderr)
+
+
+def printed_json(stdout: str, marker: str) -> Any:
+    """The JSON a child printed after ``marker``, on the first line that starts with it."""
+    line = next(line for line in stdout.splitlines() if line.startswith(marker))
+    return json.loads(line[len(marker) :])
+
+
+_RESULTS = "RUN-ALL-RESULTS:"
+
+
+def run_all_on_cpu_devices(test_file: str, cpu_devices: int) -> Any:
+    """What ``run_all()`` of the test module ``test_file`` (its ``__file__``) returns, run in a
+    child Python on ``cpu_devices`` CPU devices (``run_script``), through JSON; warnings are
+    silenced there. The module's scenarios run in the child, the pytest side reports each
+    answer (``check_answer``)."""
+    folder, name = os.path.split(os.path.splitext(os.path.abspath(test_file))[0])
+    body = f"""
+import json
+import warnings
+warnings.simplefilter("ignore")
+import {name}
+print({_RESULTS!r} + json.dumps({name}.run_all()))
+"""
+    stdout = run_script(body, prelude=False, timeout=600, path=[folder], cpu_devices=cpu_devices)
+    return printed_json(stdout, _RESULTS)
+
+
+def check_answer(problem: str | None) -> None:
+    """One case's answer from a child: None passes, ``SKIP: why`` skips, anything else is the
+    failure."""
+    import pytest
+
+    __tracebackhide__ = True  # a skip or failure is reported at the test that checks the answer
+    if problem is not None and problem.startswith("SKIP: "):
+        pytest.skip(problem[len("SKIP: ") :])
+    assert problem is None, problem
 
 
 def run_warm(body: str, marker: str = "SCRIPT-OK", timeout: float = 300) -> str:

@@ -6,7 +6,8 @@
   between the two changes nothing but the type);
 - ``Noted``: a dataclass registered with a ``drop_fields`` field (``note``);
 - ``Stored``: a registered class whose flatten reads its child from a plain dict held in an
-  attribute (``self._store["w"]``), which is not a node of the tree.
+  attribute (``self._store["w"]``), which is not a node of the tree;
+- ``Scaled``: a registered class whose aux data is an attribute (``scale``).
 """
 
 from __future__ import annotations

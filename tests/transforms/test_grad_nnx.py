@@ -13,23 +13,11 @@ import treeclone as tc
 
 nnx = pytest.importorskip("flax.nnx")
 
-
-class Block(nnx.Module):
-    def __init__(self, rngs):
-        self.linear = nnx.Linear(4, 4, rngs=rngs)
-        self.bn = nnx.BatchNorm(4, rngs=rngs)
-
-    def __call__(self, x):
-        return jax.nn.relu(self.bn(self.linear(x)))
+from nnx_models import Headed  # noqa: E402 - after the skip
 
 
-class Model(nnx.Module):
-    def __init__(self, rngs):
-        self.block = Block(rngs)
-        self.head = nnx.Linear(4, 1, rngs=rngs)
-
-    def __call__(self, x):
-        return self.head(self.block(x))
+def _model() -> Headed:
+    return Headed(4, 4, 1, rngs=nnx.Rngs(0))
 
 
 def loss_fn(model, x):
@@ -44,7 +32,7 @@ def _leaves(state):
 
 
 def test_alias_value_and_grad_equals_nnx_value_and_grad_with_batch_stats():
-    model, reference = Model(nnx.Rngs(0)), Model(nnx.Rngs(0))
+    model, reference = _model(), _model()
     bn_mean = model.block.bn.mean  # the caller's Variable object
     for _ in range(2):
         loss, grads = tc.value_and_grad(loss_fn, policy="alias")(model, X)
@@ -69,7 +57,7 @@ def test_alias_value_and_grad_equals_nnx_value_and_grad_with_batch_stats():
 
 
 def test_strict_names_the_running_statistics_updated_and_not_returned():
-    model = Model(nnx.Rngs(0))
+    model = _model()
     mean = np.asarray(model.block.bn.mean[...])
     with pytest.raises(tc.MutationError) as info:
         tc.grad(loss_fn, policy="strict")(model, X)

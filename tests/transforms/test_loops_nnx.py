@@ -13,6 +13,8 @@ import treeclone as tc
 nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
 
+from nnx_models import ReluBlock  # noqa: E402 - after the skips
+
 CARRY_AND_SCANNED = {"in_axes": (nnx.Carry, 0), "out_axes": (nnx.Carry, 0)}
 
 
@@ -114,22 +116,21 @@ def test_a_variable_changed_in_place_then_replaced_is_an_error(policy):
 LAYERS = 3
 
 
-class Block(nnx.Module):
+class CountingBlock(ReluBlock):
     def __init__(self, rngs):
-        self.lin = nnx.Linear(4, 4, rngs=rngs)
-        self.bn = nnx.BatchNorm(4, use_running_average=False, rngs=rngs)
+        super().__init__(4, 4, rngs=rngs, use_running_average=False)
         self.count = nnx.Variable(jnp.zeros((), jnp.int32))
 
     def __call__(self, x):
         self.count[...] = self.count[...] + 1
-        return nnx.relu(self.bn(self.lin(x)))
+        return super().__call__(x)
 
 
 def stacked_blocks(seed):
     @nnx.split_rngs(splits=LAYERS)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def make(rngs):
-        return Block(rngs)
+        return CountingBlock(rngs)
 
     return make(nnx.Rngs(seed))
 
@@ -156,7 +157,7 @@ def assert_same_variables(a, b):
 def test_scan_over_layers_writes_each_blocks_state_back_as_nnx_scan():
     blocks = stacked_blocks(0)
     twin = nnx.clone(blocks)
-    kernel, mean, count = blocks.lin.kernel, blocks.bn.mean, blocks.count
+    kernel, mean, count = blocks.linear.kernel, blocks.bn.mean, blocks.count
     x = jax.random.normal(jax.random.key(1), (8, 4))
     for _ in range(2):  # a second call reuses the trace and writes on from the first
         out, ys = tc.scan(layer, x, blocks, policy="alias")
@@ -167,15 +168,15 @@ def test_scan_over_layers_writes_each_blocks_state_back_as_nnx_scan():
     np.testing.assert_array_equal(blocks.count[...], [2] * LAYERS)
     assert float(jnp.abs(blocks.bn.mean[...]).min(axis=1).max()) > 0  # every layer's stats
     # The caller's Variables, holding new stacked arrays for what changed only.
-    assert blocks.lin.kernel is kernel and blocks.bn.mean is mean and blocks.count is count
+    assert blocks.linear.kernel is kernel and blocks.bn.mean is mean and blocks.count is count
 
 
 def test_scan_over_layers_never_changed_params_stay_the_callers_arrays():
     blocks = stacked_blocks(2)
-    kernel = blocks.lin.kernel.get_value()
+    kernel = blocks.linear.kernel.get_value()
     mean = blocks.bn.mean.get_value()
     tc.scan(layer, jnp.ones((8, 4)), blocks, policy="alias")
-    assert blocks.lin.kernel.get_value() is kernel  # read only: no new stacked array
+    assert blocks.linear.kernel.get_value() is kernel  # read only: no new stacked array
     assert blocks.bn.mean.get_value() is not mean
 
 
@@ -233,7 +234,7 @@ def test_a_module_carried_by_fori_loop_and_while_loop_is_written_back_as_nnx_loo
         block(jnp.full((8, 4), 1.0) * i + jnp.arange(4.0))  # counter and batch stats in place
         return block
 
-    block, twin = Block(nnx.Rngs(6)), Block(nnx.Rngs(6))
+    block, twin = CountingBlock(nnx.Rngs(6)), CountingBlock(nnx.Rngs(6))
     mean = block.bn.mean
     assert tc.fori_loop(0, 3, body, block, policy="alias") is block
     nnx.fori_loop(0, 3, body, twin)

@@ -13,8 +13,6 @@ failure's traceback; ``test_scenario`` reports each. What needs no devices runs 
 from __future__ import annotations
 
 import copy
-import json
-import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +23,11 @@ import meshes
 import numpy as np
 import pytest
 import treeclone as tc
-from helpers import run_script
+from helpers import check_answer, run_all_on_cpu_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 NUM_DEVICES = 8
-MARKER = "SHARD-MAP-RESULTS:"
 AXIS = "data"
 ROWS = 16
 
@@ -501,20 +498,16 @@ def sc_alias_nnx_batch_norm_equals_nnx_shard_map():
         from flax import nnx
     except ImportError:
         raise Skip("flax is not installed") from None
+    from nnx_models import Block
 
-    class Model(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.linear = nnx.Linear(3, 4, rngs=rngs)
-            self.bn = nnx.BatchNorm(4, axis_name=AXIS, rngs=rngs)
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            return self.bn(self.linear(x))
+    def make_model() -> Block:
+        return Block(3, 4, rngs=nnx.Rngs(0), axis_name=AXIS)
 
     def forward(model: Any, x: jax.Array) -> jax.Array:
         return model(x)
 
     options = {"mesh": mesh(), "in_specs": (P(), P(AXIS)), "out_specs": P(AXIS)}
-    mine, reference = Model(nnx.Rngs(0)), Model(nnx.Rngs(0))
+    mine, reference = make_model(), make_model()
     variables = list(jax.tree.leaves(mine, is_leaf=lambda v: isinstance(v, nnx.Variable)))
     ours = tc.shard_map(forward, policy="alias", **options)
     for i, call in enumerate((tc.jit(ours, policy="alias"), ours, tc.jit(ours, policy="alias"))):
@@ -587,30 +580,15 @@ def run_all() -> dict[str, str | None]:
 
 # --- the tests ----------------------------------------------------------------------------------
 
-_SCRIPT = f"""
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={NUM_DEVICES}"
-import json
-import warnings
-warnings.simplefilter("ignore")
-import test_shard_map
-print({MARKER!r} + json.dumps(test_shard_map.run_all()))
-"""
-
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str | None]:
-    stdout = run_script(_SCRIPT, prelude=False, timeout=600, path=[os.path.dirname(__file__)])
-    line = next(line for line in stdout.splitlines() if line.startswith(MARKER))
-    return json.loads(line[len(MARKER) :])
+    return run_all_on_cpu_devices(__file__, NUM_DEVICES)
 
 
 @pytest.mark.parametrize("name", cases())
 def test_scenario(results: dict[str, str | None], name: str) -> None:
-    problem = results[name]
-    if problem is not None and problem.startswith("SKIP: "):
-        pytest.skip(problem[len("SKIP: ") :])
-    assert problem is None, problem
+    check_answer(results[name])
 
 
 def test_signature_is_jax_shard_maps_plus_policy() -> None:

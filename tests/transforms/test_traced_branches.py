@@ -19,36 +19,28 @@ from jax.sharding import PartitionSpec as P
 
 eqx = pytest.importorskip("equinox")
 
-from eqx_models import assert_same_leaves  # noqa: E402 - after the skip
+from eqx_models import NamedMLP, assert_same_leaves  # noqa: E402 - after the skip
 
 POLICIES = ["clone", "alias", "strict", {"model": "alias", "x": "strict"}]
 
 
-class Tagged(eqx.Module):
-    mlp: eqx.nn.MLP
-    name: str
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.mlp(x)
+def _model() -> NamedMLP:
+    return NamedMLP(eqx.nn.MLP(3, 2, 4, 1, activation=jnp.tanh, key=jax.random.key(0)), "tagged")
 
 
-def _model() -> Tagged:
-    return Tagged(eqx.nn.MLP(3, 2, 4, 1, activation=jnp.tanh, key=jax.random.key(0)), "tagged")
-
-
-def _grow(model: Tagged, x: jax.Array) -> tuple[Tagged, jax.Array, str]:
+def _grow(model: NamedMLP, x: jax.Array) -> tuple[NamedMLP, jax.Array, str]:
     new = eqx.tree_at(lambda m: m.mlp.layers[0].bias, model, replace_fn=lambda b: b + x.sum())
     return new, new(x), model.name
 
 
-def _shrink(model: Tagged, x: jax.Array) -> tuple[Tagged, jax.Array, str]:
+def _shrink(model: NamedMLP, x: jax.Array) -> tuple[NamedMLP, jax.Array, str]:
     # A new Module too: a result that is an operand in one branch and new in the other has
     # no single plan (the rules of cond), whatever traced= says.
     new = eqx.tree_at(lambda m: m.mlp.layers[0].bias, model, replace_fn=lambda b: b - x.sum())
     return new, -new(x), model.name
 
 
-def _partitioned_cond(pred: Any, model: Tagged, x: jax.Array) -> Any:
+def _partitioned_cond(pred: Any, model: NamedMLP, x: jax.Array) -> Any:
     """The equinox idiom: the Module's arrays through ``jax.lax.cond``, the rest closed
     over; each branch's result partitioned, its static part (the same in both) put back."""
     dynamic, static = eqx.partition(model, eqx.is_array)
@@ -76,7 +68,7 @@ def test_cond_with_a_module_operand_is_eqx_partition(policy, pred):
     assert_same_leaves(got, want)
     assert got[0].mlp.activation is jnp.tanh and got[2] == "tagged"
 
-    def inside(p: Any, model: Tagged, x: jax.Array) -> Any:
+    def inside(p: Any, model: NamedMLP, x: jax.Array) -> Any:
         return tc.cond(p, _grow, _shrink, model, x, policy=policy, traced="arrays")
 
     jitted = tc.jit(inside, traced="arrays", policy="alias")(jnp.asarray(bool(given)), model, x)
@@ -165,7 +157,7 @@ def _mesh() -> Mesh:
     return Mesh(np.array(jax.devices()[:1]), ("data",))
 
 
-def _shard_step(model: Tagged, stats: dict, x: jax.Array) -> tuple[jax.Array, str]:
+def _shard_step(model: NamedMLP, stats: dict, x: jax.Array) -> tuple[jax.Array, str]:
     stats["total"] = stats["total"] + jax.lax.psum(x.sum(), "data")
     return jax.vmap(model)(x), model.name
 

@@ -75,17 +75,9 @@ def _equinox_mlp() -> Run:
 def _flax_nnx() -> Run:
     nnx = pytest.importorskip("flax.nnx")
     optax = pytest.importorskip("optax")
+    from nnx_models import Headed
 
-    class Model(nnx.Module):
-        def __init__(self, rngs):
-            self.linear = nnx.Linear(4, 8, rngs=rngs)
-            self.bn = nnx.BatchNorm(8, rngs=rngs)
-            self.out = nnx.Linear(8, 2, rngs=rngs)
-
-        def __call__(self, x):
-            return self.out(jax.nn.relu(self.bn(self.linear(x))))
-
-    model = Model(nnx.Rngs(0))
+    model = Headed(4, 8, 2, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     x, y = jnp.ones((16, 4)), jnp.zeros((16, 2))
 
