@@ -21,7 +21,7 @@ import collections
 import jax
 import jax.numpy as jnp
 import treeclone as tc
-from treeclone._lift import bound as bound_module
+from treeclone._jit import bound as bound_module
 
 
 def _nnx_state():
