@@ -220,6 +220,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "treeclone._jax_compat",
             "treeclone._writeback",
             "treeclone.policies",
+            "treeclone._policy_keys",
             "treeclone.tree_util",
             "treeclone.tree",
             "treeclone.jaxlib_tree_util",
