@@ -218,6 +218,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "treeclone._native",
             "treeclone._docs",
             "treeclone._jax_compat",
+            "treeclone._known_flatten",
             "treeclone._writeback",
             "treeclone.policies",
             "treeclone._policy_keys",
