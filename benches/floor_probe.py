@@ -61,6 +61,7 @@ from tree_table import DEFAULT_OUT, INTRO
 from treeclone.bench import contenders as C
 from treeclone.bench import workloads as W
 from treeclone.bench.timing import interleaved, machine_info, script_command, write_section
+from treeclone.bench.workloads import runners as WR
 
 # workload: steps per batch (transformer_adam, bound by the device on a TPU, only with --only)
 WORKLOADS = {"mlp_adam": 100, "nnx_train_20": 40}
@@ -159,13 +160,14 @@ def flat_runner(
 
 @contextlib.contextmanager
 def floor_replaced(builder: Callable[..., W.Runner]) -> Iterator[None]:
-    """``workloads.floor_runner`` replaced by ``builder`` (the workloads look it up at call)."""
-    saved = W.floor_runner
-    W.floor_runner = builder
+    """``workloads.floor_runner`` replaced by ``builder`` where the workloads look it up at
+    call: in ``workloads.runners``, the module that defines it."""
+    saved = WR.floor_runner
+    WR.floor_runner = builder
     try:
         yield
     finally:
-        W.floor_runner = saved
+        WR.floor_runner = saved
 
 
 def make_runner(workload: W.Workload, contender: str) -> W.Runner:

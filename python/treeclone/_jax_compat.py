@@ -1,4 +1,5 @@
-"""Everything treeclone reads from JAX's internals lives here, for JAX 0.6.2 and later.
+"""Everything treeclone reads from JAX's internals lives here, for JAX 0.6.2 and later (but
+the flatten functions the core runs natively, recognised in ``_known_flatten``).
 
 Below ``MIN_JAX`` the import fails with a clear ImportError. Above it no release is refused:
 what differs between releases is probed by feature (``hasattr``, or a call whose behaviour
@@ -16,10 +17,7 @@ later, through any of JAX's public functions, because the size of that dict chan
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import sys
-import types
 from typing import Any
 
 import jax
@@ -27,6 +25,9 @@ from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
 from treeclone._docs import see
+from treeclone._known_flatten import custom_kind as _custom_kind
+from treeclone._known_flatten import dataclass_fields as _dataclass_fields
+from treeclone._known_flatten import equinox_flatten as _equinox_flatten
 from treeclone._native import TypeKind
 
 # The oldest JAX release treeclone supports and is tested against (pyproject.toml declares
@@ -287,7 +288,7 @@ def classify_type(ty: type):
     """``(TypeKind, flatten, unflatten)`` for a type that is not list, tuple, dict or None;
     for a type registered by ``register_dataclass``, ``(TypeKind.Dataclass, flatten, unflatten,
     (data_fields, meta_fields))``; an equinox Module's, ``TypeKind.EqxModule``
-    (``_equinox_flatten``)."""
+    (``_known_flatten.equinox_flatten``)."""
     entry = registry.get(ty)
     if entry is not None:
         fields = _dataclass_fields(entry.to_iter)
@@ -302,75 +303,6 @@ def classify_type(ty: type):
     if _is_registry_only_node(ty):
         return (TypeKind.Custom, *_opaque_functions(ty))
     return TypeKind.Leaf, None, None
-
-
-def _dataclass_fields(flatten) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """``(data_fields, meta_fields)`` of a flatten function ``jax.tree_util.register_dataclass``
-    made (the names it closes over), which the core runs natively (``rust/node/known.rs``,
-    checked there against the function on the first node); None for any other function."""
-    if getattr(flatten, "__qualname__", None) != "register_dataclass.<locals>.flatten_func":
-        return None
-    try:
-        cells = flatten.__code__.co_freevars, flatten.__closure__ or ()
-        names = {name: cell.cell_contents for name, cell in zip(*cells, strict=True)}
-    except (AttributeError, ValueError):  # not a plain function, or an empty cell
-        return None
-    data, meta = names.get("data_fields"), names.get("meta_fields")
-    if not (isinstance(data, tuple) and isinstance(meta, tuple)):
-        return None
-    if not all(type(name) is str for name in (*data, *meta)):
-        return None
-    return data, meta
-
-
-def _custom_kind(flatten) -> TypeKind:
-    """``TypeKind.Custom``, or the kind that says ``flatten`` is one of flax nnx's flatten
-    functions, which the core runs natively (``rust/node/known.rs``). Recognised by identity,
-    and only where flax is already imported (its nodes cannot exist otherwise)."""
-    pytreelib = sys.modules.get("flax.nnx.pytreelib")
-    pytree = getattr(pytreelib, "Pytree", None)
-    if pytree is not None and flatten is getattr(pytree, "_pytree__flatten", None):
-        return TypeKind.NnxPytree
-    if pytreelib is not None and flatten is getattr(pytreelib, "_flatten_pytree_state", None):
-        return TypeKind.NnxPytreeState
-    variablelib = sys.modules.get("flax.nnx.variablelib")
-    if variablelib is not None and flatten is getattr(variablelib, "_variable_flatten", None):
-        return TypeKind.NnxVariable
-    statelib = sys.modules.get("flax.nnx.statelib")
-    if statelib is not None and flatten is getattr(statelib, "_state_flatten", None):
-        return TypeKind.NnxState
-    return TypeKind.Custom
-
-
-def _equinox_flatten(ty: type, flatten) -> bool:
-    """Whether ``flatten`` is the function equinox generates to flatten its Module ``ty``,
-    which reads nothing but ``obj.__dict__`` (its fields, by ``get``, and its length), so that
-    ``jit_partial``'s watch of the instance dict and the class stands for it (docs/semantics.md,
-    "jit_partial"): its code is that of the function equinox generates for ``ty`` now, the
-    names it reads are equinox's own, and the class reads ``__dict__`` the plain way (through
-    ``object``'s or equinox's ``__getattribute__``, which passes magic names through). Any
-    doubt (no equinox, another release's helpers, an error) is a no: the flatten then runs
-    again at each check."""
-    module = sys.modules.get("equinox._module._flatten")
-    generate = getattr(module, "generate_flatten_functions", None)
-    code, names = getattr(flatten, "__code__", None), getattr(flatten, "__globals__", None)
-    if generate is None or code is None or not isinstance(names, dict):
-        return False
-    if names.get("MISSING") is not getattr(module, "MISSING", None) or "len" in names:
-        return False
-    # equinox's Module.__getattribute__ hands `__dict__` (a magic name) over unchanged.
-    module_class = getattr(sys.modules.get("equinox._module._module"), "Module", None)
-    plain = (object.__getattribute__, getattr(module_class, "__getattribute__", None))
-    if not any(ty.__getattribute__ is g for g in plain):
-        return False
-    slot = next((k.__dict__["__dict__"] for k in ty.__mro__ if "__dict__" in k.__dict__), None)
-    if type(slot) is not types.GetSetDescriptorType:
-        return False
-    try:
-        expected = generate(ty, dataclasses.fields(ty))[0]
-    except Exception:  # noqa: BLE001 - any failure means "not recognised"
-        return False
-    return getattr(expected, "__code__", None) == code
 
 
 def unflatten_node(ty: type, aux, children):

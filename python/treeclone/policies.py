@@ -30,12 +30,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from treeclone import _writeback
 from treeclone._docs import see
+from treeclone._policy_keys import complete_keys
 
 __all__ = [
     "ALIAS",
@@ -455,57 +455,7 @@ def as_policy_spec(
             by_position[key] = chosen
         else:
             by_name[key] = chosen
-    try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        params = None
-    if params is not None:
-        name = getattr(fun, "__qualname__", None) or repr(fun)
-        shown = f"{name} ({', '.join(p.name for p in params)})"
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        positional = [p.name for p in params if p.kind in kinds]
-        keywords = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-        var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
-        var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-        for i in list(by_position):
-            j = i + len(positional) if i < 0 else i
-            if j < 0 or (j >= len(positional) and not var_positional):
-                raise ValueError(
-                    see(
-                        "policy-argument",
-                        f"policy names argument {i}, but {shown} has no such position",
-                    )
-                )
-            by_position[j] = by_position.pop(i)
-        for k in by_name:
-            if k not in keywords and k not in positional and not var_keyword:
-                raise ValueError(
-                    see(
-                        "policy-argument",
-                        f"policy names {k!r}, which is not an argument of {shown}",
-                    )
-                )
-        # A position and its name are one argument (as static_argnums and static_argnames).
-        for j, k in enumerate(positional):
-            if j in by_position and k in by_name and by_position[j] is not by_name[k]:
-                raise ValueError(
-                    see(
-                        "policy-argument",
-                        f"policy gives argument {j} ({k}) two policies: {by_position[j]!r} and "
-                        f"{by_name[k]!r}",
-                    )
-                )
-            if j in by_position:
-                by_name.setdefault(k, by_position[j])
-            elif k in by_name:
-                by_position[j] = by_name[k]
-    elif any(i < 0 for i in by_position):
-        raise ValueError(
-            see(
-                "policy-argument",
-                "a negative position in policy needs fun's signature, which is unknown",
-            )
-        )
+    complete_keys(by_position, by_name, fun)
     spec = ArgPolicies(
         tuple(sorted(by_position.items())),
         tuple(sorted(by_name.items())),

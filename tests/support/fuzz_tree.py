@@ -762,9 +762,11 @@ def run_atheris(seconds: float, seed: int, corpus: str | None) -> int:
         args.append(corpus)
     import jax._src.tree_util
     import treeclone._jax_compat
+    import treeclone._known_flatten
 
     # the harness (decoding: which shapes were built) and the Python code on both sides
-    for module in (sys.modules[__name__], tc, treeclone._jax_compat, jax._src.tree_util):
+    python_side = (treeclone._jax_compat, treeclone._known_flatten, jax._src.tree_util)
+    for module in (sys.modules[__name__], tc, *python_side):
         _instrument_module(atheris, module)
     atheris.Setup(args, one_input)
     atheris.Fuzz()  # exits the process: 0 when the time is up, non-zero on a finding

@@ -25,6 +25,7 @@ MODULES = {
         "treeclone._lift.boxes",
         "treeclone._lift.naming",
         "treeclone._lift.runner",
+        "treeclone._policy_keys",
         "treeclone.call",
         "treeclone.cond",
         "treeclone.jaxlib_tree_util",

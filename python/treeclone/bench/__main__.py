@@ -57,6 +57,13 @@ def _parser(workload_names: list[str], group_names: list[str]) -> argparse.Argum
         help="every workload at its smallest sizes (fewer layers, a shallower nnx model): the "
         "same steps, compiled faster; for CI's smoke test, never for the docs",
     )
+    _add_timing_options(p)
+    _add_output_options(p)
+    return p
+
+
+def _add_timing_options(p: argparse.ArgumentParser) -> None:
+    """``--rounds``, ``--steps``, ``--check-steps`` and ``--rtol``."""
     p.add_argument(
         "--rounds",
         type=int,
@@ -81,6 +88,10 @@ def _parser(workload_names: list[str], group_names: list[str]) -> argparse.Argum
         type=float,
         help="relative tolerance of the loss check (default 1e-4 on CPU, 1e-2 on GPU)",
     )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """``--docs``, ``--from-results`` and ``--fail-on-error``."""
     p.add_argument(
         "--docs",
         type=Path,
@@ -102,7 +113,6 @@ def _parser(workload_names: list[str], group_names: list[str]) -> argparse.Argum
         action="store_true",
         help="exit 1 if any contender failed its check or raised (default: only if jax.jit did)",
     )
-    return p
 
 
 def resolve_device(name: str | None) -> Any:
@@ -175,91 +185,121 @@ def expand_only(items: list[str]) -> list[str]:
     return only
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from .contenders import GROUPS
-    from .workloads import WORKLOADS, tiny
+class _UsageError(Exception):
+    """A mistake on the command line: ``main`` prints it and exits with status 2."""
 
-    args = _parser(list(WORKLOADS), list(GROUPS)).parse_args(argv)
-    if args.from_results:
-        return _from_results(args.from_results, args.out, args.docs)
+
+def _workload_names(args: argparse.Namespace) -> list[str]:
+    """The workloads to run, in ``WORKLOADS``' order: all of them without ``--only``."""
+    from .contenders import GROUPS
+    from .workloads import WORKLOADS
+
     only = expand_only(args.only or [])
     unknown = [n for n in only if n not in WORKLOADS]
     if unknown:
-        print(
-            f"error: unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)}; "
-            f"groups: {', '.join(GROUPS)})",
-            file=sys.stderr,
+        raise _UsageError(
+            f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)}; "
+            f"groups: {', '.join(GROUPS)})"
         )
-        return 2
     if args.tiny and args.docs is not None:
-        print("error: --tiny runs are not for the docs (--docs)", file=sys.stderr)
-        return 2
-    names = [n for n in WORKLOADS if n in only] if only else list(WORKLOADS)
-    classes = {n: tiny(WORKLOADS[n]) if args.tiny else WORKLOADS[n] for n in names}
+        raise _UsageError("--tiny runs are not for the docs (--docs)")
+    return [n for n in WORKLOADS if n in only] if only else list(WORKLOADS)
+
+
+def _counts(args: argparse.Namespace) -> tuple[int, int]:
+    """The timing rounds and the check steps: given, or the preset's (``--quick``'s or the
+    full run's)."""
     preset = QUICK if args.quick else FULL
     rounds = args.rounds or preset["rounds"]
-    steps = args.steps
     check_steps = args.check_steps or preset["check_steps"]
-    if min(rounds, steps or 1, check_steps) < 1:
-        print("error: --rounds, --steps and --check-steps must be at least 1", file=sys.stderr)
-        return 2
+    if min(rounds, args.steps or 1, check_steps) < 1:
+        raise _UsageError("--rounds, --steps and --check-steps must be at least 1")
+    return rounds, check_steps
+
+
+def _need_optax() -> None:
     try:
         import optax  # noqa: F401  (every workload trains with optax)
     except ImportError:
-        print(
-            "error: optax is required: pip install 'treeclone[bench]' (or optax)", file=sys.stderr
-        )
-        return 2
+        raise _UsageError("optax is required: pip install 'treeclone[bench]' (or optax)") from None
 
-    from . import report
-    from .contenders import probe
-    from .harness import Config, run_workload
-    from .progress import Progress
 
-    device = resolve_device(args.device)
+def _config(args: argparse.Namespace, device: Any, rounds: int, check_steps: int) -> Any:
+    """The harness's ``Config`` of this run on ``device`` (its tolerances: the platform's)."""
+    from .harness import Config
+
+    preset = QUICK if args.quick else FULL
     on_cpu = device.platform == "cpu"
-    rtol = args.rtol if args.rtol is not None else (1e-4 if on_cpu else 1e-2)
-    cfg = Config(
+    return Config(
         rounds=rounds,
-        steps=steps,
+        steps=args.steps,
         check_steps=check_steps,
-        rtol=rtol,
+        rtol=args.rtol if args.rtol is not None else (1e-4 if on_cpu else 1e-2),
         atol=1e-6 if on_cpu else 1e-4,
         batch_s=preset["steps"][0],
         min_steps=preset["steps"][1],
         max_steps=preset["steps"][2],
     )
-    av = probe()
-    for c, why in av.skipped.items():
-        print(f"note: {c}: skipped ({why})", file=sys.stderr)
 
-    load_before = _load()
-    started = time.perf_counter()
+
+def _new_results(
+    args: argparse.Namespace,
+    argv: list[str],
+    device: Any,
+    classes: dict[str, Any],
+    cfg: Any,
+) -> dict[str, Any]:
+    """The results of a run as it starts: what runs, where and how; no workload's yet."""
+    from . import report
+
+    names = list(classes)
     contenders = list(dict.fromkeys(c for n in names for c in classes[n].group.contenders))
-    progress = Progress(sum(len(classes[n].group.contenders) for n in names) * (1 + rounds))
-    results: dict[str, Any] = {
+    return {
         "command": report.command_line(argv),
         "device": report.device_label(device),
         "platform": device.platform,
         "config": {
             "quick": args.quick,
             "tiny": args.tiny,
-            "rounds": rounds,
-            "steps": steps if steps is not None else "auto",
+            "rounds": cfg.rounds,
+            "steps": cfg.steps if cfg.steps is not None else "auto",
             "auto_steps": {
                 "batch_s": cfg.batch_s,
                 "min": cfg.min_steps,
                 "max": cfg.max_steps,
             },
-            "check_steps": check_steps,
-            "rtol": rtol,
+            "check_steps": cfg.check_steps,
+            "rtol": cfg.rtol,
             "atol": cfg.atol,
             "workloads": names,
             "contenders": contenders,
         },
         "workloads": {},
     }
+
+
+def _run(
+    args: argparse.Namespace, argv: list[str], names: list[str], rounds: int, check_steps: int
+) -> dict[str, Any]:
+    """Run the workloads ``names``, writing the partial results after each (in case the run
+    is cut short); the results, whole."""
+    from . import report
+    from .contenders import probe
+    from .harness import run_workload
+    from .progress import Progress
+    from .workloads import WORKLOADS, tiny
+
+    classes = {n: tiny(WORKLOADS[n]) if args.tiny else WORKLOADS[n] for n in names}
+    device = resolve_device(args.device)
+    cfg = _config(args, device, rounds, check_steps)
+    av = probe()
+    for c, why in av.skipped.items():
+        print(f"note: {c}: skipped ({why})", file=sys.stderr)
+
+    load_before = _load()
+    started = time.perf_counter()
+    progress = Progress(sum(len(classes[n].group.contenders) for n in names) * (1 + rounds))
+    results = _new_results(args, argv, device, classes, cfg)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(names):
@@ -280,13 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     results["elapsed_s"] = time.perf_counter() - started
     results["load"] = {"cores": os.cpu_count(), "before": load_before, "after": _load()}
     results["machine"] = report.machine_info(device)
+    return results
+
+
+def _write_outputs(out: Path, results: dict[str, Any], docs: Path | None) -> None:
+    """The plot, ``results.json`` and ``report.md`` into ``out``, and the docs' sections."""
+    from . import report
 
     no_plot = report.write_plot(out / "bench.png", results)
     results["plot"] = "`bench.png` in the output folder" if not no_plot else f"none ({no_plot})"
     report.write_json(out / "results.json", results)
     (out / "report.md").write_text(report.render(results, heading="#"))
-    if args.docs is not None:
-        _write_docs(args.docs, results)
+    if docs is not None:
+        _write_docs(docs, results)
     print(
         f"wrote {out / 'results.json'}, {out / 'report.md'}"
         + ("" if no_plot else f", {out / 'bench.png'}"),
@@ -294,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if no_plot:
         print(f"note: {no_plot}", file=sys.stderr)
+
+
+def _exit_status(results: dict[str, Any], fail_on_error: bool) -> int:
+    """1 when a group's baseline failed (the harness is broken) or, with ``fail_on_error``,
+    any contender did; else 0."""
+    from .contenders import GROUPS
 
     bad = [
         (name, c, res["status"])
@@ -305,10 +357,30 @@ def main(argv: list[str] | None = None) -> int:
     if any(c in baselines for _, c, _ in bad):
         print("error: jax.jit itself failed: the harness is broken", file=sys.stderr)
         return 1
-    if bad and args.fail_on_error:
+    if bad and fail_on_error:
         print(f"error: {len(bad)} contender runs failed or raised", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .contenders import GROUPS
+    from .workloads import WORKLOADS
+
+    args = _parser(list(WORKLOADS), list(GROUPS)).parse_args(argv)
+    if args.from_results:
+        return _from_results(args.from_results, args.out, args.docs)
+    try:
+        names = _workload_names(args)
+        rounds, check_steps = _counts(args)
+        _need_optax()
+    except _UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = _run(args, argv, names, rounds, check_steps)
+    _write_outputs(args.out, results, args.docs)
+    return _exit_status(results, args.fail_on_error)
 
 
 if __name__ == "__main__":

@@ -165,6 +165,14 @@ def tied_loss(params: dict[str, Any], tokens: jax.Array, labels: jax.Array) -> j
 
 def nnx_classes() -> dict[str, Any]:
     """The nnx.Module versions of the models (imports flax; call only when it is installed)."""
+    layers = _nnx_layers()
+    mlp, tied = _nnx_small_models(layers)
+    transformer = _nnx_transformer(layers)
+    return {"MLP": mlp, "Transformer": transformer, "Tied": tied, "Frozen": layers["Frozen"]}
+
+
+def _nnx_layers() -> dict[str, Any]:
+    """The nnx layers the models are made of (``Dense``, ``LayerNorm``) and ``Frozen``."""
     from flax import nnx
 
     class Frozen(nnx.Variable):
@@ -192,6 +200,15 @@ def nnx_classes() -> dict[str, Any]:
         def params(self):
             return {"scale": self.scale[...], "bias": self.bias[...]}
 
+    return {"Frozen": Frozen, "Dense": Dense, "LayerNorm": LayerNorm}
+
+
+def _nnx_small_models(layers: dict[str, Any]) -> tuple[type, type]:
+    """The nnx MLP and tied-embeddings model, made of ``layers`` (``_nnx_layers``)."""
+    from flax import nnx
+
+    Dense = layers["Dense"]
+
     class MLP(nnx.Module):
         def __init__(self, p: dict[str, Any]):
             self.layers = nnx.List([Dense(p[f"layer{i}"]) for i in range(len(p))])
@@ -205,6 +222,34 @@ def nnx_classes() -> dict[str, Any]:
 
         def params(self):
             return {f"layer{i}": layer.params() for i, layer in enumerate(self.layers)}
+
+    class Tied(nnx.Module):
+        """``unembed`` is the very same ``nnx.Param`` as ``embed`` (nnx keeps the share)."""
+
+        def __init__(self, p: dict[str, Any]):
+            self.embed = nnx.Param(jnp.asarray(p["embed"]))
+            self.hidden = Dense(p["hidden"])
+            self.unembed = self.embed
+
+        def __call__(self, tokens):
+            h = jnp.tanh(self.hidden(self.embed[...][tokens]))
+            return h @ self.unembed[...].T
+
+        def params(self):
+            return {
+                "embed": self.embed[...],
+                "hidden": self.hidden.params(),
+                "unembed": self.unembed[...],
+            }
+
+    return MLP, Tied
+
+
+def _nnx_transformer(layers: dict[str, Any]) -> type:
+    """The nnx transformer, made of ``layers`` (``_nnx_layers``)."""
+    from flax import nnx
+
+    Frozen, Dense, LayerNorm = layers["Frozen"], layers["Dense"], layers["LayerNorm"]
 
     class Block(nnx.Module):
         def __init__(self, p: dict[str, Any], n_heads: int, kind: type = nnx.Param):
@@ -260,26 +305,7 @@ def nnx_classes() -> dict[str, Any]:
                 "final_ln": self.final_ln.params(),
             }
 
-    class Tied(nnx.Module):
-        """``unembed`` is the very same ``nnx.Param`` as ``embed`` (nnx keeps the share)."""
-
-        def __init__(self, p: dict[str, Any]):
-            self.embed = nnx.Param(jnp.asarray(p["embed"]))
-            self.hidden = Dense(p["hidden"])
-            self.unembed = self.embed
-
-        def __call__(self, tokens):
-            h = jnp.tanh(self.hidden(self.embed[...][tokens]))
-            return h @ self.unembed[...].T
-
-        def params(self):
-            return {
-                "embed": self.embed[...],
-                "hidden": self.hidden.params(),
-                "unembed": self.unembed[...],
-            }
-
-    return {"MLP": MLP, "Transformer": Transformer, "Tied": Tied, "Frozen": Frozen}
+    return Transformer
 
 
 # --------------------------------------------------------------------------- equinox version
