@@ -8,8 +8,9 @@
 //! one by one: 1.5 us a node in Python, where jaxlib reads them in C++).
 //!
 //! Each is reproduced exactly: the same children and an aux equal to the function's, made of the
-//! same objects. A node outside the case reproduced (int keys, a `__dict__` that is not a dict,
-//! a key that is not a str, an attribute that raises) runs the Python function instead, which
+//! same objects (ints, an nnx.List's keys, equal ones). A node outside the case reproduced (a
+//! name `int` might read other than as written, a `__dict__` that is not a dict, a key that is
+//! not a str, an attribute that raises) runs the Python function instead, which
 //! then gives its own result or error. The first node of each type is flattened both ways and
 //! compared: a flax release whose function returns something else turns the native path off for
 //! that type, so a change in flax costs speed, never correctness.
@@ -44,7 +45,10 @@ pub fn flatten<'py>(
     let native = match &known.known {
         Known::Pytree => nnx_pytree(obj),
         Known::Variable { value, metadata } => nnx_variable(obj, value, metadata),
-        Known::PytreeState => nnx_pytree_state(obj),
+        Known::PytreeState {
+            initializing,
+            is_setup,
+        } => nnx_pytree_state(obj, initializing, is_setup),
         Known::State => nnx_state(obj),
         Known::Dataclass { data, meta } => dataclass(obj, data, meta),
     };
@@ -97,7 +101,7 @@ fn children<'py>(
         Known::Variable { value, .. } => {
             out.push(value.getattr(obj, intern!(py, "_raw_value")).ok()?)
         }
-        Known::PytreeState => {}
+        Known::PytreeState { .. } => {}
         Known::State => {
             let mapping = dict_attr(obj, intern!(py, "_mapping"))?;
             out.extend(mapping.values().iter());
@@ -113,7 +117,7 @@ fn nnx_pytree_children<'py>(
     obj: &Bound<'py, PyAny>,
     out: &mut Vec<Bound<'py, PyAny>>,
 ) -> Option<()> {
-    let (vars, nodes) = pytree_dicts(obj)?;
+    let (vars, nodes, _) = pytree_dicts(obj)?;
     // Copied out first (increfs only): the lookups below may run a key's `__eq__`.
     let items: Vec<_> = vars.iter().collect();
     for (key, value) in items {
@@ -137,6 +141,10 @@ fn same_objects(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
     match (a.cast_exact::<PyTuple>(), b.cast_exact::<PyTuple>()) {
         (Ok(x), Ok(y)) => {
             x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| same_objects(&p, &q))
+        }
+        // An nnx.List's keys: `int(name)` makes a new int object past the small ints.
+        _ if a.is_exact_instance_of::<PyInt>() && b.is_exact_instance_of::<PyInt>() => {
+            a.eq(b).unwrap_or(false)
         }
         _ => false,
     }
@@ -185,33 +193,82 @@ fn hashable_mapping(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
     .map(|t| t.bind(py))
 }
 
-/// A flax `Pytree`'s `vars(obj)` and the `_mapping` of its `_pytree__nodes` (which attributes
-/// are data), in the case reproduced natively (str keys: no `_pytree__has_int_keys`); None
-/// otherwise.
-fn pytree_dicts<'py>(obj: &Bound<'py, PyAny>) -> Option<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+/// A flax `Pytree`'s `vars(obj)`, the `_mapping` of its `_pytree__nodes` (which attributes
+/// are data) and its `_pytree__has_int_keys` (an `nnx.List`: names that are numbers are keyed
+/// by the number); None where a read fails or is not of the type flax makes.
+fn pytree_dicts<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> Option<(Bound<'py, PyDict>, Bound<'py, PyDict>, bool)> {
     let py = obj.py();
     let vars = dict_attr(obj, intern!(py, "__dict__"))?;
-    if obj
-        .getattr(intern!(py, "_pytree__has_int_keys"))
+    let int_keys = (obj.getattr(intern!(py, "_pytree__has_int_keys")).ok()?)
+        .cast_into_exact::<PyBool>()
         .ok()?
-        .is_truthy()
-        .ok()?
-    {
-        return None;
-    }
+        .is_true();
     let nodes = obj.getattr(intern!(py, "_pytree__nodes")).ok()?;
     if !nodes.get_type().is(hashable_mapping(py)?) {
         return None;
     }
     let nodes = dict_attr(&nodes, intern!(py, "_mapping"))?;
-    Some((vars, nodes))
+    Some((vars, nodes, int_keys))
+}
+
+/// An attribute of a flax `Pytree` as its flatten sorts it: its key (the name, or for an
+/// `nnx.List` a name that is a number, the number), its name, its value.
+type Attribute<'py> = (Bound<'py, PyAny>, Bound<'py, PyString>, Bound<'py, PyAny>);
+
+/// `vars(obj)`'s items sorted as `_pytree__flatten` sorts them: by name; with int keys, flax's
+/// `_maybe_int` of each name first (`int(name)`, or the name where that fails) and ints before
+/// names, each in order. Covered: names that are exact, valid-UTF-8 strs, and with int keys
+/// each either plain decimal digits (no sign, no leading zero, fits an i64: `int` reads it as
+/// written) or starting with an ASCII letter or `_` (`int` refuses it); None otherwise.
+fn sorted_attributes<'py>(
+    vars: &Bound<'py, PyDict>,
+    int_keys: bool,
+) -> Option<Vec<Attribute<'py>>> {
+    if !int_keys {
+        let items = sorted_str_items(vars)?;
+        return Some(
+            items
+                .into_iter()
+                .map(|(k, v)| (k.clone().into_any(), k, v))
+                .collect(),
+        );
+    }
+    let py = vars.py();
+    let (mut numbers, mut names) = (Vec::new(), Vec::new());
+    for (name, value) in vars.iter() {
+        let name = name.cast_into_exact::<PyString>().ok()?;
+        let text = name.to_str().ok()?;
+        let digits = text.bytes().all(|b| b.is_ascii_digit());
+        match text.as_bytes().first()? {
+            b'0'..=b'9' if digits && (text == "0" || !text.starts_with('0')) => {
+                numbers.push((text.parse::<i64>().ok()?, name, value));
+            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'_' => names.push((text.to_owned(), name, value)),
+            _ => return None,
+        }
+    }
+    numbers.sort_unstable_by_key(|(number, _, _)| *number);
+    names.sort_unstable_by(|a, b| a.0.cmp(&b.0)); // code point order: UTF-8's byte order
+    let numbered =
+        (numbers.into_iter()).map(|(n, name, v)| (PyInt::new(py, n).into_any(), name, v));
+    Some(
+        numbered
+            .chain(
+                names
+                    .into_iter()
+                    .map(|(_, name, v)| (name.clone().into_any(), name, v)),
+            )
+            .collect(),
+    )
 }
 
 /// `Pytree._pytree__flatten`: the attributes of `vars(self)` sorted by name, those marked as
 /// data in `_pytree__nodes` the children, and aux `(data names, static names, static values)`.
 fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
     let py = obj.py();
-    let (vars, nodes) = pytree_dicts(obj)?;
+    let (vars, nodes, int_keys) = pytree_dicts(obj)?;
     if let Some((memo, values)) = memo::lookup(&vars, Some(&nodes)) {
         let children = memo.children.iter().map(|&i| values[i as usize].clone());
         return Some((children.collect(), memo.aux.bind(py).clone()));
@@ -222,13 +279,13 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
         .zip(&vars_read)
         .map(|(i, (key, _))| (key.as_ptr() as usize, i))
         .collect();
-    let items = sorted_str_items(&vars)?;
+    let items = sorted_attributes(&vars, int_keys)?;
     let (mut children, mut node_keys, mut positions) = (Vec::new(), Vec::new(), Vec::new());
     let (mut static_keys, mut static_values) = (Vec::new(), Vec::new());
     // Flags that are not bools (whose truth could change) are not memoized.
     let mut memoizable = true;
-    for (key, value) in items {
-        let is_data = match nodes.get_item(&key).ok()? {
+    for (key, name, value) in items {
+        let is_data = match nodes.get_item(&name).ok()? {
             Some(flag) => {
                 memoizable &= flag.is_instance_of::<PyBool>();
                 flag.is_truthy().ok()?
@@ -236,7 +293,7 @@ fn nnx_pytree<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
             None => false,
         };
         if is_data {
-            positions.push(*index.get(&(key.as_ptr() as usize))?);
+            positions.push(*index.get(&(name.as_ptr() as usize))?);
             node_keys.push(key);
             children.push(value);
         } else {
@@ -288,12 +345,19 @@ fn nnx_variable<'py>(
     Some((vec![value], aux))
 }
 
-/// `_flatten_pytree_state`: no children, aux `(state.initializing, state.is_setup)` (read
-/// through the same attributes, properties of `PytreeState`).
-fn nnx_pytree_state<'py>(obj: &Bound<'py, PyAny>) -> Option<Flat<'py>> {
+/// `_flatten_pytree_state`: no children, aux `(state.initializing, state.is_setup)`, read
+/// from the slots those two properties return (`_initializing`, `_is_setup`): a property is
+/// a Python call, two for every Module of a model.
+fn nnx_pytree_state<'py>(
+    obj: &Bound<'py, PyAny>,
+    initializing: &SlotReader,
+    is_setup: &SlotReader,
+) -> Option<Flat<'py>> {
     let py = obj.py();
-    let initializing = obj.getattr(intern!(py, "initializing")).ok()?;
-    let is_setup = obj.getattr(intern!(py, "is_setup")).ok()?;
+    let initializing = initializing
+        .getattr(obj, intern!(py, "_initializing"))
+        .ok()?;
+    let is_setup = is_setup.getattr(obj, intern!(py, "_is_setup")).ok()?;
     let aux = PyTuple::new(py, [initializing, is_setup]).ok()?;
     Some((Vec::new(), aux.into_any()))
 }

@@ -40,8 +40,12 @@ pub enum Known {
         value: SlotReader,
         metadata: SlotReader,
     },
-    /// `flax.nnx.pytreelib._flatten_pytree_state`.
-    PytreeState,
+    /// `flax.nnx.pytreelib._flatten_pytree_state`, with where the type keeps the slots its
+    /// two properties read (`_initializing`, `_is_setup`).
+    PytreeState {
+        initializing: SlotReader,
+        is_setup: SlotReader,
+    },
     /// `flax.nnx.statelib._state_flatten`.
     State,
     /// `register_dataclass`'s `flatten_func`: children the `data` fields, aux a tuple of the

@@ -359,7 +359,10 @@ fn kind_of_answer(ty: &Bound<'_, PyType>, answer: &Bound<'_, PyAny>) -> PyResult
             value: SlotReader::new(),
             metadata: SlotReader::new(),
         }),
-        TypeKind::NnxPytreeState => Some(Known::PytreeState),
+        TypeKind::NnxPytreeState => Some(Known::PytreeState {
+            initializing: SlotReader::new(),
+            is_setup: SlotReader::new(),
+        }),
         TypeKind::NnxState => Some(Known::State),
         TypeKind::Dataclass => {
             let (data, meta) = answer

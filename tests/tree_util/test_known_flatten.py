@@ -400,3 +400,35 @@ def test_variable_slots_are_read_as_getattr_reads_them_also_after_the_class_chan
 
     object.__delattr__(other, "_raw_value")  # unset: getattr goes on to __getattr__
     check_same_error(lambda: tc.tree_flatten(other), lambda: jtu.tree_flatten(other))
+
+
+def _python_frames_named(name: str, call: Any) -> int:
+    """How many Python frames of functions called ``name`` ``call()`` runs."""
+    import sys
+
+    seen = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == name:
+            seen.append(1)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return len(seen)
+
+
+@pytest.mark.parametrize("length", [2, 300])  # 300: keys past the interpreter's small ints
+def test_an_nnx_list_s_int_keys_and_every_module_s_state_are_read_natively(length: int):
+    """An ``nnx.List`` keys its items by number (flax's ``_maybe_int`` of each name) and every
+    Module holds a ``PytreeState`` whose aux are two properties: both are read natively, with
+    no Python frame of flax's flatten functions after the first node of each type, and the
+    result is JAX's running flax's own."""
+    layers = nnx.List([nnx.Linear(2, 2, rngs=nnx.Rngs(i)) for i in range(length)])
+    layers.append(nnx.Param(jnp.ones(1)))
+    assert_flattens_as_jax(layers)
+    names = ("_pytree__flatten", "initializing", "is_setup")
+    assert sum(_python_frames_named(n, lambda: tc.tree_flatten(layers)) for n in names) == 0
+    assert sum(_python_frames_named(n, lambda: _native.flatten_shared(layers)) for n in names) == 0
