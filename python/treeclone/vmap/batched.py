@@ -33,14 +33,6 @@ from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._lift import Naming, leaf_rule, reporting
-from treeclone._lift.axes import (
-    InAxes,
-    PlaceError,
-    Places,
-    check_sizes,
-    container_ids,
-    copy_returned_inputs,
-)
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -48,6 +40,14 @@ from treeclone.policies import (
     PolicySpec,
     as_policy,
     as_policy_spec,
+)
+from treeclone.vmap.axes import (
+    InAxes,
+    PlaceError,
+    Places,
+    check_sizes,
+    container_ids,
+    copy_returned_inputs,
 )
 
 __all__ = ["vmap"]

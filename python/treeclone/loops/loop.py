@@ -20,7 +20,7 @@ init`` when the body returns its argument); what it builds anew is a new object.
 ``strict`` a carry container changed in place and not returned at its place is a
 :class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
 
-How: a loop call enters through the lift as every transformation does (``_lift.loop_call``: the
+How: a loop call enters through the lift as every transformation does (``carry.py``: the
 carry flattened with identity, the body run through the trace's steps, the loop's rules, the
 final write-back by the call's ``CallPlan``). This module runs the JAX loop over it: the JAX
 loop carries the call's distinct leaves (and scans over ``xs``'s), and the functions it traces
@@ -43,8 +43,9 @@ import jax
 from treeclone import _lift
 from treeclone._docs import see
 from treeclone._lift import Naming, leaf_rule, reporting
-from treeclone._lift.loop_call import LoopCall, LoopPlan
-from treeclone._lift.loop_rules import (
+from treeclone._trace import qualname
+from treeclone.loops.carry import LoopCall, LoopPlan
+from treeclone.loops.rules import (
     NAMINGS,
     STAND_INS,
     XS_NAMING,
@@ -55,7 +56,6 @@ from treeclone._lift.loop_rules import (
     slice_of,
     split_xs,
 )
-from treeclone._trace import qualname
 from treeclone.policies import (
     CLONE,
     ArgPolicies,

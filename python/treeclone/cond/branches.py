@@ -43,7 +43,8 @@ from treeclone._jax_compat import (
 )
 from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
 from treeclone._native import EntryInfo
-from treeclone._trace.join import (
+from treeclone.call import call as _call
+from treeclone.cond.join import (
     BranchRecord,
     PathNamer,
     aval_of,
@@ -52,7 +53,6 @@ from treeclone._trace.join import (
     taken_plan,
     zeros_of,
 )
-from treeclone.call import call as _call
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
