@@ -304,10 +304,30 @@ def scan(
         if not both.shared:
             return _scan_both(f, both, options)
         xs_mode = "shared"  # an array in init and xs: the slice cannot be written back
+    return _scan_carry(f, init, xs, (chosen, xs_policy), rule, xs_mode, options)
+
+
+def _scan_carry(
+    f: Callable[..., Any],
+    init: Any,
+    xs: Any,
+    policies: tuple[Policy, Policy],
+    rule: Callable[[Any], bool] | None,
+    xs_mode: str | None,
+    options: tuple,
+) -> tuple[Any, Any]:
+    """``scan`` with the carry alone through the lift: ``xs`` is not written back (its policy
+    is not ``alias``, or it shares an array with ``init``). The JAX loop scans over ``xs``
+    itself (over its traced leaves, with ``traced=``) and each slice is watched for what the
+    body does to it in place (``xs_mode``, as :class:`SliceWatch` takes it; None: not
+    watched)."""
+    chosen, xs_policy = policies
+    length, reverse, unroll, split = options
+    extra = {"_split_transpose": True} if split else {}
     loop = LoopCall("scan", f, (init,), chosen, (chosen,), rule)
     _lift.check_call(XS_NAMING, (xs,), {})
-    if mixed:
-        check_shared(f, init, xs, (chosen, xs_policy))
+    if chosen is not xs_policy:
+        check_shared(f, init, xs, policies)
     boxed = rule is not None and xs is not None  # xs's static leaves are not scanned
     scanned: Any = split_xs(xs, rule) if boxed else xs
     xs_key = _key_of(scanned)
