@@ -24,6 +24,7 @@ MODULES = {
         "treeclone._docs",
         "treeclone._lift.arguments",
         "treeclone._lift.boxes",
+        "treeclone._lift.kept",
         "treeclone._lift.naming",
         "treeclone._lift.runner",
         "treeclone.call",
@@ -46,6 +47,7 @@ MODULES = {
 WITH_EXAMPLES = (
     "treeclone._lift.arguments",
     "treeclone._lift.boxes",
+    "treeclone._lift.kept",
     "treeclone._lift.naming",
     "treeclone._lift.runner",
     "treeclone.call",

@@ -24,7 +24,6 @@ then applies the outputs to the caller, as ``treeclone.jit`` does.
 
 from __future__ import annotations
 
-import collections
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -512,9 +511,7 @@ class _Lifted:
     # --- the plans ---
 
 
-_LIFTED: collections.OrderedDict[Any, _Lifted] = collections.OrderedDict()
-_LIFTED_LOCK = threading.Lock()
-_LIFTED_SIZE = 256
+_LIFTED: _lift.Kept[_Lifted] = _lift.Kept()
 
 
 def _aval_key(x: Any) -> Any:
@@ -535,23 +532,11 @@ def _lifted(
     traced: Callable[[Any], bool] | None = None,
 ) -> _Lifted:
     """The :class:`_Lifted` for this call structure (with the ``traced=`` rule and the leaves
-    it leaves static), from the last ``_LIFTED_SIZE`` used (a fresh one when a branch cannot
-    be a dict key)."""
+    it leaves static), from the last ones used (a fresh one when a branch cannot be a dict
+    key)."""
     avals = tuple(_aval_key(x) for x in call.traced_leaves())
     key = (api, tuple(branches), policy, call.sdef, avals, traced, call.static)
-    try:
-        hash(key)
-    except TypeError:
-        return _Lifted(api, branches, names, len(call.args), policy, traced)
-    with _LIFTED_LOCK:
-        found = _LIFTED.get(key)
-        if found is not None:
-            _LIFTED.move_to_end(key)
-            return found
-        found = _LIFTED[key] = _Lifted(api, branches, names, len(call.args), policy, traced)
-        if len(_LIFTED) > _LIFTED_SIZE:
-            _LIFTED.popitem(last=False)
-        return found
+    return _LIFTED.get(key, lambda: _Lifted(api, branches, names, len(call.args), policy, traced))
 
 
 def _same_avals(a: list, b: list) -> bool:

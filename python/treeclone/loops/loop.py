@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -150,32 +148,19 @@ class _Entry:
         return out
 
 
-_CACHE: OrderedDict[Any, _Entry] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 256
+_ENTRIES: _lift.Kept[_Entry] = _lift.Kept()
 
 
 def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
-    """The cached :class:`_Entry` for ``key`` (made with ``make`` the first time); a fresh one
-    when the key cannot be hashed."""
-    try:
-        hash(key)
-    except TypeError:
-        key = None
-    if key is not None:
-        with _CACHE_LOCK:
-            entry = _CACHE.get(key)
-            if entry is not None:
-                _CACHE.move_to_end(key)
-                return entry
-    entry = _Entry()
-    entry.bodies = make(entry)
-    if key is not None:
-        with _CACHE_LOCK:
-            entry = _CACHE.setdefault(key, entry)
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
-    return entry
+    """The kept :class:`_Entry` for ``key`` (made with ``make`` the first time); a fresh one
+    when the key cannot be hashed, or is None."""
+
+    def new() -> _Entry:
+        entry = _Entry()
+        entry.bodies = make(entry)
+        return entry
+
+    return _ENTRIES.get(key, new)
 
 
 def _run(entry: _Entry, loop: LoopCall, jax_loop: Callable[..., Any]) -> tuple[Any, LoopPlan]:
