@@ -34,13 +34,15 @@ from jax.core import Tracer
 
 from treeclone import _lift, _trace
 from treeclone._docs import see
-from treeclone._jax_compat import (
-    INITIAL_RESULT_PATHS,
-    DebugInfo,
-    fun_sourceinfo,
-    is_ref,
+from treeclone._jax_compat import DebugInfo, fun_sourceinfo, is_ref
+from treeclone._lift import (
+    Naming,
+    as_jit_outputs,
+    debug_info,
+    leaf_rule,
+    reporting,
+    with_static,
 )
-from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
 from treeclone._native import EntryInfo
 from treeclone.call import call as _call
 from treeclone.cond.join import (
@@ -294,14 +296,10 @@ class _Branch:
         try:
             if self.names is None:
                 self.names = self.lifted.call.input_names(self.naming)
-            return DebugInfo(
-                self.traced_for,
-                fun_sourceinfo(self.__wrapped__),
-                tuple(self.names or ()),
-                INITIAL_RESULT_PATHS,
-            )
+            sourceinfo = fun_sourceinfo(self.__wrapped__)
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
+        return debug_info(self.traced_for, sourceinfo, self.names or ())
 
     def __call__(self, *given: Any) -> list:
         lifted, call = self.lifted, self.lifted.call

@@ -118,17 +118,11 @@ class _LoopBody(_lift.Runner):
         self.run, self.traced_for, self.names = run, traced_for, names
 
     def __call__(self, *args: Any) -> Any:
-        return self.run(self.local.loop, *args)
+        return self.run(self.local.call, *args)
 
-    @contextlib.contextmanager
-    def serving(self, loop: LoopCall) -> Iterator[None]:
-        saved = getattr(self.local, "loop", None)
-        self.local.loop = loop
-        try:
-            with self.calling(None, _Names(self, loop)):  # type: ignore[arg-type]
-                yield
-        finally:
-            self.local.loop = saved
+    def serving(self, loop: LoopCall) -> contextlib.AbstractContextManager[None]:
+        """A context in which this thread's traces of the body are ``loop``'s."""
+        return self.calling(None, _Names(self, loop), loop)  # type: ignore[arg-type]
 
 
 class _Entry:
