@@ -7,8 +7,9 @@ The map:
 - ``join.py``: the branches' traces joined into one plan: every branch must leave the same
   structure behind, and one plan writes back whatever any branch writes.
 
-The lift (``treeclone._lift``) is what cond shares with every other transformation; nothing here
-is used by another transformation but ``treeclone.call``, its public function.
+The lift (``treeclone._lift``) is what cond shares with every other transformation; of another
+transformation it uses ``treeclone.call``'s public function alone, and nothing here is used by
+another transformation.
 """
 
 from treeclone.cond.branches import cond, switch
