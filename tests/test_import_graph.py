@@ -13,6 +13,12 @@ reaches for one through a module it imported (``_trace.enclosing._Structure``) o
 of another module's classes on an object (``jitted._fun``). What modules share has a public
 name in the module that owns it; a private *module* (``_native``, ``_trace``, ``_lift``) is
 imported as any other, its public names being its API inside the package.
+
+Each transformation stands on the shared lift (``_lift`` and the trace it runs, ``_trace``)
+and holds its own machinery, in its package (``_jit``, ``vmap``, ``loops``, ...) or module:
+no transformation imports another's machinery (its API at most), nothing reaches past a
+package's API into its modules, and every module of the shared lift is used by two
+transformations or more (one transformation's alone belongs in its package).
 """
 
 from __future__ import annotations
@@ -237,15 +243,21 @@ LAYERS: list[tuple[str, set[str]]] = [
             "treeclone._jit",
             "treeclone._jit.*",
             "treeclone.grad",
+            "treeclone.grad.*",
             "treeclone.checkpoint",
             "treeclone.vmap",
+            "treeclone.vmap.*",
             "treeclone.shard_map",
             "treeclone.loops",
+            "treeclone.loops.*",
             "treeclone.cond",
+            "treeclone.cond.*",
         },
     ),
     ("package", {"treeclone", "treeclone.bench"}),
 ]
+
+TRANSFORMATIONS_LAYER = [name for name, _ in LAYERS].index("transformations")
 
 # Edges between two transformations -> why. Each transformation stands on the lift alone.
 TRANSFORMATION_EDGES: Mapping[tuple[str, str], str] = {
@@ -285,26 +297,19 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 
 
 def test_no_transformation_imports_another() -> None:
-    transformations = 3
     found = {
         (transformation_of(a), transformation_of(b))
         for a, imported in GRAPH.items()
         for b in imported
-        if layer_of(a) == layer_of(b) == transformations
+        if layer_of(a) == layer_of(b) == TRANSFORMATIONS_LAYER
         and transformation_of(a) != transformation_of(b)
     }
     assert found == set(TRANSFORMATION_EDGES), found ^ set(TRANSFORMATION_EDGES)
 
 
-# Imports of one transformation's own machinery that still lives in a shared package (issue
-# 58 moves each into a package of its transformation) -> why. Only ever shrinks.
-PAST_THE_API: Mapping[tuple[str, str], str] = {
-    ("treeclone.cond", "treeclone._trace.join"): "cond's branches joined: cond's alone",
-    ("treeclone.grad", "treeclone._lift.wrt"): "grad's wrt=: grad's alone",
-    ("treeclone.loops", "treeclone._lift.loop_call"): "a loop's carry: the loops' alone",
-    ("treeclone.loops", "treeclone._lift.loop_rules"): "the loops' rules: theirs alone",
-    ("treeclone.vmap", "treeclone._lift.axes"): "vmap's batch axes: vmap's alone",
-}
+# Imports that reach past a package's API (a module inside another package) -> why. Empty:
+# each transformation's machinery is in its own package (issue 58), keep it so.
+PAST_THE_API: Mapping[tuple[str, str], str] = {}
 
 
 def test_nothing_reaches_past_a_package_s_api() -> None:
@@ -317,6 +322,150 @@ def test_nothing_reaches_past_a_package_s_api() -> None:
         if b.count(".") >= 2 and not (a + ".").startswith(b.rsplit(".", 1)[0] + ".")
     }
     assert found == set(PAST_THE_API), found ^ set(PAST_THE_API)
+
+
+def test_a_transformation_imports_only_another_s_api() -> None:
+    """A transformation's package imports no other transformation's machinery: another
+    transformation is imported through its API alone (``treeclone.call``, ``treeclone.cond``,
+    never ``treeclone.cond.join``); its private names are its own (the tests above)."""
+    found = sorted(
+        f"{a} imports {b}"
+        for a, imported in GRAPH.items()
+        for b in imported
+        if layer_of(a) == layer_of(b) == TRANSFORMATIONS_LAYER
+        and transformation_of(a) != transformation_of(b)
+        and b != transformation_of(b)
+    )
+    assert not found, "a transformation imports another's machinery:\n" + "\n".join(found)
+
+
+# --- the shared lift: what two transformations use ----------------------------------------------
+
+# The transformations, as the rule below counts them: each package or module of the
+# transformations' layer. jit and jit_partial are one (their package ``_jit``: jit_partial is a
+# jit with bound arguments, on jit's machinery); ``call`` (a call under a policy, without jit)
+# is one, and so is each of grad (with value_and_grad), vmap, the loops (scan, fori_loop and
+# while_loop, on one machinery), cond (with switch), shard_map and checkpoint (with remat).
+TRANSFORMATIONS = {
+    "treeclone._jit",
+    "treeclone.call",
+    "treeclone.grad",
+    "treeclone.vmap",
+    "treeclone.loops",
+    "treeclone.cond",
+    "treeclone.shard_map",
+    "treeclone.checkpoint",
+}
+
+# The shared lift: the lift (the call every transformation makes) and the trace it runs (also
+# what ``call`` runs eagerly). What one transformation alone uses lives in its own package.
+SHARED = ("treeclone._lift", "treeclone._trace")
+
+# A module of the shared lift used by fewer than two transformations -> why. Empty: keep it so.
+SHARED_BY_ONE: Mapping[str, str] = {}
+
+
+def exported(init: Path, api: str) -> dict[str, str]:
+    """A package's API (its ``__init__.py``): each name it exports -> the module of the package
+    that defines it (``Naming`` -> ``treeclone._lift.naming``)."""
+    return {
+        alias.asname or alias.name: node.module
+        for node in ast.parse(init.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(api + ".")
+        for alias in node.names
+    }
+
+
+def used_modules(source: str, modules: set[str], apis: Mapping[str, Mapping[str, str]]) -> set[str]:
+    """The package's modules whose code a module (its ``source``) uses: each it imports, a name
+    taken from a package's API (``from treeclone._lift import Naming``, ``_lift.begin``) being a
+    use of the module that defines it (``apis``: each API's names, as :func:`exported` reads)."""
+    tree = ast.parse(source)
+    used: set[str] = set()
+    bound: dict[str, str] = {}  # a local name -> the treeclone module it is bound to
+
+    def take(module: str, name: str) -> None:
+        used.add(apis[module].get(name, module) if module in apis else module)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules and alias.asname is not None:
+                    bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module in modules:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                if submodule in modules:  # ``from treeclone import _lift``: a module
+                    bound[alias.asname or alias.name] = submodule
+                else:
+                    take(node.module, alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in bound:
+                take(bound[node.value.id], node.attr)
+    return used
+
+
+def _shared(module: str) -> bool:
+    return any(module.startswith(package + ".") for package in SHARED)
+
+
+def users_of_the_shared_lift(package: Path) -> dict[str, set[str]]:
+    """Each module of the shared lift (its packages' APIs aside) -> the transformations that use
+    it: through a name they take from it, or through a module of the shared lift they use that
+    uses it (the lift's ``runner`` stands on its ``boxes``: who uses the runner uses both)."""
+    modules = module_names(package)
+    apis = {
+        api: exported(package.joinpath(*api.split(".")[1:], "__init__.py"), api) for api in SHARED
+    }
+    used = {
+        name: used_modules(path.read_text(encoding="utf-8"), modules, apis)
+        for name, path in source_files(package).items()
+    }
+    transformations = {m for m in used if layer_of(m) == TRANSFORMATIONS_LAYER}
+    return users_of({m for m in used if _shared(m)}, transformations, used)
+
+
+def users_of(
+    shared: set[str], transformations: set[str], used: Mapping[str, set[str]]
+) -> dict[str, set[str]]:
+    """Each ``shared`` module -> the transformations (:func:`transformation_of` each module of
+    ``transformations``) that reach it in ``used`` (a module -> the modules it uses) through
+    shared modules alone."""
+    users: dict[str, set[str]] = {m: set() for m in shared}
+    for module in transformations:
+        reached: set[str] = set()
+        stack = [m for m in used[module] if m in shared]
+        while stack:
+            m = stack.pop()
+            if m not in reached:
+                reached.add(m)
+                stack.extend(u for u in used.get(m, ()) if u in shared)
+        for m in reached:
+            users[m].add(transformation_of(module))
+    return users
+
+
+USERS = users_of_the_shared_lift(PACKAGE)
+
+
+def test_the_transformations_are_those_of_their_layer() -> None:
+    layer = {transformation_of(m) for m in GRAPH if layer_of(m) == TRANSFORMATIONS_LAYER}
+    assert layer == TRANSFORMATIONS
+
+
+def test_every_module_of_the_shared_lift_is_used_by_two_transformations() -> None:
+    """A module of ``_lift`` or ``_trace`` used by one transformation alone is that
+    transformation's machinery: it belongs in the transformation's package (issue 58)."""
+    found = [
+        f"{module}: used by {', '.join(sorted(users)) or 'no transformation'}"
+        for module, users in sorted(USERS.items())
+        if len(users) < 2 and module not in SHARED_BY_ONE
+    ]
+    assert not found, (
+        "modules of the shared lift that one transformation alone uses:\n" + "\n".join(found)
+    )
+    assert set(SHARED_BY_ONE) <= {m for m, users in USERS.items() if len(users) < 2}
 
 
 def test_no_module_takes_a_private_name_from_another() -> None:
@@ -505,6 +654,41 @@ def test_the_scan(source: str, imported: set[str], private: list[str]) -> None:
     found_imported, found_private = scan(source, "treeclone.a", MODULES)
     assert found_imported == imported
     assert [p.split(": ", 1)[1] for p in found_private] == private
+
+
+APIS = {"treeclone._lift": {"Naming": "treeclone._lift.naming", "begin": "treeclone._lift.runner"}}
+LIFT = {"treeclone", "treeclone._lift", "treeclone._lift.naming", "treeclone._lift.runner"}
+
+
+@pytest.mark.parametrize(
+    ("source", "used"),
+    [
+        ("from treeclone._lift import Naming", {"treeclone._lift.naming"}),
+        ("from treeclone import _lift\n_lift.begin()", {"treeclone._lift.runner"}),
+        ("import treeclone._lift as lift\nlift.Naming", {"treeclone._lift.naming"}),
+        ("from treeclone._lift.runner import x", {"treeclone._lift.runner"}),
+        ("from treeclone._lift import unknown", {"treeclone._lift"}),
+    ],
+)
+def test_the_use_scan(source: str, used: set[str]) -> None:
+    assert used_modules(source, LIFT, APIS) == used
+
+
+def test_a_module_one_transformation_uses_is_found() -> None:
+    used = {
+        "treeclone.a": {"treeclone._lift.x"},
+        "treeclone.b.face": {"treeclone._lift.x", "treeclone._lift.y"},
+        "treeclone._lift.x": {"treeclone._lift.z"},
+        "treeclone._lift.y": set(),
+        "treeclone._lift.z": set(),
+    }
+    shared = {"treeclone._lift.x", "treeclone._lift.y", "treeclone._lift.z"}
+    users = users_of(shared, {"treeclone.a", "treeclone.b.face"}, used)
+    assert users == {
+        "treeclone._lift.x": {"treeclone.a", "treeclone.b"},
+        "treeclone._lift.y": {"treeclone.b"},
+        "treeclone._lift.z": {"treeclone.a", "treeclone.b"},
+    }
 
 
 def test_cycles_are_found() -> None:

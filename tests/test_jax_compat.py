@@ -97,8 +97,8 @@ def test_import_fails_naming_the_registry_when_jax_moved_it():
 
 
 def test_vmap_under_alias_fails_loudly_without_the_batch_tracer(monkeypatch):
-    # The module, not the function treeclone.vmap that shadows it as a package attribute.
-    vmap_module = importlib.import_module("treeclone.vmap")
+    # vmap's face (the module that reads the tracer type): treeclone.vmap is the function.
+    vmap_module = importlib.import_module("treeclone.vmap.batched")
 
     missing = _jax_compat.internal("jax._src.interpreters.batching", "NoBatchTracer")
     monkeypatch.setattr(vmap_module, "_BatchTracer", missing)

@@ -33,8 +33,6 @@ MODULE_EXCEPTIONS: Mapping[str, str] = {}
 # "module::qualified.name" -> who splits it. Only ever shrinks.
 FUNCTION_EXCEPTIONS: Mapping[str, str] = {
     "python/treeclone/_jit/jitted.py::jit": "issue 58: the packages helper splits it",
-    "python/treeclone/cond.py::cond": "issue 58: the packages helper splits it",
-    "python/treeclone/loops.py::scan": "issue 58: the packages helper splits it",
 }
 
 _NOT_CODE = {

@@ -15,7 +15,7 @@ What counts as naming something of treeclone's:
   elsewhere (``jax/_src/core.py``, flax's ``benchmarks/...``) is not treeclone's; one with a
   placeholder in capitals (``examples/NAME.py``) names no file;
 - a dotted name in backticks that starts at the package, ``treeclone`` or one of its private
-  modules: ``treeclone._trace.join``, ``_jit.placement``, ``_native.running_call``. Each module
+  modules: ``treeclone._trace.steps``, ``_jit.placement``, ``_native.running_call``. Each module
   on the way must exist, the name after the last one must be bound there, and where that is a
   class, the name after it must be one of the class's;
 - a private class name in backticks (``_TraceInfo``, also inside a dotted name: ``jit._Inner``)
@@ -67,6 +67,10 @@ EXTERNAL_PRIVATE = {
     "_flatten_pytree_state": "flax.nnx.pytreelib's",
     "_state_flatten": "flax.nnx.statelib's",
     "_variable_flatten": "flax.nnx.variablelib's",
+    "_pytree__flatten": "flax nnx Pytree's",
+    "_maybe_int": "flax.nnx.pytreelib's",
+    "_initializing": "flax nnx PytreeState's",
+    "_is_setup": "flax nnx PytreeState's",
 }
 # CamelCase names of other libraries in Rust comments -> whose.
 EXTERNAL_RUST = {"HashableMapping": "flax's"}
@@ -450,7 +454,7 @@ def test_every_allowed_external_name_is_still_named() -> None:
 @pytest.mark.parametrize(
     ("text", "naming", "expected"),
     [
-        ("`_lift/naming.py`, `treeclone._trace.join`, `_native.running_call`", "x.py", []),
+        ("`_lift/naming.py`, `treeclone._trace.steps`, `_native.running_call`", "x.py", []),
         (
             "`rust/call/partial.rs`, `call/lean/key.rs`, `tests/support/`, ../semantics.md",
             "docs/site/x.md",

@@ -7,8 +7,9 @@ and with object identity: ``"clone"`` (what ``jax.jit`` does), ``"alias"`` (what
 does) or ``"strict"`` (mutating an input without returning it is an error). ``treeclone.grad``,
 ``value_and_grad`` and ``checkpoint`` (``remat``) take the same policies, and so do ``vmap``,
 ``shard_map``, the loops ``scan``, ``fori_loop`` and ``while_loop`` (:mod:`treeclone.loops`),
-and ``cond`` and ``switch``; each lives in the module named for it, jit and jit_partial in
-the package ``_jit``. See ``docs/semantics.md``.
+and ``cond`` and ``switch``; each lives in the package named for it (``shard_map``,
+``checkpoint`` and ``call`` in a module), jit and jit_partial in the package ``_jit``. See
+``docs/semantics.md``.
 
 >>> import jax.numpy as jnp, treeclone
 >>> treeclone.tree_util.tree_leaves({"b": (1, 2), "a": [3]})

@@ -243,7 +243,7 @@ except ImportError:
 
 # --- Internals the lifted transformations read -------------------------------------------------
 # vmap under alias/strict must know whether a value is batched by the current vmap: JAX has no
-# public way to ask, so it reads the tracer type and the current trace (vmap.py).
+# public way to ask, so it reads the tracer type and the current trace (vmap/).
 BatchTracer = internal("jax._src.interpreters.batching", "BatchTracer")
 trace_ctx = internal("jax._src.core", "trace_ctx")
 # Rule J31's write-back check runs only inside a JAX transformation: the native CallPlan reads

@@ -1,8 +1,9 @@
 """The examples in the docstrings of treeclone's public modules run and pass, and every public
 function of treeclone.tree, treeclone.jit, treeclone.jit_partial, treeclone.policies and of
 the lifted transformations (treeclone.grad, treeclone.checkpoint, treeclone.vmap,
-treeclone.shard_map, treeclone.loops, treeclone.cond) and of the call machinery they share
-(the modules of treeclone._lift), and every public method of their classes, has one."""
+treeclone.shard_map, treeclone.loops, treeclone.cond: a package's face, the module that
+defines its functions) and of the call machinery they share (the modules of treeclone._lift),
+and every public method of their classes, has one."""
 
 from __future__ import annotations
 
@@ -23,21 +24,22 @@ MODULES = {
         "treeclone._docs",
         "treeclone._lift.arguments",
         "treeclone._lift.boxes",
+        "treeclone._lift.kept",
         "treeclone._lift.naming",
         "treeclone._lift.runner",
         "treeclone._policy_keys",
         "treeclone.call",
-        "treeclone.cond",
+        "treeclone.cond.branches",
         "treeclone.jaxlib_tree_util",
         "treeclone._jit.jitted",
-        "treeclone.loops",
+        "treeclone.loops.loop",
         "treeclone._jit.partial",
         "treeclone.policies",
         "treeclone.tree",
         "treeclone.tree_util",
-        "treeclone.grad",
+        "treeclone.grad.gradients",
         "treeclone.checkpoint",
-        "treeclone.vmap",
+        "treeclone.vmap.batched",
         "treeclone.shard_map",
     )
 }
@@ -46,18 +48,19 @@ MODULES = {
 WITH_EXAMPLES = (
     "treeclone._lift.arguments",
     "treeclone._lift.boxes",
+    "treeclone._lift.kept",
     "treeclone._lift.naming",
     "treeclone._lift.runner",
     "treeclone.call",
-    "treeclone.cond",
+    "treeclone.cond.branches",
     "treeclone._jit.jitted",
-    "treeclone.loops",
+    "treeclone.loops.loop",
     "treeclone._jit.partial",
     "treeclone.policies",
     "treeclone.tree",
-    "treeclone.grad",
+    "treeclone.grad.gradients",
     "treeclone.checkpoint",
-    "treeclone.vmap",
+    "treeclone.vmap.batched",
     "treeclone.shard_map",
 )
 
@@ -145,14 +148,14 @@ def test_the_listed_functions_are_found() -> None:
         ("treeclone.policies", "Policy.name"),
         ("treeclone.tree", "map"),
         ("treeclone.call", "call"),
-        ("treeclone.grad", "grad"),
-        ("treeclone.grad", "value_and_grad"),
+        ("treeclone.grad.gradients", "grad"),
+        ("treeclone.grad.gradients", "value_and_grad"),
         ("treeclone.checkpoint", "checkpoint"),
-        ("treeclone.vmap", "vmap"),
+        ("treeclone.vmap.batched", "vmap"),
         ("treeclone.shard_map", "shard_map"),
-        ("treeclone.loops", "scan"),
-        ("treeclone.loops", "fori_loop"),
-        ("treeclone.loops", "while_loop"),
+        ("treeclone.loops.loop", "scan"),
+        ("treeclone.loops.loop", "fori_loop"),
+        ("treeclone.loops.loop", "while_loop"),
     ]:
         assert expected in names
 

@@ -20,7 +20,8 @@ A transformation under a policy other than ``clone`` does three things, each don
 The leaves may be tracers of an outer transformation: the lift works the same inside ``jit``,
 ``grad`` or another lift, and its write-back then lands in the outer trace's rebuilt objects,
 where the outer lift sees it. ``naming`` names arguments and leaves as jax's messages do;
-``wrapper`` is what every transformation's wrapper shares. This module is the package's API
+``wrapper`` is what every transformation's wrapper shares, ``kept`` what a transformation keeps
+between calls so that JAX finds its traces again. This module is the package's API
 for the transformations; the lift imports none of them.
 """
 
@@ -38,6 +39,7 @@ from treeclone._lift.arguments import (
     normalize,
 )
 from treeclone._lift.boxes import ArgsBox, Out, Record, StaticOut, as_jit_outputs, take
+from treeclone._lift.kept import Kept
 from treeclone._lift.naming import Naming, argument_names, debug_info, jit_keystr, name_slots
 from treeclone._lift.runner import Runner, begin, current_policy, reporting, with_static
 from treeclone._lift.wrapper import Wrapper
@@ -45,6 +47,7 @@ from treeclone._lift.wrapper import Wrapper
 __all__ = [
     "ArgsBox",
     "Call",
+    "Kept",
     "Naming",
     "Out",
     "Record",

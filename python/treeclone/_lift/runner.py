@@ -64,9 +64,11 @@ class Runner:
 
     Per thread, for the call being traced (set with :meth:`calling`): ``objects``, the
     caller's object at each node, watched while the function runs (``_trace.Request``'s
-    ``caller_objects``), and ``names``, where each input of the traced function is in the
+    ``caller_objects``), ``names``, where each input of the traced function is in the
     call, which jax's messages (a traced value used as a bool, ...) print through
-    ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself.
+    ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself, and
+    ``call``, what the transformation itself needs of the call (vmap's axes, a loop's call)
+    while JAX runs the runner.
     ``traced_for``: what jax's messages say the function is traced for. ``policy`` may give
     a policy per argument (:class:`~treeclone.policies.ArgPolicies`): each trace resolves it
     for the arguments it is given (:func:`trace`). ``traced``: the ``traced=`` rule (resolved;
@@ -92,18 +94,21 @@ class Runner:
             except Exception:  # noqa: BLE001 - naming is best effort
                 pass
 
-    def calling(self, objects: list | None, names: Sequence[str] | None = None) -> _Calling:
-        """A context in which this thread's traces watch ``objects`` and name the traced
-        function's inputs ``names``.
+    def calling(
+        self, objects: list | None, names: Sequence[str] | None = None, call: Any = None
+    ) -> _Calling:
+        """A context in which this thread's traces watch ``objects``, name the traced
+        function's inputs ``names`` and find the transformation's ``call``: the one current
+        call of the runner in this thread.
 
         >>> from treeclone import ALIAS
         >>> from treeclone._lift import Naming, Runner
         >>> runner = Runner(print, ALIAS, Naming(print))
-        >>> with runner.calling([], ["x"]):
-        ...     runner.local.names
-        ['x']
+        >>> with runner.calling([], ["x"], call="vmap's axes"):
+        ...     runner.local.names, runner.local.call
+        (['x'], "vmap's axes")
         """
-        return _Calling(self.local, objects, names)
+        return _Calling(self.local, objects, names, call)
 
     @property
     def __fun_debug_info__(self) -> Any:
@@ -219,18 +224,23 @@ def with_static(leaves: Sequence[Any], static: StaticLeaves | None) -> list:
 
 
 class _Calling:
-    __slots__ = ("local", "names", "objects", "saved")
+    __slots__ = ("call", "local", "names", "objects", "saved")
 
-    def __init__(self, local: threading.local, objects: list | None, names: Any):
-        self.local, self.objects, self.names = local, objects, names
-        self.saved: tuple = (None, None)
+    def __init__(self, local: threading.local, objects: list | None, names: Any, call: Any):
+        self.local, self.objects, self.names, self.call = local, objects, names, call
+        self.saved: tuple = (None, None, None)
 
     def __enter__(self) -> None:
-        self.saved = (getattr(self.local, "objects", None), getattr(self.local, "names", None))
-        self.local.objects, self.local.names = self.objects, self.names
+        local = self.local
+        self.saved = (
+            getattr(local, "objects", None),
+            getattr(local, "names", None),
+            getattr(local, "call", None),
+        )
+        local.objects, local.names, local.call = self.objects, self.names, self.call
 
     def __exit__(self, *exc: object) -> None:
-        self.local.objects, self.local.names = self.saved
+        self.local.objects, self.local.names, self.local.call = self.saved
 
 
 def begin(

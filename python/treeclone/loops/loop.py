@@ -20,7 +20,7 @@ init`` when the body returns its argument); what it builds anew is a new object.
 ``strict`` a carry container changed in place and not returned at its place is a
 :class:`~treeclone.MutationError` naming its key path, and the caller is never written to.
 
-How: a loop call enters through the lift as every transformation does (``_lift.loop_call``: the
+How: a loop call enters through the lift as every transformation does (``carry.py``: the
 carry flattened with identity, the body run through the trace's steps, the loop's rules, the
 final write-back by the call's ``CallPlan``). This module runs the JAX loop over it: the JAX
 loop carries the call's distinct leaves (and scans over ``xs``'s), and the functions it traces
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -43,8 +41,9 @@ import jax
 from treeclone import _lift
 from treeclone._docs import see
 from treeclone._lift import Naming, leaf_rule, reporting
-from treeclone._lift.loop_call import LoopCall, LoopPlan
-from treeclone._lift.loop_rules import (
+from treeclone._trace import qualname
+from treeclone.loops.carry import LoopCall, LoopPlan
+from treeclone.loops.rules import (
     NAMINGS,
     STAND_INS,
     XS_NAMING,
@@ -55,7 +54,6 @@ from treeclone._lift.loop_rules import (
     slice_of,
     split_xs,
 )
-from treeclone._trace import qualname
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -120,17 +118,11 @@ class _LoopBody(_lift.Runner):
         self.run, self.traced_for, self.names = run, traced_for, names
 
     def __call__(self, *args: Any) -> Any:
-        return self.run(self.local.loop, *args)
+        return self.run(self.local.call, *args)
 
-    @contextlib.contextmanager
-    def serving(self, loop: LoopCall) -> Iterator[None]:
-        saved = getattr(self.local, "loop", None)
-        self.local.loop = loop
-        try:
-            with self.calling(None, _Names(self, loop)):  # type: ignore[arg-type]
-                yield
-        finally:
-            self.local.loop = saved
+    def serving(self, loop: LoopCall) -> contextlib.AbstractContextManager[None]:
+        """A context in which this thread's traces of the body are ``loop``'s."""
+        return self.calling(None, _Names(self, loop), loop)  # type: ignore[arg-type]
 
 
 class _Entry:
@@ -150,32 +142,19 @@ class _Entry:
         return out
 
 
-_CACHE: OrderedDict[Any, _Entry] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 256
+_ENTRIES: _lift.Kept[_Entry] = _lift.Kept()
 
 
 def _entry(key: Any, make: Callable[[_Entry], tuple]) -> _Entry:
-    """The cached :class:`_Entry` for ``key`` (made with ``make`` the first time); a fresh one
-    when the key cannot be hashed."""
-    try:
-        hash(key)
-    except TypeError:
-        key = None
-    if key is not None:
-        with _CACHE_LOCK:
-            entry = _CACHE.get(key)
-            if entry is not None:
-                _CACHE.move_to_end(key)
-                return entry
-    entry = _Entry()
-    entry.bodies = make(entry)
-    if key is not None:
-        with _CACHE_LOCK:
-            entry = _CACHE.setdefault(key, entry)
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
-    return entry
+    """The kept :class:`_Entry` for ``key`` (made with ``make`` the first time); a fresh one
+    when the key cannot be hashed, or is None."""
+
+    def new() -> _Entry:
+        entry = _Entry()
+        entry.bodies = make(entry)
+        return entry
+
+    return _ENTRIES.get(key, new)
 
 
 def _run(entry: _Entry, loop: LoopCall, jax_loop: Callable[..., Any]) -> tuple[Any, LoopPlan]:
@@ -304,10 +283,30 @@ def scan(
         if not both.shared:
             return _scan_both(f, both, options)
         xs_mode = "shared"  # an array in init and xs: the slice cannot be written back
+    return _scan_carry(f, init, xs, (chosen, xs_policy), rule, xs_mode, options)
+
+
+def _scan_carry(
+    f: Callable[..., Any],
+    init: Any,
+    xs: Any,
+    policies: tuple[Policy, Policy],
+    rule: Callable[[Any], bool] | None,
+    xs_mode: str | None,
+    options: tuple,
+) -> tuple[Any, Any]:
+    """``scan`` with the carry alone through the lift: ``xs`` is not written back (its policy
+    is not ``alias``, or it shares an array with ``init``). The JAX loop scans over ``xs``
+    itself (over its traced leaves, with ``traced=``) and each slice is watched for what the
+    body does to it in place (``xs_mode``, as :class:`SliceWatch` takes it; None: not
+    watched)."""
+    chosen, xs_policy = policies
+    length, reverse, unroll, split = options
+    extra = {"_split_transpose": True} if split else {}
     loop = LoopCall("scan", f, (init,), chosen, (chosen,), rule)
     _lift.check_call(XS_NAMING, (xs,), {})
-    if mixed:
-        check_shared(f, init, xs, (chosen, xs_policy))
+    if chosen is not xs_policy:
+        check_shared(f, init, xs, policies)
     boxed = rule is not None and xs is not None  # xs's static leaves are not scanned
     scanned: Any = split_xs(xs, rule) if boxed else xs
     xs_key = _key_of(scanned)

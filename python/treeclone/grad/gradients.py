@@ -28,7 +28,7 @@ from treeclone import _lift
 from treeclone._docs import see
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift import ArgsBox, Naming, reporting
-from treeclone._lift.wrt import filtered_grads, untied, wrt_hint, wrt_rule, wrt_selection
+from treeclone.grad.wrt import filtered_grads, untied, wrt_hint, wrt_rule, wrt_selection
 from treeclone.policies import (
     CLONE,
     ArgPolicies,

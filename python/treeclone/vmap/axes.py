@@ -19,8 +19,7 @@ from treeclone._docs import see
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
-from treeclone._lift.arguments import Call
-from treeclone._lift.naming import Naming, jit_keystr
+from treeclone._lift import Call, Naming, jit_keystr
 from treeclone._native import EntryInfo
 from treeclone._trace import ChildKeys, Layout, Paths, Traced
 

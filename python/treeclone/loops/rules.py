@@ -1,5 +1,5 @@
 """The loop's own rules, at trace time, for ``treeclone.scan``, ``fori_loop`` and
-``while_loop`` (``loop_call``'s :class:`~treeclone._lift.loop_call.LoopCall` applies them): the
+``while_loop`` (``carry``'s :class:`~treeclone.loops.carry.LoopCall` applies them): the
 names of a loop's inputs, what a body did to a container (a shallow diff), the body's slice of
 an ``xs`` that is not written back (:class:`SliceWatch`), the carry's structure at every
 iteration, and one container given two policies (:func:`check_shared`).
@@ -16,10 +16,16 @@ from jax.core import Tracer
 
 from treeclone import _trace
 from treeclone._docs import see
-from treeclone._lift.arguments import StaticLeaves, flatten_call
-from treeclone._lift.boxes import ArgsBox, Out, Record, StaticOut
-from treeclone._lift.naming import Naming
-from treeclone._lift.runner import with_static
+from treeclone._lift import (
+    ArgsBox,
+    Naming,
+    Out,
+    Record,
+    StaticLeaves,
+    StaticOut,
+    flatten_call,
+    with_static,
+)
 from treeclone._native import EntryInfo
 from treeclone._trace import qualname
 from treeclone.policies import Policy
@@ -275,7 +281,7 @@ def not_a_jax_type(where: str, leaf: Any, verb: str, traced: Any) -> str:
     """The message for a leaf at ``where`` that is not a JAX type, ``verb`` (carried or
     scanned) by a loop; without a ``traced=`` rule, it names the one that leaves it static.
 
-    >>> from treeclone._lift.loop_rules import not_a_jax_type
+    >>> from treeclone.loops.rules import not_a_jax_type
     >>> not_a_jax_type("init.act", abs, "carried", None)[:60]
     'init.act: a value of type builtin_function_or_method, which '
     """

@@ -24,7 +24,6 @@ then applies the outputs to the caller, as ``treeclone.jit`` does.
 
 from __future__ import annotations
 
-import collections
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -35,15 +34,18 @@ from jax.core import Tracer
 
 from treeclone import _lift, _trace
 from treeclone._docs import see
-from treeclone._jax_compat import (
-    INITIAL_RESULT_PATHS,
-    DebugInfo,
-    fun_sourceinfo,
-    is_ref,
+from treeclone._jax_compat import DebugInfo, fun_sourceinfo, is_ref
+from treeclone._lift import (
+    Naming,
+    as_jit_outputs,
+    debug_info,
+    leaf_rule,
+    reporting,
+    with_static,
 )
-from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
 from treeclone._native import EntryInfo
-from treeclone._trace.join import (
+from treeclone.call import call as _call
+from treeclone.cond.join import (
     BranchRecord,
     PathNamer,
     aval_of,
@@ -52,7 +54,6 @@ from treeclone._trace.join import (
     taken_plan,
     zeros_of,
 )
-from treeclone.call import call as _call
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -174,20 +175,7 @@ def cond(
     """
     chosen = _operand_policies(policy, true_fun)
     if not (callable(true_fun) and callable(false_fun)):
-        # jax.lax.cond's old form cond(pred, x_true, f_true, x_false, f_false), translated as
-        # JAX translates it.
-        if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
-            x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
-            return cond(
-                pred,
-                lambda x, _: f_true(x),
-                lambda _, x: f_false(x),
-                x_true,
-                x_false,
-                policy=chosen,
-                traced=traced,
-            )
-        raise TypeError("lax.cond: true_fun and false_fun arguments should be callable.")
+        return _old_form(pred, true_fun, false_fun, operands, chosen, traced)
     operands = _operands(operands, operand)
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
@@ -204,6 +192,25 @@ def cond(
         lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves),
         lambda: None if isinstance(pred, jax.core.Tracer) else int(bool(pred)),
     )
+
+
+def _old_form(
+    pred: Any, true_fun: Any, false_fun: Any, operands: tuple, chosen: Any, traced: Any
+) -> Any:
+    """jax.lax.cond's old form ``cond(pred, x_true, f_true, x_false, f_false)``, translated as
+    JAX translates it (and JAX's error where it is not that form either)."""
+    if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
+        x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
+        return cond(
+            pred,
+            lambda x, _: f_true(x),
+            lambda _, x: f_false(x),
+            x_true,
+            x_false,
+            policy=chosen,
+            traced=traced,
+        )
+    raise TypeError("lax.cond: true_fun and false_fun arguments should be callable.")
 
 
 def switch(
@@ -295,14 +302,10 @@ class _Branch:
         try:
             if self.names is None:
                 self.names = self.lifted.call.input_names(self.naming)
-            return DebugInfo(
-                self.traced_for,
-                fun_sourceinfo(self.__wrapped__),
-                tuple(self.names or ()),
-                INITIAL_RESULT_PATHS,
-            )
+            sourceinfo = fun_sourceinfo(self.__wrapped__)
         except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
             return None
+        return debug_info(self.traced_for, sourceinfo, self.names or ())
 
     def __call__(self, *given: Any) -> list:
         lifted, call = self.lifted, self.lifted.call
@@ -512,9 +515,7 @@ class _Lifted:
     # --- the plans ---
 
 
-_LIFTED: collections.OrderedDict[Any, _Lifted] = collections.OrderedDict()
-_LIFTED_LOCK = threading.Lock()
-_LIFTED_SIZE = 256
+_LIFTED: _lift.Kept[_Lifted] = _lift.Kept()
 
 
 def _aval_key(x: Any) -> Any:
@@ -535,23 +536,11 @@ def _lifted(
     traced: Callable[[Any], bool] | None = None,
 ) -> _Lifted:
     """The :class:`_Lifted` for this call structure (with the ``traced=`` rule and the leaves
-    it leaves static), from the last ``_LIFTED_SIZE`` used (a fresh one when a branch cannot
-    be a dict key)."""
+    it leaves static), from the last ones used (a fresh one when a branch cannot be a dict
+    key)."""
     avals = tuple(_aval_key(x) for x in call.traced_leaves())
     key = (api, tuple(branches), policy, call.sdef, avals, traced, call.static)
-    try:
-        hash(key)
-    except TypeError:
-        return _Lifted(api, branches, names, len(call.args), policy, traced)
-    with _LIFTED_LOCK:
-        found = _LIFTED.get(key)
-        if found is not None:
-            _LIFTED.move_to_end(key)
-            return found
-        found = _LIFTED[key] = _Lifted(api, branches, names, len(call.args), policy, traced)
-        if len(_LIFTED) > _LIFTED_SIZE:
-            _LIFTED.popitem(last=False)
-        return found
+    return _LIFTED.get(key, lambda: _Lifted(api, branches, names, len(call.args), policy, traced))
 
 
 def _same_avals(a: list, b: list) -> bool:

@@ -20,7 +20,6 @@ written into an input takes that input's axis, results take ``out_axes``.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
@@ -33,14 +32,6 @@ from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
 from treeclone._lift import Naming, leaf_rule, reporting
-from treeclone._lift.axes import (
-    InAxes,
-    PlaceError,
-    Places,
-    check_sizes,
-    container_ids,
-    copy_returned_inputs,
-)
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -49,6 +40,14 @@ from treeclone.policies import (
     as_policy,
     as_policy_spec,
 )
+from treeclone.vmap.axes import (
+    InAxes,
+    PlaceError,
+    Places,
+    check_sizes,
+    container_ids,
+    copy_returned_inputs,
+)
 
 __all__ = ["vmap"]
 
@@ -56,13 +55,13 @@ __all__ = ["vmap"]
 class _VmapRunner(_lift.Runner):
     """The function ``jax.vmap`` maps: of the list of a call's distinct leaves, returning the
     lifted function's :class:`~treeclone._lift.Out`. What the call needs besides the leaves
-    (its structure, the axes) is in this thread's ``ctx`` (``jax.vmap`` traces at each call,
-    within it)."""
+    (its structure, the axes) is this thread's current ``call`` (``jax.vmap`` traces at each
+    call, within it: :meth:`~treeclone._lift.Runner.calling`)."""
 
     traced_for = "vmap"
 
     def __call__(self, leaves: list) -> _lift.Out:
-        call, axes, out_axes, late = self.local.ctx
+        call, axes, out_axes, late = self.local.call
         leaves = _lift.with_static(leaves, call.static)  # traced= left them out of JAX's sight
         traces = {
             id(getattr(x, "_trace", None))
@@ -95,20 +94,6 @@ class _VmapRunner(_lift.Runner):
         record = _lift.Record(plan.plan)
         late.record, late.leaves = record, places.out_list  # the out_axes, now known
         return _lift.Out(record, outputs)
-
-
-class _Ctx:
-    __slots__ = ("local", "saved", "value")
-
-    def __init__(self, local: threading.local, value: tuple):
-        self.local, self.value, self.saved = local, value, None
-
-    def __enter__(self) -> None:
-        self.saved = getattr(self.local, "ctx", None)
-        self.local.ctx = self.value
-
-    def __exit__(self, *exc: object) -> None:
-        self.local.ctx = self.saved
 
 
 class _Vmap(_lift.Wrapper):
@@ -167,10 +152,7 @@ class _Vmap(_lift.Wrapper):
         late = _lift.Out(None, [])  # type: ignore[arg-type]  # filled in by the trace
         mapped = jax.vmap(runner, in_axes=(list(axes.slot_axes),), out_axes=late, **self._options)
         names = call.input_names(self._naming)
-        with (
-            runner.calling(call.objects, names),
-            _Ctx(runner.local, (call, axes, self._out_axes, late)),
-        ):
+        with runner.calling(call.objects, names, (call, axes, self._out_axes, late)):
             try:
                 out = mapped(list(call.traced_leaves()))
             except PlaceError as e:

@@ -10,7 +10,7 @@ call's native ``CallPlan``, the write-back every transformation uses. Between ``
 carry (and the slice) keeps its structure and types, and each container is the input
 container at its place (updated in place) or a new one (the input container then unchanged).
 So the plan, the same at every iteration, applied once to the final leaves after the loop,
-writes the caller's objects, all or nothing. ``treeclone.loops`` runs the JAX loops over it.
+writes the caller's objects, all or nothing. ``loop.py`` runs the JAX loops over it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import jax
 from treeclone import _trace
 from treeclone._docs import see
 from treeclone._jax_compat import unflatten_node
-from treeclone._lift.arguments import flatten_call
-from treeclone._lift.loop_rules import (
+from treeclone._lift import Naming, begin, flatten_call
+from treeclone._native import EntryInfo
+from treeclone._trace import qualname
+from treeclone.loops.rules import (
     CONDITION_REMEDY,
     NAMINGS,
     UNRETURNED_REMEDY,
@@ -38,10 +40,6 @@ from treeclone._lift.loop_rules import (
     stand_in,
     structure_difference,
 )
-from treeclone._lift.naming import Naming
-from treeclone._lift.runner import begin
-from treeclone._native import EntryInfo
-from treeclone._trace import qualname
 
 __all__ = ["LoopCall", "LoopPlan"]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from treeclone import _native
 from treeclone._docs import see
-from treeclone._lift.arguments import Call, is_array
+from treeclone._lift import Call, is_array
 
 
 def is_inexact_array(x: Any) -> bool:
