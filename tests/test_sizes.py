@@ -31,9 +31,7 @@ MAX_FUNCTION_LINES = 80
 MODULE_EXCEPTIONS: Mapping[str, str] = {}
 
 # "module::qualified.name" -> who splits it. Only ever shrinks.
-FUNCTION_EXCEPTIONS: Mapping[str, str] = {
-    "python/treeclone/_jit/jitted.py::jit": "issue 58: the packages helper splits it",
-}
+FUNCTION_EXCEPTIONS: Mapping[str, str] = {}
 
 _NOT_CODE = {
     tokenize.COMMENT,

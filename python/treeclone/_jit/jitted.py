@@ -534,22 +534,8 @@ def jit(
     >>> treeclone.jit(apply, traced="arrays")(model, jnp.zeros(2))
     (Array([0., 0.], dtype=float32), 'mlp')
     """
-    given = given_options(
-        {
-            "in_shardings": in_shardings,
-            "out_shardings": out_shardings,
-            "static_argnums": static_argnums,
-            "static_argnames": static_argnames,
-            "donate_argnums": donate_argnums,
-            "donate_argnames": donate_argnames,
-            "keep_unused": keep_unused,
-            "device": device,
-            "backend": backend,
-            "inline": inline,
-            "abstracted_axes": abstracted_axes,
-            "compiler_options": compiler_options,
-        }
-    )
+    # Here the locals are the parameters: jax.jit's keywords are picked out by name.
+    given = given_options(locals())
     if fun is None:
         return lambda f: Jitted(f, policy, given, discarded_mutations, traced, keep_shardings)
     return Jitted(fun, policy, given, discarded_mutations, traced, keep_shardings)

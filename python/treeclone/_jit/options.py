@@ -135,10 +135,13 @@ def _jax_jit_keywords() -> frozenset[str] | None:
 _JAX_JIT_KEYWORDS = _jax_jit_keywords()
 
 
-def given_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The options given a value other than their default, checked against this JAX's jax.jit
-    at once (also in the decorator form), with the TypeError jax.jit raises."""
-    given = {k: v for k, v in options.items() if v is not _JIT_DEFAULTS[k]}
+def given_options(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The jax.jit options among ``parameters`` (``treeclone.jit``'s, by name) given a value
+    other than their default, checked against this JAX's jax.jit at once (also in the
+    decorator form), with the TypeError jax.jit raises."""
+    given = {
+        k: v for k, v in parameters.items() if k in _JIT_DEFAULTS and v is not _JIT_DEFAULTS[k]
+    }
     for k in given:
         if _JAX_JIT_KEYWORDS is not None and k not in _JAX_JIT_KEYWORDS:
             raise TypeError(f"jit() got an unexpected keyword argument '{k}'")
