@@ -46,6 +46,19 @@ pub(super) enum Undo<'py> {
 }
 
 impl Undo<'_> {
+    /// What an entry-by-entry write returns: this undo when its writes (`written`) went
+    /// through, else their error once this has put back the part that was written, so a write
+    /// that fails half way leaves its container as it was.
+    pub(super) fn kept_or_run(self, written: PyResult<()>) -> PyResult<Self> {
+        match written {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.run()?;
+                Err(e)
+            }
+        }
+    }
+
     pub(super) fn run(self) -> PyResult<()> {
         match self {
             Undo::List(l, old) => set_list_items(&l, old.as_any()),
