@@ -17,7 +17,7 @@
 mod key;
 
 use super::statics::{keyword_items, sorted_dict, StaticArguments};
-use super::{running, FlattenFailed, ResultBox, ShardedArguments};
+use super::{replace_last, running, FlattenFailed, ResultBox, ShardedArguments};
 use crate::sharing::{flatten_shared_sized, Sizes};
 use crate::writeback::CallPlan;
 use key::{Last, LeanKey};
@@ -495,13 +495,7 @@ impl LeanCall {
                 .cast_into::<CallPlan>()?
                 .unbind(),
         };
-        let kept = parts.clone_ref(py);
-        let old = self
-            .last_info
-            .lock()
-            .ok()
-            .and_then(|mut last| last.replace(kept));
-        drop(old);
+        replace_last(&self.last_info, parts.clone_ref(py));
         Ok(parts)
     }
 }
