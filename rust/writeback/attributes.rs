@@ -88,7 +88,7 @@ pub(super) fn write_attributes<'py>(
         old.push(write_attribute(obj, name, *j, children, places)?);
         Ok(())
     });
-    Undo::Attributes(obj.clone(), old).kept_or_run(written)
+    Undo::Attributes(obj.clone(), old).kept_or_applied(written)
 }
 
 /// Set `obj.<name> = children[j]`; returns the name and the value it replaced (None: none).

@@ -50,5 +50,5 @@ pub(super) fn write_list_entries<'py>(
         Ok(())
     };
     let written = write();
-    Undo::ListEntries(list.clone(), set, tail).kept_or_run(written)
+    Undo::ListEntries(list.clone(), set, tail).kept_or_applied(written)
 }

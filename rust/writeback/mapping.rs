@@ -100,7 +100,7 @@ pub(super) fn write_mapping_entries<'py>(
         Ok(())
     };
     let written = write();
-    Undo::MappingEntries(dict.clone(), ops, before).kept_or_run(written)
+    Undo::MappingEntries(dict.clone(), ops, before).kept_or_applied(written)
 }
 
 /// Make a dict (or dict subclass, through its own methods) hold exactly `items`, in order.
@@ -174,7 +174,7 @@ pub(super) fn write_mapping<'py>(
         Ok(())
     };
     let written = write();
-    Undo::Mapping(dict.clone(), old).kept_or_run(written)
+    Undo::Mapping(dict.clone(), old).kept_or_applied(written)
 }
 
 #[cfg(test)]
@@ -207,7 +207,7 @@ mod tests {
             let order = PyTuple::new(py, order).unwrap();
             let undo = write_mapping(&dict, items, Some(&order), reordered).unwrap();
             let after = keys(&dict);
-            undo.run().unwrap();
+            undo.apply().unwrap();
             (after, keys(&dict))
         })
     }
