@@ -175,12 +175,11 @@ impl LeanCall {
             }
         };
         let key = LeanKey::from_python(&made)?;
-        let last = (
-            sdef.clone().unbind(),
-            extra.map(Bound::unbind),
-            key.clone_ref(py),
+        let kept = key.clone_ref(py);
+        replace_last(
+            &self.last,
+            (sdef.clone().unbind(), extra.map(Bound::unbind), kept),
         );
-        replace_last(&self.last, last);
         Ok(key)
     }
 
