@@ -22,6 +22,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
+use std::sync::Mutex;
 
 pyo3::create_exception!(
     treeclone,
@@ -39,6 +40,16 @@ pyo3::create_exception!(
      (the arrays written back keep their placement, a part of the trace): the call is made \
      again with them in its key, and so are the later ones."
 );
+
+/// Put `value` in `last`, what a call remembers of the last one (a key, a split of its
+/// arguments, a trace's info). The old value is dropped after the lock is let go: its
+/// decrefs may run a finalizer that calls back and takes the lock. A poisoned lock keeps
+/// nothing.
+#[inline]
+fn replace_last<T>(last: &Mutex<Option<T>>, value: T) {
+    let old = last.lock().ok().and_then(|mut last| last.replace(value));
+    drop(old);
+}
 
 /// What the inner `jax.jit` returns: the computation's outputs (`leaves`) with the trace's
 /// `TraceInfo` (`info`) as static data, a pytree node (registered in `_jit/inner.py`). JAX makes one

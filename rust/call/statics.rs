@@ -2,6 +2,7 @@
 //! for both of its paths: the lean native call (`LeanCall`) and the Python one
 //! (`CallShape.prepare` in `treeclone/_jit/call.py`), so that the rule is written once.
 
+use super::replace_last;
 use crate::keys::order::str_order;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -269,13 +270,7 @@ impl StaticArguments {
             key: key.clone().unbind(),
             positions: positions.clone().unbind(),
         };
-        // The old split is dropped after the lock is let go: a finalizer may call back.
-        let old = self
-            .last
-            .lock()
-            .ok()
-            .and_then(|mut last| last.replace(made));
-        drop(old);
+        replace_last(&self.last, made);
         Ok((key, positions))
     }
 }

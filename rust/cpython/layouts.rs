@@ -4,6 +4,7 @@
 //! are in `types.rs`, `members.rs` and `dicts.rs`, their tests beside the wrappers. Each takes
 //! an `Internals`: leave, given by `super::internals` only while the reads are on.
 
+use super::members::Member;
 use super::Internals;
 use pyo3::ffi;
 use std::num::NonZeroU32;
@@ -84,19 +85,6 @@ pub unsafe fn mro(_: Internals, ty: *mut ffi::PyTypeObject) -> *mut ffi::PyObjec
 #[inline]
 pub unsafe fn type_dict(_: Internals, ty: *mut ffi::PyTypeObject) -> *mut ffi::PyObject {
     unsafe { (*ty).tp_dict }
-}
-
-/// What a member descriptor (`PyMemberDescr_Type`: what `__slots__` makes, and C types'
-/// members) says of its member.
-#[derive(Clone, Copy)]
-pub struct Member {
-    /// The class that defines the member: its instances store the value at `offset`.
-    pub class: *mut ffi::PyTypeObject,
-    pub offset: isize,
-    /// A `PyObject *` read and set as is (`Py_T_OBJECT_EX`, an absolute offset, no audit hook
-    /// on reads): `PyMember_GetOne` and `PyMember_SetOne` read and swap one pointer.
-    pub plain_object: bool,
-    pub read_only: bool,
 }
 
 /// The member `descr` describes, when it is a member descriptor.

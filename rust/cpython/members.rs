@@ -11,6 +11,20 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// What a member descriptor (`PyMemberDescr_Type`: what `__slots__` makes, and C types'
+/// members) says of its member, as `layouts::member` reads it (one type for both builds of
+/// `layouts`).
+#[derive(Clone, Copy)]
+pub struct Member {
+    /// The class that defines the member: its instances store the value at `offset`.
+    pub class: *mut ffi::PyTypeObject,
+    pub offset: isize,
+    /// A `PyObject *` read and set as is (`Py_T_OBJECT_EX`, an absolute offset, no audit hook
+    /// on reads): `PyMember_GetOne` and `PyMember_SetOne` read and swap one pointer.
+    pub plain_object: bool,
+    pub read_only: bool,
+}
+
 /// Where the instances of one type version store one plain object member (`Py_T_OBJECT_EX` at
 /// an absolute offset, no audit hook on reads): `PyMember_GetOne` and `PyMember_SetOne` read
 /// and swap the pointer there, and so do `get`, `read` and `swap`, for an object of that

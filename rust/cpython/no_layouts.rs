@@ -2,6 +2,7 @@
 //! later, a free-threaded build, the stable ABI): the same names, and no read. `Verified` has
 //! no value, so no `Internals` exists and none of these can be called.
 
+use super::members::Member;
 use super::Internals;
 use pyo3::ffi;
 use std::num::NonZeroU32;
@@ -48,14 +49,6 @@ pub unsafe fn mro(gate: Internals, _: *mut ffi::PyTypeObject) -> *mut ffi::PyObj
 /// Cannot be called (no `Internals` exists).
 pub unsafe fn type_dict(gate: Internals, _: *mut ffi::PyTypeObject) -> *mut ffi::PyObject {
     match gate.0 {}
-}
-
-#[derive(Clone, Copy)]
-pub struct Member {
-    pub class: *mut ffi::PyTypeObject,
-    pub offset: isize,
-    pub plain_object: bool,
-    pub read_only: bool,
 }
 
 /// # Safety

@@ -84,16 +84,11 @@ pub(super) fn write_attributes<'py>(
         return Ok(Undo::Attribute(obj.clone(), name, before));
     }
     let mut old = Vec::with_capacity(direct.len());
-    for (name, j) in direct {
-        match write_attribute(obj, name, *j, children, places) {
-            Ok(done) => old.push(done),
-            Err(e) => {
-                restore_attributes(obj, old)?;
-                return Err(e);
-            }
-        }
-    }
-    Ok(Undo::Attributes(obj.clone(), old))
+    let written = direct.iter().try_for_each(|(name, j)| {
+        old.push(write_attribute(obj, name, *j, children, places)?);
+        Ok(())
+    });
+    Undo::Attributes(obj.clone(), old).kept_or_applied(written)
 }
 
 /// Set `obj.<name> = children[j]`; returns the name and the value it replaced (None: none).

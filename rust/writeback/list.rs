@@ -33,7 +33,7 @@ pub(super) fn write_list_entries<'py>(
     let common = new.len().min(old.len());
     let mut set = Vec::new();
     let mut tail = None;
-    let mut apply = || -> PyResult<()> {
+    let mut write = || -> PyResult<()> {
         for j in 0..common {
             if !new[j].is(&old[j]) {
                 let before = list.get_item(j)?;
@@ -49,13 +49,6 @@ pub(super) fn write_list_entries<'py>(
         }
         Ok(())
     };
-    let result = apply();
-    let undo = Undo::ListEntries(list.clone(), set, tail);
-    match result {
-        Ok(()) => Ok(undo),
-        Err(e) => {
-            undo.run()?;
-            Err(e)
-        }
-    }
+    let written = write();
+    Undo::ListEntries(list.clone(), set, tail).kept_or_applied(written)
 }

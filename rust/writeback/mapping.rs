@@ -74,7 +74,7 @@ pub(super) fn write_mapping_entries<'py>(
         None => new.iter().map(|(k, _)| k.clone()).collect(),
     };
     let mut ops = Vec::new();
-    let mut apply = || -> PyResult<()> {
+    let mut write = || -> PyResult<()> {
         for k in old_keys.iter() {
             if !lookup.contains(&k)? {
                 if let Some(value) = raw_get(dict, &k)? {
@@ -99,15 +99,8 @@ pub(super) fn write_mapping_entries<'py>(
         }
         Ok(())
     };
-    let result = apply();
-    let undo = Undo::MappingEntries(dict.clone(), ops, before);
-    match result {
-        Ok(()) => Ok(undo),
-        Err(e) => {
-            undo.run()?;
-            Err(e)
-        }
-    }
+    let written = write();
+    Undo::MappingEntries(dict.clone(), ops, before).kept_or_applied(written)
 }
 
 /// Make a dict (or dict subclass, through its own methods) hold exactly `items`, in order.
@@ -153,7 +146,7 @@ pub(super) fn write_mapping<'py>(
         Some(order) => order.iter().collect(),
         None => new.iter().map(|(k, _)| k.clone()).collect(),
     };
-    let apply = || -> PyResult<()> {
+    let write = || -> PyResult<()> {
         for (k, _) in &old {
             if !lookup.contains(k)? {
                 dict.del_item(k)?;
@@ -180,11 +173,8 @@ pub(super) fn write_mapping<'py>(
         }
         Ok(())
     };
-    if let Err(e) = apply() {
-        set_mapping_items(dict, old)?;
-        return Err(e);
-    }
-    Ok(Undo::Mapping(dict.clone(), old))
+    let written = write();
+    Undo::Mapping(dict.clone(), old).kept_or_applied(written)
 }
 
 #[cfg(test)]
@@ -217,7 +207,7 @@ mod tests {
             let order = PyTuple::new(py, order).unwrap();
             let undo = write_mapping(&dict, items, Some(&order), reordered).unwrap();
             let after = keys(&dict);
-            undo.run().unwrap();
+            undo.apply().unwrap();
             (after, keys(&dict))
         })
     }

@@ -1,5 +1,5 @@
 //! The undo log's steps: how to put back each container or attribute a write-back changed,
-//! run newest first when a later write fails.
+//! applied newest first when a later write fails.
 
 use super::attributes::restore_attributes;
 use super::list::set_list_items;
@@ -46,7 +46,21 @@ pub(super) enum Undo<'py> {
 }
 
 impl Undo<'_> {
-    pub(super) fn run(self) -> PyResult<()> {
+    /// What an entry-by-entry write returns: this undo when its writes (`written`) went
+    /// through, else their error once this has put back the part that was written, so a write
+    /// that fails half way leaves its container as it was.
+    pub(super) fn kept_or_applied(self, written: PyResult<()>) -> PyResult<Self> {
+        match written {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.apply()?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Put back what the write changed.
+    pub(super) fn apply(self) -> PyResult<()> {
         match self {
             Undo::List(l, old) => set_list_items(&l, old.as_any()),
             Undo::Mapping(d, old) => set_mapping_items(&d, old),

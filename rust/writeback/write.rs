@@ -1,5 +1,5 @@
 //! The in-place writes of one call, all or nothing: rule J31's check before any is made,
-//! then each container or object written (`write_one`), the undo log run if one fails.
+//! then each container or object written (`write_one`), the undo log applied if one fails.
 
 use super::attributes::write_attributes;
 use super::list::{write_list, write_list_entries};
@@ -125,7 +125,7 @@ impl CallPlan {
                 // Put back what was written, newest first; the first error is the one
                 // reported, so a failing undo is only attached as context.
                 for undo in done.into_iter().rev() {
-                    if let Err(e) = undo.run() {
+                    if let Err(e) = undo.apply() {
                         err.set_cause(py, Some(e));
                     }
                 }

@@ -5,6 +5,7 @@
 //! (a training loop meets one structure call after call); a new one is `key_of`'s, in Python.
 
 use super::{Flat, LeanCall};
+use crate::call::replace_last;
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -175,11 +176,10 @@ impl LeanCall {
         };
         let key = LeanKey::from_python(&made)?;
         let kept = key.clone_ref(py);
-        // The old entry is dropped after the lock is let go: a finalizer may call back.
-        let old = self.last.lock().ok().and_then(|mut last| {
-            last.replace((sdef.clone().unbind(), extra.map(Bound::unbind), kept))
-        });
-        drop(old);
+        replace_last(
+            &self.last,
+            (sdef.clone().unbind(), extra.map(Bound::unbind), kept),
+        );
         Ok(key)
     }
 

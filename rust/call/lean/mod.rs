@@ -17,7 +17,7 @@
 mod key;
 
 use super::statics::{keyword_items, sorted_dict, StaticArguments};
-use super::{running, FlattenFailed, ResultBox, ShardedArguments};
+use super::{replace_last, running, FlattenFailed, ResultBox, ShardedArguments};
 use crate::sharing::{flatten_shared_sized, Sizes};
 use crate::writeback::CallPlan;
 use key::{Last, LeanKey};
@@ -67,7 +67,7 @@ pub struct LeanCall {
     /// The last key met: a training loop meets one structure call after call, and comparing
     /// with it costs less than hashing.
     last: Mutex<Option<Last>>,
-    /// What `run` reads of the last trace's `TraceInfo` (set at trace time, not changed
+    /// What `call_inner_jit` reads of the last trace's `TraceInfo` (set at trace time, not changed
     /// after): read again only when another trace's comes back.
     last_info: Mutex<Option<InfoParts>>,
     /// The last flatten's entries and distinct leaves: the next one's buffers start that
@@ -192,7 +192,7 @@ impl LeanCall {
             leaves,
             objects,
         };
-        self.run_keyed(py, flat)
+        self.key_and_call(py, flat)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -267,7 +267,7 @@ impl LeanCall {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let flat = self.flatten_call(py, args, kwargs)?;
-        self.run_keyed(py, flat)
+        self.key_and_call(py, flat)
     }
 
     /// The call's arguments, the static ones taken out, flattened with identity.
@@ -330,10 +330,11 @@ impl LeanCall {
         })
     }
 
-    /// `run` with the call's key: of its structure, static arguments and static leaves, and,
-    /// once calls are keyed on placements (`keyed`), of where its arguments are. A call
-    /// refused for want of them (`ShardedArguments`) sets `keyed` and is made again with them.
-    fn run_keyed<'py>(
+    /// `call_inner_jit` with the call's key: of its structure, static arguments and static
+    /// leaves, and, once calls are keyed on placements (`keyed`), of where its arguments are.
+    /// A call refused for want of them (`ShardedArguments`) sets `keyed` and is made again
+    /// with them.
+    fn key_and_call<'py>(
         &self,
         py: Python<'py>,
         flat: Flat<'py>,
@@ -341,18 +342,20 @@ impl LeanCall {
         let static_leaves = self.static_leaves(py, &flat.leaves)?;
         let keyed = self.keyed.load(Ordering::Relaxed);
         let key = self.key(py, &flat, static_leaves.as_ref(), keyed)?;
-        match self.run(py, &flat, key) {
+        match self.call_inner_jit(py, &flat, key) {
             Err(err) if !keyed && err.is_instance_of::<ShardedArguments>(py) => {
                 self.keyed.store(true, Ordering::Relaxed);
                 let key = self.key(py, &flat, static_leaves.as_ref(), true)?;
-                self.run(py, &flat, key)
+                self.call_inner_jit(py, &flat, key)
             }
             result => result,
         }
     }
 
-    /// Everything after the flatten and the key: the inner jit, the plan.
-    fn run<'py>(
+    /// Everything after the flatten and the key: call the inner jit with the key and the
+    /// leaves, build the results from its outputs (the plan's `apply`, or `finish` in Python)
+    /// and hold the leaves where the trace says so.
+    fn call_inner_jit<'py>(
         &self,
         py: Python<'py>,
         flat: &Flat<'py>,
@@ -495,13 +498,7 @@ impl LeanCall {
                 .cast_into::<CallPlan>()?
                 .unbind(),
         };
-        let kept = parts.clone_ref(py);
-        let old = self
-            .last_info
-            .lock()
-            .ok()
-            .and_then(|mut last| last.replace(kept));
-        drop(old);
+        replace_last(&self.last_info, parts.clone_ref(py));
         Ok(parts)
     }
 }
