@@ -61,7 +61,7 @@ class _VmapRunner(_lift.Runner):
     traced_for = "vmap"
 
     def __call__(self, leaves: list) -> _lift.Out:
-        call, axes, out_axes, late = self.local.call
+        call, axes, out_axes, late = self.current_call()
         leaves = _lift.with_static(leaves, call.static)  # traced= left them out of JAX's sight
         traces = {
             id(getattr(x, "_trace", None))
