@@ -21,6 +21,9 @@ class Wrapper:
     name = "transformation"
     _fun: Callable[..., Any]
     _policy: Policy | ArgPolicies
+    # A dict, not a Kept: it is read at every call (the hot path), where a hit is one lookup
+    # without a lock or a hash check, and it holds a few policies (the wrapper's own, those of
+    # the blocks it is called in), so it needs no bound.
     _runners: dict[Policy | ArgPolicies, Any]
     _lock: threading.Lock
 
