@@ -127,7 +127,17 @@ class Runner:
 
     def input_names(self) -> Iterable[str] | None:
         """The names jax's messages give the traced function's inputs in this thread's call
-        (the ``names`` of :meth:`calling`; None: jax's own)."""
+        (the ``names`` of :meth:`calling`; None: jax's own).
+
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner
+        >>> runner = Runner(print, ALIAS, Naming(print))
+        >>> with runner.calling([], ["params['w']"]):
+        ...     runner.input_names()
+        ["params['w']"]
+        >>> runner.input_names() is None
+        True
+        """
         return getattr(self.local, "names", None)
 
     @property

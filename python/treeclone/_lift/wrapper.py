@@ -40,7 +40,8 @@ class Wrapper:
         policy (``as_policy_spec``: a dict is checked against ``fun``'s parameters), the JAX
         transformation of ``fun`` itself that a call under ``clone`` runs, in the order
         ``jax_checks_first`` says, and the per-policy runners."""
-        functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__
+        # name, doc, __wrapped__ (a subclass is callable)
+        functools.update_wrapper(cast(Callable[..., Any], self), fun, updated=())
         self._fun, self._naming = fun, Naming(fun)
         if self.jax_checks_first:
             self._jax = self.make_jax()
