@@ -11,7 +11,6 @@ value_and_grad and checkpoint") states the rules and names their tests.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
@@ -19,14 +18,13 @@ import jax
 
 from treeclone import _lift
 from treeclone._docs import see
-from treeclone._lift import ArgsBox, Naming, leaf_rule, reporting
+from treeclone._lift import ArgsBox, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
     Policy,
     PolicySpec,
     as_policy,
-    as_policy_spec,
 )
 
 __all__ = ["checkpoint", "remat"]
@@ -60,21 +58,19 @@ class _Checkpoint(_lift.Wrapper):
         static_argnames: tuple[str, ...],
         traced: Callable[[Any], bool] | None,
     ):
-        functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
-        self._fun, self._options, self._traced = fun, jax_options, traced
-        self._policy = as_policy_spec(policy, fun)
+        self._options, self._traced = jax_options, traced
         self._static_nums, self._static_names = static_argnums, static_argnames
+        super().__init__(fun, policy)
         self._statics = frozenset(static_argnums), frozenset(static_argnames)
-        clone_options = dict(jax_options)
-        if static_argnums:
-            clone_options["static_argnums"] = static_argnums
-        if static_argnames:
-            clone_options["static_argnames"] = static_argnames
-        self._jax = jax.checkpoint(
-            reporting(fun, frozenset(static_argnums), frozenset(static_argnames)), **clone_options
-        )
-        self._naming = Naming(fun)
-        self._keep_runners()
+
+    def make_jax(self) -> Callable[..., Any]:
+        clone_options = dict(self._options)
+        if self._static_nums:
+            clone_options["static_argnums"] = self._static_nums
+        if self._static_names:
+            clone_options["static_argnames"] = self._static_names
+        statics = frozenset(self._static_nums), frozenset(self._static_names)
+        return jax.checkpoint(reporting(self._fun, *statics), **clone_options)
 
     def make_runner(
         self, policy: Policy | ArgPolicies

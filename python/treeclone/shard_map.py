@@ -20,7 +20,6 @@ the rules and names their tests.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import re
 from collections import Counter
@@ -42,7 +41,6 @@ from treeclone.policies import (
     Policy,
     PolicySpec,
     as_policy,
-    as_policy_spec,
 )
 
 __all__ = ["shard_map"]
@@ -328,13 +326,12 @@ class _ShardMap(_lift.Wrapper):
     ):
         if not callable(fun):
             jax.shard_map(fun, **options)  # jax's own TypeError
-        functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
-        self._fun, self._options = fun, options
+        self._options = options
         self._traced = leaf_rule(traced)
-        self._policy = as_policy_spec(policy, fun)
-        self._jax = jax.shard_map(reporting(fun), **options)
-        self._naming = Naming(fun)
-        self._keep_runners()
+        super().__init__(fun, policy)
+
+    def make_jax(self) -> Callable[..., Any]:
+        return jax.shard_map(reporting(self._fun), **self._options)
 
     def make_runner(self, policy: Policy | ArgPolicies) -> _lift.Runner:
         runner = _lift.Runner(self._fun, policy, self._naming, self._traced)

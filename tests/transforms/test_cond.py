@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import treeclone as tc
+from treeclone._jax_compat import DebugInfo
 
 
 def hit(s):
@@ -734,3 +735,25 @@ def test_a_ref_a_branch_moves_or_makes_is_an_error_naming_the_key_path():
         with pytest.raises(ValueError, match=message):
             tc.cond(True, branch, keep, s, policy="alias")
         assert list(s) == list(before) and all(s[k] is before[k] for k in s)
+
+
+@pytest.mark.skipif(
+    DebugInfo is None,
+    reason="jax < 0.7 names a traced function's arguments itself",
+)
+@pytest.mark.parametrize("policy", ["clone", "alias", "strict"])
+def test_jax_messages_name_each_branch_and_its_own_parameters(policy):
+    def quiet(s, y):
+        return y
+
+    def loud(state, y):
+        if state["x"] > 0:  # a traced value as a bool
+            pass
+        return y
+
+    state = {"x": jnp.ones(())}
+    where = r"the function loud at .* for {api}\. .* the argument state\['x'\]"
+    with pytest.raises(jax.errors.TracerBoolConversionError, match=where.format(api="cond")):
+        jax.jit(lambda p: tc.cond(p, loud, quiet, state, 1.0, policy=policy))(True)
+    with pytest.raises(jax.errors.TracerBoolConversionError, match=where.format(api="switch")):
+        jax.jit(lambda i: tc.switch(i, [quiet, loud], state, 1.0, policy=policy))(1)

@@ -18,7 +18,6 @@ import jax
 from jax.core import Tracer
 
 from treeclone import _native, _retrace, _trace
-from treeclone._jax_compat import DebugInfo, fun_sourceinfo
 from treeclone._jit.call import (
     JitCall,
     from_jit_order,
@@ -33,7 +32,7 @@ from treeclone._jit.placement import (
     place_outputs,
     shardings,
 )
-from treeclone._lift import Naming, as_jit_outputs, begin, debug_info, jit_keystr
+from treeclone._lift import Naming, Runner, as_jit_outputs, begin, jit_keystr
 from treeclone.policies import ArgPolicies, Policy
 
 # Options that treeclone handles itself under a non-clone policy (the rest go to jax.jit).
@@ -139,7 +138,7 @@ def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
     return end_of_call(info, leaves, objects, outputs)
 
 
-class Inner:
+class Inner(Runner):
     """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
     the call's distinct leaves, runs ``fun`` on them (the lift's ``begin``, then ``_trace``'s
     steps) and returns the outputs boxed with what the trace recorded.
@@ -154,7 +153,11 @@ class Inner:
     source of ``fun`` and the names of the call's arguments, so that jax's messages (a
     non-array argument, a traced value used as a Python bool, an output that is not a JAX
     type) name the user's function, argument and key path as they do under ``jax.jit``.
+    It is the lift's :class:`~treeclone._lift.Runner` whose current call is the native
+    running call (:meth:`current_call`), and which holds ``fun`` weakly when it is shared.
     """
+
+    traced_for = "jit"
 
     def __init__(
         self,
@@ -166,15 +169,10 @@ class Inner:
         traced: Callable[[Any], bool] | None = None,
         keep_shardings: bool = True,
     ) -> None:
-        # Held weakly when shared between wrappers (the registry must not keep fun alive);
-        # every caller holds fun itself.
-        self._fun: Callable[[], Any] = weakref.ref(fun) if weak else (lambda: fun)
-        self._policy = policy
-        self._traced = traced
-        self._naming = naming
+        self._weak = weak  # how ``fun`` is held (below), before the runner keeps it
+        super().__init__(fun, policy, naming, traced)
         self.__name__ = fun_name(fun)
         self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
-        self._sourceinfo: Any = fun_sourceinfo(fun) if DebugInfo is not None else None
         self.placement = Placement(
             kwargs.get("in_shardings"), kwargs.get("out_shardings"), keep_shardings
         )
@@ -184,9 +182,20 @@ class Inner:
         # call's by identity first.
         self.keys: dict[Any, tuple] = {}
 
-    def call(self) -> JitCall | None:
+    @property
+    def fun(self) -> Callable[..., Any]:
+        """The user's function."""
+        return self._held()
+
+    @fun.setter
+    def fun(self, fun: Callable[..., Any]) -> None:
+        # Held weakly when shared between wrappers (the registry must not keep fun alive);
+        # every caller holds fun itself.
+        self._held: Callable[[], Any] = weakref.ref(fun) if self._weak else (lambda: fun)
+
+    def current_call(self) -> JitCall | None:
         """The call of this function running now in this thread (None when traced ahead of
-        time, or when the call running is another function's)."""
+        time, or when the call running is another function's): the native running call."""
         call = _native.running_call()
         if type(call) is tuple:  # the lean path's, made into a JitCall when a trace needs it
             if call[0] is not self:
@@ -195,25 +204,21 @@ class Inner:
             _native.swap_running_call(call)
         return call if call is not None and call.inner is self else None
 
-    def __repr__(self) -> str:
-        return repr(self._fun())
+    def input_names(self) -> list[str] | None:
+        """The names of the inner jit's inputs, in its order ``(key, donated, *kept)``, for the
+        call now running (None: jax's own)."""
+        call = self.current_call()
+        if call is None:
+            return None
+        kept, donated = jit_order(call.slot_names(self.naming), *call.key[2:4])
+        return (donated or []) + kept
 
-    @property
-    def __fun_debug_info__(self) -> Any:
-        """jax's description of the function for the call now running (None: jax's own)."""
-        call = self.call()
-        if call is None or DebugInfo is None:
-            return None
-        try:
-            kept, donated = jit_order(call.slot_names(self._naming), *call.key[2:4])
-        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
-            return None
-        # The inner jit's order: (key, donated, *kept).
-        return debug_info("jit", self._sourceinfo, (donated or []) + kept)
+    def __repr__(self) -> str:
+        return repr(self.fun)
 
     def __call__(self, key: tuple, donated: list | None, *kept: Any) -> ResultBox:
         sdef, statics, donation, static, placed = key
-        call = self.call()  # None when traced ahead of time
+        call = self.current_call()  # None when traced ahead of time
         self.placement.check(None if call is None else call.leaves, placed)
         keep = None if donation is None else donation.keep
         leaves = from_jit_order(kept, donated, keep, static)
@@ -227,16 +232,16 @@ class Inner:
             total, static_pos, static_kw = statics
             static_args = (total, {i: v for i, _, v in static_pos}, {k: v for k, _, v in static_kw})
         prepared = begin(
-            self._fun(),
-            self._policy,
-            self._naming,
+            self.fun,
+            self.policy,
+            self.naming,
             sdef,
             leaves,
             static_args,
             caller_objects=None if call is None else call.objects,
         )
         policy, positions = prepared.req.policy, prepared.req.layout.positions
-        names_now = [self._naming.name(i) for i in positions]
+        names_now = [self.naming.name(i) for i in positions]
         # Where each input leaf was, when an array written back may keep its placement.
         actual = None if call is None else shardings(call.leaves)
         kept_at = self.placement.kept(placed, given, actual)
@@ -258,7 +263,7 @@ class Inner:
         )
         if policy.mutations != "propagate":
             info.returned_inputs = returned_inputs(leaves, called.out, keep_inputs, static)
-        if self._traced is not None:
+        if self.traced is not None:
             outputs = self._static_outputs(info, outputs)
         pinned: dict[int, Any] = {}
         if kept_at:
@@ -273,15 +278,15 @@ class Inner:
 
     def _slot_names(self) -> list[str]:
         """Each input leaf's key path, as jax.jit names it, for an error about it."""
-        call = self.call()
-        return [] if call is None else call.slot_names(self._naming)
+        call = self.current_call()
+        return [] if call is None else call.slot_names(self.naming)
 
     def _argument_name(self, i: int) -> str:
         """The name of the call's ``i``-th (dynamic) positional argument, as jax.jit names it
         (the signature's, for a call traced ahead of time)."""
-        call = self.call()
-        names = [] if call is None else [name for name, _ in call.named_arguments(self._naming)]
-        return names[i] if i < len(names) else self._naming.name(i)
+        call = self.current_call()
+        names = [] if call is None else [name for name, _ in call.named_arguments(self.naming)]
+        return names[i] if i < len(names) else self.naming.name(i)
 
     def _argument_leaves(self, prepared: Any, names: list[str]) -> list[tuple[str, Any]]:
         """The leaves of the arguments whose policy writes back or checks, by key path."""
@@ -293,7 +298,7 @@ class Inner:
         function, a Python number) is not an output of the computation: it comes back as it
         is, as from equinox's filter_jit (recorded in ``info``); a traced value always is
         one."""
-        traced = self._traced
+        traced = self.traced
         assert traced is not None
         info.static_outputs = tuple(
             (i, x) for i, x in enumerate(outputs) if not isinstance(x, Tracer) and not traced(x)
@@ -351,7 +356,7 @@ class Inner:
                 where.setdefault(id(leaf), jit_keystr(path))
             args, kwargs = prepared.args, prepared.kwargs
             positions = prepared.req.layout.positions
-            arg_names = [self._naming.name(i) for i in positions] + [str(k) for k in kwargs]
+            arg_names = [self.naming.name(i) for i in positions] + [str(k) for k in kwargs]
             for name, value in zip(arg_names, [*args, *kwargs.values()], strict=True):
                 for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
                     where.setdefault(id(leaf), name + jit_keystr(path))

@@ -62,6 +62,8 @@ def hashable_options(kwargs: dict[str, Any]) -> tuple | None:
 
 # id(fun) -> (weak reference to fun, {options: {policy: (Inner, its jax.jit)}}). The entry goes
 # when fun does; the inner functions hold fun weakly, so the registry never keeps fun alive.
+# Not a _lift.Kept: that holds its keys strongly and drops the least recently used, while an
+# inner jit (and its trace cache) must last exactly as long as fun, as jax.jit's does.
 _SHARED: dict[int, tuple[weakref.ref, dict]] = {}
 
 

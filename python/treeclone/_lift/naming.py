@@ -149,7 +149,7 @@ def name_slots(named: Iterable[tuple[str, Any]], leaves: Sequence[Any]) -> list[
     return names
 
 
-def debug_info(traced_for: str, sourceinfo: Any, names: Sequence[str] | None) -> Any:
+def debug_info(traced_for: str, sourceinfo: Any, names: Iterable[str] | None) -> Any:
     """jax's description of a traced function (``__fun_debug_info__``, read by jax >= 0.7):
     what it is traced for, its source and the names of its inputs, so that jax's messages
     (a traced value used as a bool, a non-array input) name the user's function and key

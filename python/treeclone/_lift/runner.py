@@ -6,7 +6,7 @@ transformation is handed, and :func:`reporting` is the function ``clone`` hands 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from jax.core import Tracer
@@ -69,6 +69,8 @@ class Runner:
     ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself, and
     ``call``, what the transformation itself needs of the call (vmap's axes, a loop's call)
     while JAX runs the runner.
+    A runner whose call is kept elsewhere (jit's, the native running call) says so in
+    :meth:`current_call` and :meth:`input_names`.
     ``traced_for``: what jax's messages say the function is traced for. ``policy`` may give
     a policy per argument (:class:`~treeclone.policies.ArgPolicies`): each trace resolves it
     for the arguments it is given (:func:`trace`). ``traced``: the ``traced=`` rule (resolved;
@@ -95,7 +97,7 @@ class Runner:
                 pass
 
     def calling(
-        self, objects: list | None, names: Sequence[str] | None = None, call: Any = None
+        self, objects: list | None, names: Iterable[str] | None = None, call: Any = None
     ) -> _Calling:
         """A context in which this thread's traces watch ``objects``, name the traced
         function's inputs ``names`` and find the transformation's ``call``: the one current
@@ -110,9 +112,44 @@ class Runner:
         """
         return _Calling(self.local, objects, names, call)
 
+    def current_call(self) -> Any:
+        """What the transformation needs of the call being traced in this thread (the ``call``
+        of :meth:`calling`; None outside one).
+
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner
+        >>> runner = Runner(print, ALIAS, Naming(print))
+        >>> with runner.calling([], call="vmap's axes"):
+        ...     runner.current_call()
+        "vmap's axes"
+        """
+        return getattr(self.local, "call", None)
+
+    def input_names(self) -> Iterable[str] | None:
+        """The names jax's messages give the traced function's inputs in this thread's call
+        (the ``names`` of :meth:`calling`; None: jax's own).
+
+        >>> from treeclone import ALIAS
+        >>> from treeclone._lift import Naming, Runner
+        >>> runner = Runner(print, ALIAS, Naming(print))
+        >>> with runner.calling([], ["params['w']"]):
+        ...     runner.input_names()
+        ["params['w']"]
+        >>> runner.input_names() is None
+        True
+        """
+        return getattr(self.local, "names", None)
+
     @property
     def __fun_debug_info__(self) -> Any:
-        names = getattr(self.local, "names", None)
+        """How jax's messages (a traced value used as a bool, ...) name the function and its
+        inputs: ``fun``'s source, :meth:`input_names`; best effort, never failing a call."""
+        if DebugInfo is None:
+            return None
+        try:
+            names = self.input_names()
+        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
+            return None
         return debug_info(self.traced_for, self.sourceinfo, names)
 
     def begin(

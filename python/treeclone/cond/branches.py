@@ -24,9 +24,10 @@ then applies the outputs to the caller, as ``treeclone.jit`` does.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -34,15 +35,8 @@ from jax.core import Tracer
 
 from treeclone import _lift, _trace
 from treeclone._docs import see
-from treeclone._jax_compat import DebugInfo, fun_sourceinfo, is_ref
-from treeclone._lift import (
-    Naming,
-    as_jit_outputs,
-    debug_info,
-    leaf_rule,
-    reporting,
-    with_static,
-)
+from treeclone._jax_compat import is_ref
+from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
 from treeclone._native import EntryInfo
 from treeclone.call import call as _call
 from treeclone.cond.join import (
@@ -280,46 +274,40 @@ def switch(
 # --- the lift ------------------------------------------------------------------------------------
 
 
-class _Branch:
+class _BranchNames:
+    """The names jax's messages give a branch's inputs (the operands' leaves, as the branch
+    names its parameters), worked out when first asked, then kept: every call of a
+    :class:`_Lifted` has the same structure."""
+
+    __slots__ = ("branch", "names")
+
+    def __init__(self, branch: _Branch):
+        self.branch = branch
+        self.names: list[str] | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        if self.names is None:
+            self.names = self.branch.current_call().input_names(self.branch.naming)
+        return iter(self.names)
+
+
+class _Branch(_lift.Runner):
     """The function ``jax.lax.cond``/``switch`` traces for one branch: one per branch of a
     :class:`_Lifted`, so JAX reuses its trace for calls of the same structure; each trace
-    leaves its record on the ``_Lifted``, which the calls that reuse the trace apply."""
-
-    __slots__ = ("__weakref__", "__wrapped__", "index", "lifted", "names", "naming", "traced_for")
+    leaves its record on the ``_Lifted``, which the calls that reuse the trace apply. Its
+    current call (:meth:`~treeclone._lift.Runner.calling`) is the operands'; jax's messages
+    name its inputs as the branch names its parameters (:class:`_BranchNames`)."""
 
     def __init__(self, lifted: _Lifted, index: int, fun: Callable[..., Any]):
+        super().__init__(fun, lifted.spec, Naming(fun), lifted.traced)
         self.lifted, self.index, self.__wrapped__ = lifted, index, fun
-        self.naming = Naming(fun)
-        self.names: list[str] | None = None
         self.traced_for = lifted.api
-
-    @property
-    def __fun_debug_info__(self) -> Any:
-        """How jax's messages (a traced value used as a bool, ...) name the branch and its
-        operands: the branch's own source and parameter names, as for the branch itself."""
-        if DebugInfo is None:
-            return None
-        try:
-            if self.names is None:
-                self.names = self.lifted.call.input_names(self.naming)
-            sourceinfo = fun_sourceinfo(self.__wrapped__)
-        except Exception:  # noqa: BLE001 - naming is best effort; never fail a call over it
-            return None
-        return debug_info(self.traced_for, sourceinfo, self.names or ())
+        self.names = _BranchNames(self)
 
     def __call__(self, *given: Any) -> list:
-        lifted, call = self.lifted, self.lifted.call
+        lifted, call = self.lifted, self.current_call()
         leaves = with_static(given, call.static)  # the static ones (traced=) back
-        prepared = _lift.begin(
-            self.__wrapped__,
-            lifted.spec,
-            self.naming,
-            call.sdef,
-            leaves,
-            None,
-            caller_objects=call.objects,
-        )
-        traced = prepared.call().diff()
+        traced = self.begin(call.sdef, leaves).call().diff()
         result_leaves = traced.result_leaves
         info = traced.result_def.node_info()
         columns = [result_leaves[e.slot] for e in info if isinstance(e, EntryInfo.Leaf)]
@@ -327,7 +315,7 @@ class _Branch:
         inputs = [slot_of.get(id(x)) for x in columns]
         refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
         record = BranchRecord(traced, inputs, [aval_of(x) for x in columns], refs)
-        rule = lifted.traced
+        rule = self.traced
         if rule is not None:
             record.statics = {
                 p: x for p, x in enumerate(columns) if not isinstance(x, Tracer) and not rule(x)
@@ -384,14 +372,14 @@ class _Lifted:
         self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
         self.records: list[BranchRecord | None] = [None] * len(branches)
         self.plans: dict[int | None, Any] = {}
-        self.local = threading.local()
         self.lock = threading.Lock()
         self.wrappers = [_Branch(self, i, f) for i, f in enumerate(branches)]
 
     @property
     def call(self) -> _lift.Call:
-        """The call this thread is making (its caller objects, for the trace's messages)."""
-        return self.local.call
+        """The call this thread is making (its caller objects, for the trace's messages): its
+        branches' current call."""
+        return self.wrappers[0].current_call()
 
     def record(self, index: int, record: BranchRecord) -> None:
         """Keep what tracing branch ``index`` recorded and, once every branch has a record,
@@ -415,12 +403,10 @@ class _Lifted:
         operands' distinct leaves, then apply the plan: the taken branch's own when the
         predicate (index) is concrete, so the caller sees exactly what that branch did (an
         array it did not write stays the caller's same object); else the joined plan."""
-        saved = getattr(self.local, "call", None)
-        self.local.call = call
-        try:
+        with contextlib.ExitStack() as calling:
+            for branch in self.wrappers:
+                calling.enter_context(branch.calling(call.objects, branch.names, call))
             columns = bind(self.wrappers, call.traced_leaves())
-        finally:
-            self.local.call = saved
         if any(r is None for r in self.records):  # JAX traces every branch; a guard
             raise RuntimeError(f"treeclone.{self.api}: a branch was not traced")
         first: BranchRecord = self.records[0]  # type: ignore[assignment]

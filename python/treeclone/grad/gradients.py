@@ -17,7 +17,6 @@ rules and names their tests.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -34,7 +33,6 @@ from treeclone.policies import (
     ArgPolicies,
     Policy,
     PolicySpec,
-    as_policy_spec,
 )
 
 __all__ = ["grad", "value_and_grad"]
@@ -148,6 +146,8 @@ def _grad_options(
 class _Grad(_lift.Wrapper):
     """What :func:`grad` and :func:`value_and_grad` return (see there)."""
 
+    jax_checks_first = True  # a bad option is jax's own error, under every policy
+
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -158,22 +158,20 @@ class _Grad(_lift.Wrapper):
     ):
         """``options``: ``jax.grad``'s (``argnums``, ``has_aux``, ``holomorphic``,
         ``allow_int``, ``reduce_axes``)."""
-        functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
         argnums, has_aux = options["argnums"], options["has_aux"]
         holomorphic, allow_int = options["holomorphic"], options["allow_int"]
-        options = {k: v for k, v in options.items() if k != "reduce_axes" or v}
-        transform = jax.value_and_grad if with_value else jax.grad
-        # First: a bad option is jax's own error.
-        self._jax = transform(reporting(fun), **options)
-        self._policy = as_policy_spec(policy, fun)
+        self._jax_options = {k: v for k, v in options.items() if k != "reduce_axes" or v}
+        self._with_value = with_value
+        super().__init__(fun, policy)
         self._wrt = wrt_rule(wrt)
         self._argnums = _check_argnums(argnums)
         self._single = not isinstance(argnums, Sequence)
-        self._has_aux, self._with_value = has_aux, with_value
+        self._has_aux = has_aux
         self._holomorphic, self._allow_int = holomorphic, allow_int
-        self._fun = fun
-        self._naming = Naming(fun)
-        self._keep_runners()
+
+    def make_jax(self) -> Callable[..., Any]:
+        transform = jax.value_and_grad if self._with_value else jax.grad
+        return transform(reporting(self._fun), **self._jax_options)
 
     @property
     def name(self) -> str:  # type: ignore[override]

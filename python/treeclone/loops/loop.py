@@ -118,11 +118,11 @@ class _LoopBody(_lift.Runner):
         self.run, self.traced_for, self.names = run, traced_for, names
 
     def __call__(self, *args: Any) -> Any:
-        return self.run(self.local.call, *args)
+        return self.run(self.current_call(), *args)
 
     def serving(self, loop: LoopCall) -> contextlib.AbstractContextManager[None]:
         """A context in which this thread's traces of the body are ``loop``'s."""
-        return self.calling(None, _Names(self, loop), loop)  # type: ignore[arg-type]
+        return self.calling(None, _Names(self, loop), loop)
 
 
 class _Entry:

@@ -19,7 +19,6 @@ written into an input takes that input's axis, results take ``out_axes``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
@@ -31,14 +30,13 @@ from treeclone._docs import see
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
-from treeclone._lift import Naming, leaf_rule, reporting
+from treeclone._lift import leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
     Policy,
     PolicySpec,
     as_policy,
-    as_policy_spec,
 )
 from treeclone.vmap.axes import (
     InAxes,
@@ -61,7 +59,7 @@ class _VmapRunner(_lift.Runner):
     traced_for = "vmap"
 
     def __call__(self, leaves: list) -> _lift.Out:
-        call, axes, out_axes, late = self.local.call
+        call, axes, out_axes, late = self.current_call()
         leaves = _lift.with_static(leaves, call.static)  # traced= left them out of JAX's sight
         traces = {
             id(getattr(x, "_trace", None))
@@ -100,6 +98,7 @@ class _Vmap(_lift.Wrapper):
     """What :func:`vmap` returns (see there)."""
 
     name = "vmap"
+    jax_checks_first = True  # bad axes are jax.vmap's own errors, under every policy
 
     def __init__(
         self,
@@ -112,7 +111,6 @@ class _Vmap(_lift.Wrapper):
         policy: PolicySpec | ArgPolicies,
         traced: Callable[[Any], bool] | None,
     ):
-        functools.update_wrapper(self, fun, updated=())  # name, doc, __wrapped__; first
         self._traced = traced
         if isinstance(in_axes, list):
             in_axes = tuple(in_axes)  # as jax.vmap does
@@ -121,12 +119,13 @@ class _Vmap(_lift.Wrapper):
             "axis_size": axis_size,
             "spmd_axis_name": spmd_axis_name,
         }
-        # First: bad axes are jax.vmap's own errors, under every policy.
-        self._jax = jax.vmap(reporting(fun), in_axes=in_axes, out_axes=out_axes, **self._options)
-        self._fun, self._policy = fun, as_policy_spec(policy, fun)
         self._in_axes, self._out_axes = in_axes, out_axes
-        self._naming = Naming(fun)
-        self._keep_runners()
+        super().__init__(fun, policy)
+
+    def make_jax(self) -> Callable[..., Any]:
+        return jax.vmap(
+            reporting(self._fun), in_axes=self._in_axes, out_axes=self._out_axes, **self._options
+        )
 
     def make_runner(self, policy: Policy | ArgPolicies) -> _VmapRunner:
         return _VmapRunner(self._fun, policy, self._naming, self._traced)
