@@ -23,6 +23,7 @@
 //! allocations set off a garbage collection at almost every step); kept under the identity
 //! of the items, the new dicts find the memo their values came from.
 
+use crate::cpython::internals;
 use crate::keys::address::{insert_bounded, AddressMap};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -38,8 +39,8 @@ pub struct Memo {
     /// where the result depends on it.
     items: Items,
     /// Another dict the result was read from (a Module's `_pytree__nodes` mapping), with its
-    /// items then.
-    other: Option<(Py<PyDict>, Items)>,
+    /// items then and its PEP 509 version (0: none to go by).
+    other: Option<(Py<PyDict>, Items, u64)>,
     /// For a Module: the insertion index of each child, in the flatten's order.
     pub children: Vec<u32>,
     pub aux: Py<PyAny>,
@@ -100,10 +101,18 @@ pub fn lookup<'py>(
     let values = holds(dict, &memo.items)?;
     match (&memo.other, other) {
         (None, None) => {}
-        (Some((kept, items)), Some(other)) if kept.is(other) && matches(other, items, drop) => {}
+        (Some((kept, items, version)), Some(other))
+            if kept.is(other) && (unchanged(other, *version) || matches(other, items, drop)) => {}
         _ => return None,
     }
     Some((memo, values))
+}
+
+/// Whether `dict` has not changed since it had `version` (PEP 509: every change of a dict's
+/// items gives it a new version, never given before): a flax class's `_pytree__nodes`,
+/// shared by its Modules, is then not compared item by item at each of them.
+fn unchanged(dict: &Bound<'_, PyDict>, version: u64) -> bool {
+    version != 0 && internals().is_some_and(|gate| gate.dict_version(dict) == version)
 }
 
 /// The memo of any dict holding the same keys and values (the same objects, in the same
@@ -177,9 +186,10 @@ pub fn store<'py>(
     if !still_holds(dict, read) || other.is_some_and(|(o, r)| !still_holds(o, r)) {
         return;
     }
+    let version = |o: &Bound<'py, PyDict>| internals().map_or(0, |gate| gate.dict_version(o));
     let memo = Rc::new(Memo {
         items: kept_items(read, |i| !is_child[i]),
-        other: other.map(|(o, r)| (o.clone().unbind(), kept_items(r, |_| true))),
+        other: other.map(|(o, r)| (o.clone().unbind(), kept_items(r, |_| true), version(o))),
         children,
         aux: aux.clone().unbind(),
     });

@@ -176,7 +176,9 @@ pub struct Classifier<'py> {
     recheck: bool,
 }
 
-const CLASSIFIER_MEMO: usize = 8;
+/// An nnx model with its optimizer meets a dozen node types or more (Modules, Variables, the
+/// optimizer's, optax's): each past the memo costs a lookup in the shared cache.
+const CLASSIFIER_MEMO: usize = 32;
 
 impl<'py> Classifier<'py> {
     pub fn new() -> Self {

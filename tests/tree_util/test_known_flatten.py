@@ -113,6 +113,10 @@ def test_flattens_stay_exact_as_modules_and_variables_change_between_them():
         lambda: param._var_metadata.__setitem__("added", 1),  # metadata grown in place
         lambda: param.__setitem__(..., jnp.zeros(2)),  # the Variable's value replaced
         lambda: vars(block).update(reversed(list(vars(block).items()))),  # same items, reordered
+        # which attributes are data, changed in the mapping itself (flax's mapping of the
+        # class, shared by its Modules: compared by its PEP 509 version where it has one)
+        lambda: block._pytree__nodes._mapping.__setitem__("name", True),
+        lambda: block._pytree__nodes._mapping.__setitem__("name", False),
     ]
     for change in changes:
         change()
