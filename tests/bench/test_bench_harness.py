@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import child_env
 from treeclone.bench.contenders import BASELINE, GROUPS
 
@@ -303,6 +304,17 @@ def test_only_takes_a_group_s_name_for_its_workloads() -> None:
     assert expand_only(["mlp_adam", " equinox ,"]) == ["mlp_adam", "eqx_mlp_adam"]
     assert "nnx_train_100" in expand_only(["training"])
     assert main(["--only", "equinox,nope"]) == 2  # before running anything
+
+
+@pytest.mark.parametrize("option", ["--rounds", "--steps", "--check-steps"])
+def test_a_count_of_zero_is_refused_before_anything_runs(option: str, capsys) -> None:
+    """0 is a count given, not the default: refused with the usage error (exit 2), as a
+    negative count is (``--steps 0`` divided by zero in the timing before)."""
+    from treeclone.bench.__main__ import main
+
+    for value in ("0", "-1"):
+        assert main(["--only", "mlp_adam", option, value]) == 2
+        assert "must be at least 1" in capsys.readouterr().err
 
 
 def test_a_contender_whose_final_state_differs_from_jax_jit_s_is_not_timed() -> None:

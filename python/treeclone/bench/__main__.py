@@ -209,11 +209,12 @@ def _workload_names(args: argparse.Namespace) -> list[str]:
 def _counts(args: argparse.Namespace) -> tuple[int, int]:
     """The timing rounds and the check steps: given, or the preset's (``--quick``'s or the
     full run's)."""
-    preset = QUICK if args.quick else FULL
-    rounds = args.rounds or preset["rounds"]
-    check_steps = args.check_steps or preset["check_steps"]
-    if min(rounds, args.steps or 1, check_steps) < 1:
+    given = (args.rounds, args.steps, args.check_steps)
+    if any(count is not None and count < 1 for count in given):  # (0 is given, not a default)
         raise _UsageError("--rounds, --steps and --check-steps must be at least 1")
+    preset = QUICK if args.quick else FULL
+    rounds = preset["rounds"] if args.rounds is None else args.rounds
+    check_steps = preset["check_steps"] if args.check_steps is None else args.check_steps
     return rounds, check_steps
 
 
