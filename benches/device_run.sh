@@ -34,12 +34,16 @@
 #
 #   bash benches/device_run.sh dist/treeclone-*cp312*.whl              # the H200 machine
 #   WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple bash benches/device_run.sh   # a TPU machine
-#   HARNESS=0 TESTS="tests/jit tests/policies tests/transforms" TESTS_TIMEOUT=530 \
+#   HARNESS=0 TESTS="-v tests/jit" TESTS_TIMEOUT=530 \
 #       WHEELS=.whl-tpu INDEX=file:///opt/pypi/simple \
 #       PACKAGES="flax optax jaxtyping wadler-lindig pytest hypothesis" \
-#       bash benches/device_run.sh dist/treeclone-*-cp311-*.whl   # the suite on the TPU v5e
-# (README, "Tested versions"; .whl-tpu holds equinox's wheel: pip download --no-deps
-# equinox==0.13.8, which the machine's index lacks).
+#       bash benches/device_run.sh dist/treeclone-*-cp311-*.whl   # a part of the suite on the TPU
+# (docs/site/development.md, "Tested versions"; .whl-tpu holds equinox's wheel: pip download
+# --no-deps equinox==0.13.8, which the machine's index lacks). The whole suite takes about 35
+# minutes of the TPU v5e in four such runs, each under the 10-minute limit of a command:
+# tests/tree_util; tests/hostile tests/bench tests/distributed and tests/test_*.py;
+# tests/jit; tests/policies tests/transforms (-v names each file, so a run cut short says
+# where it stopped).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
