@@ -22,7 +22,7 @@ from ..contenders import (
 )
 from .base import NotApplicable, Runner, Workload
 from .params import MlpAdam, mlp_data
-from .runners import functional_runner, inplace_form
+from .runners import functional_runner, inplace_form, unjitted_losses
 
 
 class EqxMlpAdam(Workload):
@@ -78,11 +78,7 @@ class EqxMlpAdam(Workload):
 
     def reference_losses(self, semantics: str, n: int) -> list[float]:
         step, (model, opt_state) = self.step(), self.fresh()
-        losses = []
-        for _ in range(n):
-            model, opt_state, loss = step(model, opt_state, self.x, self.y)
-            losses.append(float(loss))
-        return losses
+        return unjitted_losses(step, model, opt_state, self.x, self.y, n)[0]
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
         """``state()``: the model's arrays (``eqx.filter(model, eqx.is_array)``) and Adam's
