@@ -316,29 +316,21 @@ def container_writes(
             continue
         pre = pre_info[k]
         old = pre.children  # bound once: each read of ``children`` builds a new list
-        if ty is list:
+        if ty is list or ty is dict:
             # Rule J20: a list's or dict's items are written entry by entry, those the
-            # function changed only.
+            # function changed only. A dict's function saw the keys sorted, as under jax.jit:
+            # the keys it kept keep their place in the caller's dict (rule J9), ``key_order``;
+            # ``old_keys``: the keys at call start. A list has neither (None, the default).
+            is_dict = ty is dict
             origin = Origin(
                 node=k,
                 old_children=old,
                 same_data=same_data(pre.data, entry.data),
                 writable=True,
+                key_order=tuple(obj) if is_dict else None,
                 reordered=False,
                 by_entry=True,
-            )
-        elif ty is dict:
-            # The function saw the keys sorted, as under jax.jit: the keys it kept keep their
-            # place in the caller's dict (rule J9). ``old_keys``: the keys at call start.
-            origin = Origin(
-                node=k,
-                old_children=old,
-                same_data=same_data(pre.data, entry.data),
-                writable=True,
-                key_order=tuple(obj),
-                reordered=False,
-                by_entry=True,
-                old_keys=tuple(pre.data),
+                old_keys=tuple(pre.data) if is_dict else None,
             )
         else:
             if written_by_attributes(ty, obj) and holds_tracer(entry.data):

@@ -22,7 +22,7 @@ from ..contenders import (
 )
 from .base import NotApplicable, Runner, Workload
 from .params import MlpAdam, mlp_data
-from .runners import functional_runner, inplace_form
+from .runners import functional_runner, inplace_form, unjitted_losses
 
 
 class EqxMlpAdam(Workload):
@@ -78,11 +78,7 @@ class EqxMlpAdam(Workload):
 
     def reference_losses(self, semantics: str, n: int) -> list[float]:
         step, (model, opt_state) = self.step(), self.fresh()
-        losses = []
-        for _ in range(n):
-            model, opt_state, loss = step(model, opt_state, self.x, self.y)
-            losses.append(float(loss))
-        return losses
+        return unjitted_losses(step, model, opt_state, self.x, self.y, n)[0]
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
         """``state()``: the model's arrays (``eqx.filter(model, eqx.is_array)``) and Adam's
@@ -100,15 +96,8 @@ class EqxMlpAdam(Workload):
             return r.project(lambda mo: (arrays(mo[0]), mo[1]))
         if contender in (TC_ALIAS_TRACED, TC_PARTIAL_TRACED):
             state = {"model": model, "opt_state": opt_state}
-
-            def inplace(state, x, y):
-                state["model"], state["opt_state"], loss = step(
-                    state["model"], state["opt_state"], x, y
-                )
-                return loss
-
             form = TC_PARTIAL if contender == TC_PARTIAL_TRACED else TC_ALIAS
-            r = inplace_form(form, jit, inplace, state, x, y)
+            r = inplace_form(form, jit, _in_place(step, "model"), state, x, y)
             return r.project(lambda st: (arrays(st["model"]), st["opt_state"]))
         if contender not in (BASELINE, FLOOR, TC_ALIAS_PARTITIONED):
             raise NotApplicable(f"{contender} is not one of this workload's forms")
@@ -121,13 +110,18 @@ class EqxMlpAdam(Workload):
         if contender == BASELINE:
             return functional_runner(jit, on_arrays, params, opt_state, x, y)
         state = {"params": params, "opt_state": opt_state}
-
-        def inplace_arrays(state, x, y):
-            state["params"], state["opt_state"], loss = on_arrays(
-                state["params"], state["opt_state"], x, y
-            )
-            return loss
-
         form = FLOOR if contender == FLOOR else TC_ALIAS
-        r = inplace_form(form, jit, inplace_arrays, state, x, y)
+        r = inplace_form(form, jit, _in_place(on_arrays, "params"), state, x, y)
         return r.project(lambda st: (st["params"], st["opt_state"]))
+
+
+def _in_place(step: Callable[..., Any], key: str) -> Callable[..., Any]:
+    """``step(arrays, opt_state, x, y) -> (arrays, opt_state, loss)`` as the in-place step
+    of the in-place forms: ``state[key]`` and ``state["opt_state"]`` replaced, the loss
+    returned. One for the whole model and for its arrays alone (``key`` names which)."""
+
+    def inplace(state, x, y):
+        state[key], state["opt_state"], loss = step(state[key], state["opt_state"], x, y)
+        return loss
+
+    return inplace

@@ -19,6 +19,7 @@ from .runners import (
     nnx_donation,
     nnx_form,
     nnx_step,
+    unjitted_losses,
 )
 
 
@@ -45,11 +46,7 @@ class ParamsWorkload(Workload):
         step = functional_step(self.loss_fn, self.tx)
         params = self.put(self.params0())
         opt_state = self.tx.init(params)
-        losses = []
-        for _ in range(n):
-            params, opt_state, loss = step(params, opt_state, self.x, self.y)
-            losses.append(float(loss))
-        return losses
+        return unjitted_losses(step, params, opt_state, self.x, self.y, n)[0]
 
     def runner(self, contender: str, jit: Callable[..., Any]) -> Runner:
         """``state()``: the parameters (``model.params()`` of the nnx forms)."""

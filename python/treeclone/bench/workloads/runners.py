@@ -62,6 +62,19 @@ def nnx_step(nnx_loss: Callable[..., Any]) -> Callable[..., Any]:
     return train_step
 
 
+def unjitted_losses(
+    step: Callable[..., Any], params: Any, opt_state: Any, x: Any, y: Any, n: int
+) -> tuple[list[float], Any]:
+    """The losses of ``n`` plain-Python (un-jitted) calls of the functional step
+    ``params, opt_state, loss = step(params, opt_state, x, y)``, the reference a workload's
+    contenders are checked against, and the parameters it ends with."""
+    losses = []
+    for _ in range(n):
+        params, opt_state, loss = step(params, opt_state, x, y)
+        losses.append(float(loss))
+    return losses, params
+
+
 def functional_runner(jit, fn, params, opt_state, x, y, *, donate=(), **kw: Any) -> Runner:
     """``params, opt_state, loss = f(params, opt_state, x, y)``; ``state()``: the pair."""
     traces = TraceCounter()

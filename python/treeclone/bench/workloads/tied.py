@@ -11,7 +11,7 @@ import numpy as np
 from .. import models as M
 from ..contenders import FLOOR
 from .base import INPLACE, NNX_FORMS, TIED, UNTIED, NotApplicable, Runner, Workload
-from .runners import functional_runner, inplace_form, nnx_form, nnx_step
+from .runners import functional_runner, inplace_form, nnx_form, nnx_step, unjitted_losses
 
 
 def tied_step(tx: Any) -> Callable[..., Any]:
@@ -85,10 +85,7 @@ class TiedEmbeddings(Workload):
         step = tied_step(self.tx)
         params = self.params0(tied=semantics == TIED)
         opt_state = self.tx.init(params)
-        losses = []
-        for _ in range(n):
-            params, opt_state, loss = step(params, opt_state, self.x, self.y)
-            losses.append(float(loss))
+        losses, params = unjitted_losses(step, params, opt_state, self.x, self.y, n)
         if semantics == TIED:
             assert params["unembed"] is params["embed"], "reference lost its tie"
         return losses
