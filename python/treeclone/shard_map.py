@@ -95,6 +95,27 @@ class _PathSpecs:
         raise KeyError(path)
 
 
+def _result_places(
+    out: Any, out_specs: Any
+) -> tuple[dict[int, int], dict[int, list[tuple[str, Any]]]]:
+    """Where each array of the result is: ``id(leaf) -> its first index`` among the result's
+    leaves, and ``id(leaf) -> [(its place in the result, its out_spec), ...]``."""
+    out_index: dict[int, int] = {}
+    for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
+        out_index.setdefault(id(leaf), i)
+    out_specs_of: dict[int, list[tuple[str, Any]]] = {}
+
+    def visit(path: tuple, spec: Any, sub: Any) -> None:
+        for rel, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
+            out_specs_of.setdefault(id(x), []).append(("result" + jit_keystr((*path, *rel)), spec))
+
+    try:
+        jax.tree_util.tree_map_with_path(visit, out_specs, out, is_leaf=_is_spec)
+    except ValueError:
+        pass  # not a prefix of the result: jax.shard_map's own error follows
+    return out_index, out_specs_of
+
+
 def _containers(root: tuple) -> list[tuple[Any, tuple]]:
     """The containers (pytree nodes) reachable from the arguments, each once with its first
     key path."""
@@ -176,22 +197,7 @@ class _Body:
             out = cast(Any, out_def).unflatten(
                 [x if isinstance(x, Tracer) or rule(x) else None for x in flat]
             )
-        out_index: dict[int, int] = {}
-        for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
-            out_index.setdefault(id(leaf), i)
-        # id(leaf) -> [(place in the result, out_spec), ...]
-        out_specs_of: dict[int, list[tuple[str, Any]]] = {}
-
-        def visit(path: tuple, spec: Any, sub: Any) -> None:
-            for rel, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
-                out_specs_of.setdefault(id(x), []).append(
-                    ("result" + jit_keystr((*path, *rel)), spec)
-                )
-
-        try:
-            jax.tree_util.tree_map_with_path(visit, self.out_specs, out, is_leaf=_is_spec)
-        except ValueError:
-            pass  # not a prefix of the result: jax.shard_map's own error follows
+        out_index, out_specs_of = _result_places(out, self.out_specs)
         writes = self.runner.policy.mutations == "propagate"
         places = _leaf_places(containers) if writes else {}
         sources: list[tuple[str, int]] = []

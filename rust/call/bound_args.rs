@@ -70,9 +70,9 @@ pub fn bound_join<'py>(
     kwargs: &Bound<'py, PyDict>,
 ) -> PyResult<Flat<'py>> {
     let py = bound.py();
-    let everything = || flatten(&tuple_with(args.iter(), kwargs.as_any())?);
+    let root = tuple_with(args.iter(), kwargs.as_any())?; // `(*args, kwargs)`
     if bound.getattr(intern!(py, "replaced"))?.is_truthy()? {
-        return everything(); // the last call replaced bound containers: flatten all, as jit
+        return flatten(&root); // the last call replaced bound containers: flatten all, as jit
     }
     let fresh = {
         let _held = Held::lock(bound)?;
@@ -99,7 +99,7 @@ pub fn bound_join<'py>(
     if shared || any_identical(&PyList::new(py, &given)?, &bound_leaves) {
         // An argument reachable from the bound ones: one flatten keeps them one object.
         bound.setattr(intern!(py, "stale"), true)?;
-        return everything();
+        return flatten(&root);
     }
     let cache = bound
         .getattr(intern!(py, "joined"))?
@@ -124,7 +124,7 @@ pub fn bound_join<'py>(
     let own_objects = objects.iter().take(objects.len().saturating_sub(1));
     let all_objects: Vec<Bound<'py, PyAny>> = bound_objects.iter().chain(own_objects).collect();
     let all_objects = PyList::new(py, all_objects)?;
-    all_objects.append(tuple_with(args.iter(), kwargs.as_any())?)?; // the root
+    all_objects.append(root)?;
     Ok((all_leaves, joined, all_objects))
 }
 
