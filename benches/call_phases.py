@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import treeclone as tc
 from tree_table import DEFAULT_OUT, INTRO
 from treeclone import _native
+from treeclone._jit.call import lean_call_record
 from treeclone.bench import models as M
 from treeclone.bench.timing import machine_info, script_command, write_section
 from treeclone.bench.workloads import inplace_step, mlp_data, overhead_model_class
@@ -56,7 +57,8 @@ def phases(jitted: tc.Jitted, args: tuple, whole: Callable[[], Any], bound: Any 
     """Median time of each phase of ``jitted(*args)`` (``bound``: a jit_partial's, whose call
     is ``whole``)."""
     out = {"call": _median_us(lambda: jax.block_until_ready(whole()))}
-    call = jitted._prepare(ALIAS, args, {}, bound)  # the leaves the lean path passes, its key
+    # The leaves the native call passes, and its key.
+    call = lean_call_record(jitted._lean_for(ALIAS).prepare(args, {}, bound))
     result = call.jitted(call.key, call.donated, *call.kept)
     jax.block_until_ready(result.leaves)
     if bound is None:

@@ -56,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<call::ResultBox>()?;
     m.add_class::<call::JitCore>()?;
     m.add_class::<call::PartialCore>()?;
+    m.add_class::<call::StageCall>()?;
     m.add_class::<call::StaticArguments>()?;
     m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
     m.add(

@@ -475,7 +475,7 @@ def test_every_allowed_external_name_is_still_named() -> None:
         ("(``_calls``)", "x.py", ["_calls: no such name"]),
         ("`SlotReader`, `PyDict`, `TypeError`", "rust/x.rs", []),
         ("`GoneReader`", "rust/x.rs", ["GoneReader: no such Rust or Python name"]),
-        ("`Prepared.call`, `CallShape.prepare()`, `Compiled.call`", "x.py", []),
+        ("`Prepared.call`, `CallShape.refuse()`, `StagedCall.refuse`", "x.py", []),
         ("`Prepared.gone`", "x.py", ["Prepared.gone: Prepared has no gone"]),
     ],
 )

@@ -1,7 +1,7 @@
 """Type stubs for treeclone's Rust core (see rust/)."""
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, final
+from typing import Any, Literal, NoReturn, final
 
 __version__: str
 
@@ -181,9 +181,7 @@ class PartialCore:
     """The native base of ``treeclone.JitPartial``: its ``__call__``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None: ...
-    def _init_partial(
-        self, jitted: JitCore, bound: tuple[Any, ...], arguments: Any, lean_allowed: bool
-    ) -> None: ...
+    def _init_partial(self, jitted: JitCore, bound: tuple[Any, ...], arguments: Any) -> None: ...
     def _set_replaced(self, replaced: bool) -> None: ...
     def _checked(self, policy: Any) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -216,14 +214,36 @@ class LeanCall:
         by_type: bool = False,
         keyed: bool = False,
     ) -> None: ...
-    def call_joined(
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: Any = None) -> Any:
+        """``fun(*args, **kwargs)`` under the policy; ``bound``: ``jit_partial``'s
+        ``BoundArguments`` (the first of ``args``). ``FlattenFailed`` when the arguments
+        cannot be flattened."""
+    def prepare(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: Any = None, keyed: bool = False
+    ) -> tuple[Any, ...]:
+        """What a call of these arguments hands its inner jit, as the running call's record:
+        ``(inner, jitted, key, leaves, objects, args, kwargs, positions)``."""
+
+class StageCall:
+    """Calling a traced or compiled stage: the jitted call with the stage in place of the
+    inner jit, for calls of its key under its policy; ``refuse(args, kwargs)`` raises the
+    error of any other call."""
+
+    def __init__(
         self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        leaves: list[Any],
-        sdef: Any,
-        objects: list[Any],
-    ) -> tuple[Any, Any, Any]: ...
+        lean: LeanCall,
+        stage: Any,
+        key: tuple[Any, ...],
+        keyed: bool,
+        policy: Any,
+        own_policy: Any,
+        policy_override: Callable[[], Any],
+        fixed: list[tuple[int, Any]],
+        fixed_names: dict[str, Any],
+        refuse: Callable[[tuple[Any, ...], dict[str, Any] | None], NoReturn],
+        bound: tuple[tuple[Any, ...], Any, Any] | None = None,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class StaticArguments:
     """How a ``treeclone.jit`` call's static arguments are taken out and keyed, on the lean path

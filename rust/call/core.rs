@@ -129,10 +129,14 @@ impl JitCore {
             }
         }
         let lean = lean_of(slf, core, &policy)?;
-        match lean.get().call(py, args, kwargs) {
+        match lean.get().call_with(py, args, kwargs, None, None) {
             // The general path's error names the argument.
             Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
-            result => return result.map_err(|err| explain(slf, err, args, kwargs)),
+            result => {
+                return result
+                    .map(|(out, _)| out)
+                    .map_err(|e| explain(slf, e, args, kwargs))
+            }
         }
         // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
         // caller's `d` over as it is): it is a node of the arguments' structure.

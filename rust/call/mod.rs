@@ -11,11 +11,13 @@ mod core;
 mod lean;
 mod partial;
 pub(crate) mod running;
+mod stage;
 mod statics;
 
 pub use core::JitCore;
 pub use lean::LeanCall;
 pub use partial::PartialCore;
+pub use stage::StageCall;
 pub use statics::StaticArguments;
 
 use pyo3::exceptions::PyValueError;

@@ -6,17 +6,15 @@
 //! takes `jit`'s own lean path here, the bound arguments put before the others, with no
 //! Python frame of treeclone's, so that it costs what the same call of `jit` costs. Every
 //! other call keeps the cache of the bound arguments (`bound_args.rs`), natively too; the
-//! Python method `_call_bound` takes the calls this cannot (static arguments, a policy not
-//! seen yet, a call that cannot be flattened: its errors name the argument).
+//! Python method `_call_bound` takes the calls this cannot (a policy not seen yet, a call that
+//! cannot be flattened: its errors name the argument).
 
-use super::bound_args::{bound_advance, bound_join};
 use super::core::{explain, lean_now, set_up, JitCore};
-use super::{FlattenFailed, LeanCall};
-use pyo3::exceptions::PyValueError;
+use super::FlattenFailed;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyTuple};
 use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -29,9 +27,6 @@ struct Setup {
     bound: Py<PyTuple>,
     /// Their `BoundArguments`: the flatten, the snapshot and the caches calls use.
     arguments: Py<PyAny>,
-    /// Whether calls may take the native call with everything flattened together (no static
-    /// arguments).
-    lean_allowed: bool,
 }
 
 #[pyclass(frozen, subclass, module = "treeclone")]
@@ -67,13 +62,11 @@ impl PartialCore {
         jitted: Py<JitCore>,
         bound: Py<PyTuple>,
         arguments: Py<PyAny>,
-        lean_allowed: bool,
     ) -> PyResult<()> {
         let setup = Setup {
             jitted,
             bound,
             arguments,
-            lean_allowed,
         };
         set_up(&self.setup, setup, "treeclone.jit_partial")
     }
@@ -101,20 +94,20 @@ impl PartialCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         if let Some(setup) = slf.get().setup.get() {
-            if setup.lean_allowed && !slf.get().replaced.load(Ordering::Relaxed) {
+            if !slf.get().replaced.load(Ordering::Relaxed) {
                 if let Some(out) = call_cached(slf, setup, args, kwargs)? {
                     return Ok(out);
                 }
             }
-            if setup.lean_allowed && slf.get().replaced.load(Ordering::Relaxed) {
+            if slf.get().replaced.load(Ordering::Relaxed) {
                 if let (_, Some(lean)) = lean_now(setup.jitted.bind(py))? {
                     let all: Vec<_> = setup.bound.bind(py).iter().chain(args.iter()).collect();
                     let all = PyTuple::new(py, all)?;
-                    match lean.get().call_traced(py, &all, kwargs) {
+                    match lean.get().call_with(py, &all, kwargs, None, None) {
                         // The Python path's error names the argument.
                         Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
-                        Err(err) => return Err(err),
-                        Ok((out, info, _)) => {
+                        Err(err) => return Err(explain(setup.jitted.bind(py), err, &all, kwargs)),
+                        Ok((out, info)) => {
                             let next = info.getattr(intern!(py, "next_inputs"))?;
                             if !next.is(PyBool::new(py, false)) {
                                 // Nothing replaced this time: the cache starts again.
@@ -144,9 +137,9 @@ impl PartialCore {
     }
 }
 
-/// A call with the cache of the bound arguments, natively: the bound arguments joined with
-/// the call's own (`bound_join`), the policy's native call, the bound leaves followed through
-/// its write-back (`bound_advance`). None when the call goes to `_call_bound` instead (nothing
+/// A call with the cache of the bound arguments, natively: the policy's native call with the
+/// bound arguments joined with the call's own and followed through its write-back
+/// (`LeanCall::call_with`). None when the call goes to `_call_bound` instead (nothing
 /// has run then): a policy not checked yet, `clone`, a call the native call cannot flatten.
 fn call_cached<'py>(
     slf: &Bound<'py, PartialCore>,
@@ -160,67 +153,21 @@ fn call_cached<'py>(
         return Ok(None);
     };
     let checked = (slf.get().checked.lock()).is_ok_and(|c| c.iter().any(|p| p.is(&policy)));
-    if !checked || lean.get().takes_no_keywords() && kwargs.is_some_and(|k| !k.is_empty()) {
+    if !checked {
         return Ok(None);
     }
-    let kwargs = sorted_keywords(py, kwargs)?;
     let all: Vec<Bound<'py, PyAny>> = setup.bound.bind(py).iter().chain(args.iter()).collect();
     let all = PyTuple::new(py, all)?;
     let arguments = setup.arguments.bind(py);
-    let result = call_joined(jitted, &lean, arguments, &all, &kwargs);
+    let result = lean
+        .get()
+        .call_with(py, &all, kwargs, Some(arguments), None);
     let replaced = arguments.getattr(intern!(py, "replaced"))?.is_truthy()?;
     slf.get().replaced.store(replaced, Ordering::Relaxed);
-    result.map(Some)
-}
-
-/// `bound_join`, the native call and `bound_advance`, with the errors the Python path gives.
-fn call_joined<'py>(
-    jitted: &Bound<'py, JitCore>,
-    lean: &Bound<'py, LeanCall>,
-    arguments: &Bound<'py, PyAny>,
-    all: &Bound<'py, PyTuple>,
-    kwargs: &Bound<'py, PyDict>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = jitted.py();
-    let (leaves, sdef, objects) = match bound_join(arguments, all, kwargs) {
-        Ok(joined) => joined,
-        Err(err) => {
-            if err.is_instance_of::<PyValueError>(py) {
-                // A cycle: the error names the argument.
-                jitted.call_method1(intern!(py, "_check_cycles"), (all, kwargs))?;
-            }
-            return Err(err);
-        }
-    };
-    let (out, info, outputs) = (lean.get())
-        .call_joined(py, all, kwargs, leaves.clone(), sdef, objects)
-        .map_err(|err| explain(jitted, err, all, Some(kwargs)))?;
-    let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
-    bound_advance(arguments, &next_inputs, &leaves, &outputs)?;
-    Ok(out)
-}
-
-/// The call's keywords in sorted order (keyword order is not part of a call's structure, as
-/// in jax.jit), in a dict of the call's own.
-fn sorted_keywords<'py>(
-    py: Python<'py>,
-    kwargs: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let Some(kwargs) = kwargs else {
-        return Ok(PyDict::new(py));
-    };
-    if kwargs.len() <= 1 {
-        return kwargs.copy();
+    match result {
+        // The Python path's error names the argument.
+        Err(err) if err.is_instance_of::<FlattenFailed>(py) => Ok(None),
+        Err(err) => Err(explain(jitted, err, &all, kwargs)),
+        Ok((out, _)) => Ok(Some(out)),
     }
-    let mut items: Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)> = Vec::new();
-    for (key, value) in kwargs.iter() {
-        items.push((key.cast_into::<PyString>()?, value));
-    }
-    // Strings compare by code points, as `sorted` does; no Python code runs.
-    items.sort_by(|a, b| a.0.compare(&b.0).unwrap_or(std::cmp::Ordering::Equal));
-    let sorted = PyDict::new(py);
-    for (key, value) in items {
-        sorted.set_item(key, value)?;
-    }
-    Ok(sorted)
 }

@@ -279,6 +279,29 @@ def test_a_cached_call_runs_no_python_frame_of_treeclone(configuration: str) -> 
     assert treeclone_frames(lambda: jitted(state, x)) == []
 
 
+@pytest.mark.parametrize("kind", ["traced", "compiled"])
+@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
+def test_a_stage_call_runs_no_python_frame_of_treeclone(kind: str, configuration: str) -> None:
+    """Calling a traced or compiled stage is the jitted call with the stage computing, in the
+    same native call (``rust/call/stage.rs``)."""
+    fun, options = CONFIGURATIONS[configuration]
+    if configuration == "in_shardings":
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        options = {**options, "in_shardings": (sharding, sharding)}
+    x: Any = 2.0 if configuration == "static" else jnp.ones(3)
+    state = _state()
+    if configuration == "in_shardings":  # as the arrays written back are: committed
+        state = jax.device_put(state, jax.devices()[0])
+    traced = tc.jit(fun, **options).trace(state, x)
+    stage = traced if kind == "traced" else traced.lower().compile()
+    rest = () if configuration == "static" else (x,)  # a stage takes the dynamic arguments
+    for _ in range(2):
+        out = stage(state, *rest)
+        if configuration in ("strict", "traced=clone"):
+            state = out[0]
+    assert treeclone_frames(lambda: stage(state, *rest)) == []
+
+
 def test_a_cached_call_under_a_policy_block_runs_no_python_frame_of_treeclone() -> None:
     jitted = tc.jit(_returns_state, policy="alias")
     state = _state()
@@ -313,6 +336,7 @@ PARTIAL_CONFIGURATIONS: dict[str, tuple[Callable, Callable[[], Any], dict, dict]
     "strict": (_returns_state, _state, {"policy": "strict"}, {}),
     "donated": (_step, _state, {"policy": "alias", "donate_argnums": 0}, {}),
     "keywords": (_bound_step, _state, {"policy": "alias"}, {"scale": jnp.ones(()), "z": 1}),
+    "static": (_bound_step, _state, {"policy": "alias", "static_argnames": "scale"}, {"scale": 2}),
     "nnx": (_nnx_step, _nnx_model, {"policy": "alias"}, {}),
 }
 
@@ -330,3 +354,14 @@ def test_a_cached_jit_partial_call_runs_no_python_frame_of_treeclone(configurati
     for _ in range(3):  # traced, compiled, cached
         bound(x, **kwargs)
     assert treeclone_frames(lambda: bound(x, **kwargs)) == []
+
+
+@pytest.mark.parametrize("kind", ["traced", "compiled"])
+def test_a_jit_partial_stage_call_runs_no_python_frame_of_treeclone(kind: str) -> None:
+    bound = tc.jit_partial(_step, _state(), policy="alias")
+    x = jnp.ones(3)
+    traced = bound.trace(x)
+    stage = traced if kind == "traced" else traced.lower().compile()
+    for _ in range(2):
+        stage(x)
+    assert treeclone_frames(lambda: stage(x)) == []

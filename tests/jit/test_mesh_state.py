@@ -309,20 +309,20 @@ def check_clone(mesh: str, kind: str) -> str | None:
 
 
 def check_lean_path(mesh: str, kind: str) -> str | None:
-    """A state on a mesh keeps the lean path (``_native.LeanCall``): its calls are keyed on
+    """A state on a mesh keeps the native call (``_native.LeanCall``): its calls are keyed on
     their placements there too (the first call's trace begun again with them), with one trace
-    in all for ``jit`` and ``jit_partial``, and no call goes to the general path
-    (``Jitted._call_policy``)."""
+    in all for ``jit`` and ``jit_partial``, and no call is handed back to Python as one whose
+    arguments cannot be flattened (``CallShape.refuse``)."""
     import sys
 
     import treeclone as tc
 
-    jit_module = sys.modules["treeclone._jit.jitted"]
-    general: list[int] = []
-    original = jit_module.Jitted._call_policy
+    call_module = sys.modules["treeclone._jit.call"]
+    refused: list[int] = []
+    original = call_module.CallShape.refuse
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        general.append(1)
+        refused.append(1)
         return original(self, *args, **kwargs)
 
     m = Mesh(MESHES[mesh], kind)
@@ -333,7 +333,7 @@ def check_lean_path(mesh: str, kind: str) -> str | None:
         traces.append(1)
         return step_in_place(st, x)
 
-    jit_module.Jitted._call_policy = counted
+    call_module.CallShape.refuse = counted
     try:
         jitted = tc.jit(step, policy="alias")
         for i in range(5):
@@ -342,10 +342,10 @@ def check_lean_path(mesh: str, kind: str) -> str | None:
         for i in range(5):
             bound(batch(m, i))
     finally:
-        jit_module.Jitted._call_policy = original
+        call_module.CallShape.refuse = original
     # jit_partial of the same function shares jit's trace, as jit(step) written twice does.
-    if general or len(traces) != 1:
-        return f"{len(general)} calls took the general path, {len(traces)} traces (1 expected)"
+    if refused or len(traces) != 1:
+        return f"{len(refused)} calls were handed back, {len(traces)} traces (1 expected)"
     return None
 
 

@@ -1,10 +1,10 @@
 """``jit_partial``'s bound arguments, flattened once (:class:`BoundArguments`): each call
 flattens only its own arguments and joins the two structures (``join``), flattening the bound
 ones again only when their snapshot (``rust/bound``) says they changed, and follows the call's
-write-back into them (``advance``). Both run natively (``rust/call/bound_args.rs``, at every
-call of ``JitPartial``'s native base, with no Python frame), reading and writing this
-object's attributes; ``flatten`` is Python, run when the bound arguments changed.
-``treeclone.jit``'s general path (``CallShape.prepare``) and the stages call them too.
+write-back into them (``advance``). Both run natively (``rust/call/bound_args.rs``, in the
+native call, ``LeanCall``, of every ``jit_partial`` call and stage, with no Python frame),
+reading and writing this object's attributes; ``flatten`` is Python, run when the bound
+arguments changed.
 And what ``jit_partial`` uses of the jitted function it binds (:class:`JitInterface`, made
 by ``Jitted.interface()``).
 """
@@ -86,12 +86,13 @@ class JitInterface:
     the user's ``fun``; how its arguments are ``naming``-ed; ``static_nums`` and
     ``static_names`` (each completed from the other, as jax.jit does); the function's own
     ``policy``; and its calls: ``lean_for(policy)``, the native call of a policy,
-    ``call(policy, args, kwargs, bound)``, the general path (static arguments, errors),
+    ``call(policy, args, kwargs, bound)``, the call the native bases hand over (a policy
+    not checked yet, errors),
     ``check_cycles(args, kwargs)``, the error naming a cyclic argument,
     ``explain_type_error(exc, args, kwargs)``, a TypeError with treeclone's remedy (or
     ``exc``), ``cache_size()``, and
-    ``stage(method, args, kwargs, bound, after)``, the ahead-of-time stages (``lower``,
-    ``trace``, ``eval_shape``), ``after`` run after each call of a stage."""
+    ``stage(method, args, kwargs, bound, partial)``, the ahead-of-time stages (``lower``,
+    ``trace``, ``eval_shape``), ``partial`` the ``JitPartial`` whose stage it is."""
 
     fun: Callable[..., Any]
     naming: Naming

@@ -1,15 +1,15 @@
 """One ``treeclone.jit`` call under a policy, as its inner ``jax.jit`` is called: the cache
 key (:class:`Key`: structure, static arguments, donation, static leaves, placements), which
 leaves are donated (:class:`Donation`), the order the inner function takes the leaves in
-(:func:`jit_order`) and the description of the call the trace reads (:class:`JitCall`), on the
-Python path and rebuilt from what the lean native path records (:func:`lean_call_record`).
+(:func:`jit_order`) and the description of the call the trace reads (:class:`JitCall`), rebuilt
+from what the native call records (:func:`lean_call_record`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 
@@ -182,45 +182,15 @@ class CallShape:
         if self.static_nums or self.static_names:
             self.statics = _native.StaticArguments(self.static_nums, self.static_names, hash_static)
 
-    def prepare(
-        self, entry: tuple[Any, Any], args: tuple, kwargs: dict, bound: Any = None
-    ) -> JitCall:
-        """Everything about one call up to running the inner jit (``entry``: the inner function
-        and its ``jax.jit``). With ``bound`` (a ``bound.BoundArguments``), the first arguments
-        are ``jit_partial``'s, flattened already: only the others are flattened."""
+    def refuse(self, failed: Exception, args: tuple, kwargs: dict) -> NoReturn:
+        """The error of a call whose arguments the native call could not flatten
+        (``failed``, a ``FlattenFailed`` whose cause is the flatten's error): jax.jit's for
+        keywords with ``in_shardings``, the text of every policy for a cycle, naming the
+        argument, else the flatten's own."""
         if kwargs and self.in_shardings_given:
             raise ValueError("pjit does not support kwargs when in_shardings is specified.")
-        given = args, kwargs
-        statics = None
-        positions: Sequence[int] = range(len(args))
-        if self.statics is not None:
-            args, kwargs, statics, positions = self.split_statics(args, kwargs)
-        elif len(kwargs) > 1:  # keyword order is not part of a call's structure, as in jax.jit
-            kwargs = dict(sorted(kwargs.items()))
-        try:
-            if bound is None:
-                leaves, sdef, objects = _native.flatten_shared((*args, kwargs))
-            else:
-                leaves, sdef, objects = bound.join(args, kwargs)
-        except ValueError:
-            check_cycles(
-                self.naming, *given, self.static_nums, self.static_names
-            )  # the text of every policy, naming the argument
-            raise
-        if statics is not None:  # hashed after the flatten, as jax.jit orders its errors
-            for *_, v in statics[1] + statics[2]:
-                hash_static(v)
-        donation = None
-        if self.donate_nums or self.donate_names:
-            n = len(positions) if statics is None else statics[0]
-            donation = self.mask(sdef, n, positions, kwargs)
-        static = None
-        if self.traced is not None:
-            static = StaticLeaves.of(leaves, self.traced, args, kwargs, self.naming)
-        inner, jitted = entry
-        key = Key((sdef, statics, donation, static, inner.placement.key_part(leaves)))
-        kept, donated = jit_order(leaves, donation, static)
-        return JitCall(inner, jitted, key, kept, donated, leaves, objects, args, kwargs, positions)
+        check_cycles(self.naming, args, kwargs, self.static_nums, self.static_names)
+        raise failed.__cause__ or failed
 
     def lean_key(
         self,
@@ -235,8 +205,8 @@ class CallShape:
     ) -> tuple[Key, tuple[int, ...] | None, tuple[int, ...] | None]:
         """On a cache miss of the native call (``_native.LeanCall``): the key of a call of
         structure ``sdef`` (static arguments ``statics``, placements ``placed``, the leaves
-        ``traced=`` leaves static ``static_entries``; each None when there is none), as
-        :meth:`prepare` makes it, and the slots of the leaves the inner jit takes as kept and
+        ``traced=`` leaves static ``static_entries``; each None when there is none), and the
+        slots of the leaves the inner jit takes as kept and
         as donated (:func:`jit_order`; each None when every slot is kept, nothing donated).
         ``positions``, ``args`` and ``kwargs``: the call's dynamic arguments, for the donation
         mask and the error naming a static leaf that cannot be hashed."""
@@ -271,15 +241,6 @@ class CallShape:
                 except TypeError:
                     return name + jit_keystr(path), leaf
         return None
-
-    def split_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple, Sequence[int]]:
-        """Take the static arguments out (``statics``: ``_native.StaticArguments``, which the
-        lean path splits its calls with too): the dynamic arguments (the keywords sorted by
-        name), the statics' key and the dynamic positions. Each static value is keyed with its
-        type, as jax.jit keys them (``2`` and ``2.0`` are equal but trace differently);
-        ``prepare`` hashes them after the flatten of the others."""
-        assert self.statics is not None
-        return self.statics.split(args, kwargs)
 
     def mask(self, sdef: Any, n: int, positions: Sequence[int], kwargs: dict) -> Donation:
         """The donation of a call: worked out once per structure and number of arguments

@@ -29,7 +29,7 @@ from jax.core import Tracer
 
 from treeclone import _native, _trace
 from treeclone._jit.bound import BoundArguments, JitInterface
-from treeclone._jit.call import CallShape, JitCall
+from treeclone._jit.call import CallShape
 from treeclone._jit.inner import Inner, finish_lean, make_inner
 from treeclone._jit.options import (
     UNSPECIFIED,
@@ -39,7 +39,7 @@ from treeclone._jit.options import (
     resolve_arguments,
 )
 from treeclone._jit.placement import ShardedArguments, specified
-from treeclone._jit.stages import StageSource, run_call, trace
+from treeclone._jit.stages import StageSource, trace
 from treeclone._lift import (
     Naming,
     check_cycles,
@@ -47,6 +47,7 @@ from treeclone._lift import (
     leaf_rule,
     reporting,
 )
+from treeclone._native import FlattenFailed
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -207,12 +208,13 @@ class Jitted(_native.JitCore):
         kwargs: dict,
         bound: BoundArguments | None = None,
     ) -> Any:
+        """A call the native bases hand over: arguments their call could not flatten (the
+        error here names the argument), and ``jit_partial``'s first call under a policy. The
+        policy's native call, with the bound arguments' cache (``bound``)."""
         try:
-            try:
-                return run_call(self._fun, self._prepare(policy, args, kwargs, bound), bound)
-            except ShardedArguments:
-                # Arguments on a mesh: the call again, keyed by their shardings (_jit.placement).
-                return run_call(self._fun, self._prepare(policy, args, kwargs, bound), bound)
+            return self._lean_for(policy).call(args, kwargs, bound)
+        except FlattenFailed as exc:
+            self._shape.refuse(exc, args, kwargs)
         except TypeError as exc:
             explained = self._explain_type_error(exc, args, kwargs)
             if explained is exc:
@@ -262,16 +264,6 @@ class Jitted(_native.JitCore):
                 self._keep_shardings,
             )
         return entry
-
-    def _prepare(
-        self,
-        policy: Policy | ArgPolicies,
-        args: tuple,
-        kwargs: dict,
-        bound: BoundArguments | None = None,
-    ) -> JitCall:
-        """Everything about one call up to running the inner jit (``CallShape.prepare``)."""
-        return self._shape.prepare(self._inner_entry(policy), args, kwargs, bound)
 
     # --- the rest of jax.jit's interface --------------------------------------------------------
 
@@ -324,17 +316,20 @@ class Jitted(_native.JitCore):
         args: tuple,
         kwargs: dict,
         bound: BoundArguments | None = None,
-        after: Callable[[], None] | None = None,
+        partial: Any = None,
     ) -> Any:
         """Under clone, jax.jit's stage. Under another policy (or with ``traced=``), the inner
         function traced for this call as the call would trace it (so a call with the same
         arguments afterwards finds the trace cached), in treeclone's stages (``stages``);
-        ``bound`` and ``after``: ``jit_partial``'s (:class:`StageSource`)."""
+        ``bound`` and ``partial``: ``jit_partial``'s (:class:`StageSource`)."""
         policy = policy_override.get() or self._policy
         if policy is CLONE and self._traced is None and bound is None:
             return getattr(self._jax_jitted, method)(*args, **kwargs)
         entry = self._inner_entry(policy)
-        source = StageSource(self._fun, self._shape, entry, bound, after, policy, self._policy)
+        lean = self._lean_for(policy)
+        source = StageSource(
+            self._fun, self._shape, entry, lean, policy, self._policy, bound, partial
+        )
         try:
             traced = trace(source, args, kwargs)
         except ShardedArguments:  # keyed by the arguments' shardings, as the call is

@@ -73,13 +73,10 @@ class JitPartial(_native.PartialCore):
                 )
             )
         self._bound = BoundArguments(bound, jit.naming)
-        # Static arguments among the others keep the general path (_prepare splits them out
-        # before the join).
-        self._lean_allowed = not (jit.static_nums or jit.static_names)
-        # The native base's __call__ takes jit's lean path while the bound containers are
+        # The native base's __call__ takes jit's native call while the bound containers are
         # replaced at every call (nothing cached then), else the same with the bound arguments'
-        # cache, natively, under a policy _call_bound checked; _call_bound otherwise.
-        self._init_partial(jitted, self._bound.args, self._bound, self._lean_allowed)
+        # cache, under a policy _call_bound checked; _call_bound otherwise.
+        self._init_partial(jitted, self._bound.args, self._bound)
 
     @property
     def policy(self) -> Policy | ArgPolicies:
@@ -93,33 +90,14 @@ class JitPartial(_native.PartialCore):
 
     def _call_bound(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
-        bound arguments; the native base learns whether the call replaced bound containers."""
+        bound arguments: a call the native base hands over (a policy not checked yet, an
+        error to word); the native base learns whether the call replaced bound containers."""
         try:
             jit, bound = self._jit, self._bound
             policy = policy_override.get() or jit.policy
             _check_policy(policy)
-            args = (*bound.args, *args)
-            if not self._lean_allowed:  # static arguments: split out before the join
-                return jit.call(policy, args, kwargs, bound)
             self._checked(policy)  # the native base's next calls under it need no check
-            lean = jit.lean_for(policy)
-            # The native call (Jitted's): the bound arguments joined, then one native call.
-            if len(kwargs) > 1:  # keyword order is not part of a call's structure (jax.jit)
-                kwargs = dict(sorted(kwargs.items()))
-            try:
-                leaves, sdef, objects = bound.join(args, kwargs)
-            except ValueError:
-                jit.check_cycles(args, kwargs)  # names the argument
-                raise
-            try:
-                out, info, outputs = lean.call_joined(args, kwargs, leaves, sdef, objects)
-            except TypeError as exc:  # jax.jit's refusal of a leaf: with treeclone's remedy
-                explained = jit.explain_type_error(exc, args, kwargs)
-                if explained is exc:
-                    raise
-                raise explained from None
-            bound.advance(info.next_inputs, leaves, outputs)
-            return out
+            return jit.call(policy, (*bound.args, *args), kwargs, bound)
         finally:
             self._after_call()
 
@@ -175,7 +153,7 @@ class JitPartial(_native.PartialCore):
         _check_policy(policy_override.get() or self._jit.policy)
         bound = self._bound
         try:
-            return self._jit.stage(method, (*bound.args, *args), kwargs, bound, self._after_call)
+            return self._jit.stage(method, (*bound.args, *args), kwargs, bound, self)
         finally:
             self._after_call()
 

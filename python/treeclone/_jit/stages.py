@@ -1,18 +1,18 @@
-"""The end of every ``treeclone.jit`` call under a policy (:func:`run_call`), and its ahead-of-time
-stages: ``jitted.trace(...)``, ``.lower(...)`` and ``.compile()`` give :class:`Traced`,
-:class:`Lowered` and :class:`Compiled`, each holding the stage of the inner ``jax.jit`` made
-for one call (:class:`StagedCall`).
+"""The ahead-of-time stages of ``treeclone.jit`` under a policy: ``jitted.trace(...)``,
+``.lower(...)`` and ``.compile()`` give :class:`Traced`, :class:`Lowered` and :class:`Compiled`,
+each holding the stage of the inner ``jax.jit`` made for one call (:class:`StagedCall`).
 
 A stage is the computation that runs, so it is traced, lowered and compiled once: calling a
-traced or compiled stage is the jitted call with the stage in place of the inner jit (the
-same ``CallShape.prepare``, the same :func:`run_call`: the plan's write-back, strict's arrays, the
-static leaves put back, ``jit_partial``'s cache followed), for arguments of the structure,
-sharing, static values and static leaves it was made for (another is a TypeError saying what
-differs). JAX's introspection (``as_text``, ``cost_analysis``, ``memory_analysis``,
-``compiler_ir``, ``jaxpr``, ...) is that of the stage; ``args_info``, ``in_tree``,
-``out_tree`` and ``out_info`` (and a compiled stage's ``input_shardings``,
-``output_shardings`` and formats) are in the user's structure. Each stage class subclasses
-``jax.stages``' own, so ``isinstance`` and annotated type checks hold.
+traced or compiled stage is the jitted call with the stage in place of the inner jit, in the
+same native call (``_native.StageCall`` over ``_native.LeanCall``: the same flatten and key,
+the plan's write-back, strict's arrays, the static leaves put back, ``jit_partial``'s cache
+followed; no Python frame of treeclone's once cached), for arguments of the structure, sharing,
+static values and static leaves it was made for (another is a TypeError saying what differs).
+JAX's introspection (``as_text``, ``cost_analysis``, ``memory_analysis``, ``compiler_ir``,
+``jaxpr``, ...) is that of the stage; ``args_info``, ``in_tree``, ``out_tree`` and
+``out_info`` (and a compiled stage's ``input_shardings``, ``output_shardings`` and formats)
+are in the user's structure. Each stage class subclasses ``jax.stages``' own, so
+``isinstance`` and annotated type checks hold.
 """
 
 from __future__ import annotations
@@ -22,60 +22,47 @@ import functools
 import inspect
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 
 from treeclone import _jax_compat, _native, _retrace, _trace
 from treeclone._docs import see
 from treeclone._jit.bound import BoundArguments
-from treeclone._jit.call import CallShape, JitCall, from_jit_order
-from treeclone._jit.inner import Inner, TraceInfo, end_of_call, fun_name
+from treeclone._jit.call import CallShape, JitCall, from_jit_order, lean_call_record
+from treeclone._jit.inner import Inner, TraceInfo, fun_name
+from treeclone._native import FlattenFailed
 from treeclone.policies import ArgPolicies, Policy, policy_override
-
-
-def run_call(
-    fun: Callable, call: JitCall, bound: BoundArguments | None = None, stage: Any = None
-) -> Any:
-    """Run a prepared call (``CallShape.prepare``) and end it: its inner jit, or ``stage`` (a
-    traced or compiled stage of that jit made for a call like it), then the plan
-    (:func:`end_of_call`) with the static outputs put back, and ``bound``'s cache advanced."""
-    # While the inner jit runs, its debug info can name the arguments.
-    saved = _native.swap_running_call(call)
-    try:
-        if stage is None:
-            result = call.jitted(call.key, call.donated, *call.kept)
-        else:
-            result = stage(call.donated, *call.kept)
-    finally:
-        _native.swap_running_call(saved)
-    info = result.info
-    outputs = result.leaves
-    if info.static_outputs:  # what the function made that is static under ``traced``
-        outputs = list(outputs)
-        for i, value in info.static_outputs:
-            outputs[i] = value
-    out = end_of_call(info, call.leaves, call.objects, outputs)
-    if bound is not None:
-        bound.advance(info.next_inputs, call.leaves, outputs)
-    return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StageSource:
     """What the stages of a jitted function under one policy need: the user's ``fun``, how
-    its calls are taken apart (``shape``), its inner function and ``jax.jit`` (``entry``); for
-    ``jit_partial``, the ``bound`` arguments and what to do after each call (``after``); the
-    ``policy`` the stages were traced under, and the wrapper's own (``own_policy``: a call
-    outside a ``with treeclone.policy(...)`` block runs under it)."""
+    its calls are taken apart (``shape``), its inner function and ``jax.jit`` (``entry``) and
+    the policy's native call (``lean``); for ``jit_partial``, the ``bound`` arguments and the
+    ``JitPartial`` itself (``partial``, told after each call whether it replaced bound
+    containers); the ``policy`` the stages were traced under, and the wrapper's own
+    (``own_policy``: a call outside a ``with treeclone.policy(...)`` block runs under it)."""
 
     fun: Callable
     shape: CallShape
     entry: tuple[Inner, Any]
+    lean: _native.LeanCall
+    policy: Policy | ArgPolicies
+    own_policy: Policy | ArgPolicies
     bound: BoundArguments | None = None
-    after: Callable[[], None] | None = None
-    policy: Policy | ArgPolicies | None = None
-    own_policy: Policy | ArgPolicies | None = None
+    partial: Any = None
+
+    def prepare(self, args: tuple, kwargs: dict) -> JitCall:
+        """The call of these arguments as the native call hands it to the inner jit
+        (``LeanCall.prepare``: the same flatten and key), or the error naming what is wrong
+        with them."""
+        keyed = self.entry[0].placement.keyed
+        try:
+            record = self.lean.prepare(args, kwargs, self.bound, keyed)
+        except FlattenFailed as exc:
+            self.shape.refuse(exc, args, kwargs)
+        return lean_call_record(record)
 
     def check_policy(self) -> None:
         """The policy a call runs under now (a block's, else the wrapper's own) is the one the
@@ -100,7 +87,7 @@ class StageSource:
 def trace(source: StageSource, args: tuple, kwargs: dict) -> Traced:
     """``jitted.trace(*args, **kwargs)``: the inner jit traced for this call, as the call
     would trace it (so a call with the same arguments afterwards finds the trace cached)."""
-    call = source.shape.prepare(source.entry, args, kwargs, source.bound)
+    call = source.prepare(args, kwargs)
     saved = _native.swap_running_call(call)
     try:
         traced = call.jitted.trace(call.key, call.donated, *call.kept)
@@ -129,22 +116,44 @@ class StagedCall:
         self.num_bound = 0 if source.bound is None else len(source.bound.args)
         self.record = _retrace.record_of(call.key, call.leaves, _layout(call, source.shape.naming))
 
-    def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
-        """The jitted call, with ``stage`` computing: ``args`` and ``kwargs`` are the dynamic
-        arguments (the static ones were fixed when the stage was made, as under jax.jit)."""
+    def native_call(self, stage: Any) -> _native.StageCall:
+        """The call of ``stage`` (``rust/call/stage.rs``): the jitted call with ``stage``
+        computing, for the dynamic arguments (the static ones were fixed when the stage was
+        made, as under jax.jit); the calls it does not take go to :meth:`refuse`."""
+        source, statics = self.source, self.key[1]
+        fixed: list[tuple[int, Any]] = []
+        names: dict[str, Any] = {}
+        if statics is not None:
+            _, positional, keyword = statics
+            fixed = sorted(((i, v) for i, _, v in positional), key=operator.itemgetter(0))
+            names = {k: v for k, _, v in keyword}
+        bound = None
+        if source.bound is not None:
+            bound = (source.bound.args, source.bound, source.partial)
+        return _native.StageCall(
+            source.lean,
+            stage,
+            self.key,
+            self.key[4] is not None,  # keyed by the arguments' placements
+            source.policy,
+            source.own_policy,
+            policy_override.get,
+            fixed,
+            names,
+            functools.partial(self.refuse, stage),
+            bound,
+        )
+
+    def refuse(self, stage: Any, args: tuple, kwargs: dict | None) -> NoReturn:
+        """The error of a call of ``stage`` that its native call does not take: another
+        policy, a static argument given, arguments that cannot be flattened or that differ
+        from those the stage was made for."""
         source = self.source
         source.check_policy()
-        try:
-            if source.bound is not None:
-                args = (*source.bound.args, *args)
-            args, kwargs = self._with_statics(args, kwargs)
-            call = source.shape.prepare(source.entry, args, kwargs, source.bound)
-            if call.key != self.key:
-                raise TypeError(self._mismatch(call))
-            return run_call(source.fun, call, source.bound, stage)
-        finally:
-            if source.after is not None:
-                source.after()
+        if source.bound is not None:
+            args = (*source.bound.args, *args)
+        args, kwargs = self._with_statics(args, kwargs or {})
+        raise TypeError(self._mismatch(source.prepare(args, kwargs)))
 
     def _with_statics(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The call's arguments with the static ones the stage was made for put back."""
@@ -310,7 +319,7 @@ class _Stage:
         return self._made.out_info(self._stage)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_made", "_stage"):  # not set yet (a copy)
+        if name.startswith("__") or name in ("_made", "_stage", "_call"):  # not set yet (a copy)
             raise AttributeError(name)
         return getattr(self._stage, name)
 
@@ -358,11 +367,25 @@ def _forwarding_method(cls: type, name: str, raw: Callable) -> Callable:
     return method
 
 
-class Traced(_Stage, jax.stages.Traced):
+class _CalledStage(_Stage):
+    """A stage that can be called: its call is the jitted call with this stage computing,
+    natively (:meth:`StagedCall.native_call`), kept in the slot ``_call``."""
+
+    __slots__ = ()
+
+    def _hold(self, made: StagedCall, stage: Any) -> None:
+        super()._hold(made, stage)
+        object.__setattr__(self, "_call", made.native_call(stage))
+
+    # Read from the slot in C (``operator.attrgetter``), then called: no Python frame runs.
+    __call__: Any = property(operator.attrgetter("_call"))
+
+
+class Traced(_CalledStage, jax.stages.Traced):
     """``jitted.trace(...)``: :meth:`lower` it; called, it evaluates the trace as the jitted
     call (write-back included), as ``jax.stages.Traced``'s call evaluates its jaxpr."""
 
-    __slots__ = ("_made", "_stage")
+    __slots__ = ("_call", "_made", "_stage")
 
     @property
     def fun_name(self) -> str:
@@ -378,9 +401,6 @@ class Traced(_Stage, jax.stages.Traced):
     def lower(self, **kwargs: Any) -> Lowered:
         return Lowered(self._made, self._stage.lower(**kwargs))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._made.call(self._stage, args, kwargs)
-
 
 # jax's ``Lowered`` and ``Compiled`` hold ``out_tree`` in a slot; here it is read from the call
 # the stage was made for (the user's structure).
@@ -393,11 +413,11 @@ class Lowered(_Stage, jax.stages.Lowered):  # type: ignore[override]
         return Compiled(self._made, self._stage.compile(*args, **kwargs))
 
 
-class Compiled(_Stage, jax.stages.Compiled):  # type: ignore[override]
+class Compiled(_CalledStage, jax.stages.Compiled):  # type: ignore[override]
     """``jitted.lower(...).compile()``: called, it is the jitted call (write-back, strict's
     checks, static leaves, identity) running this executable."""
 
-    __slots__ = ("_made", "_stage")
+    __slots__ = ("_call", "_made", "_stage")
 
     @property
     def input_shardings(self) -> Any:
@@ -419,9 +439,6 @@ class Compiled(_Stage, jax.stages.Compiled):  # type: ignore[override]
     def output_formats(self) -> Any:
         """Each result leaf's format, in the result's structure."""
         return self._made.out_info(self._stage, "output_formats", "input_formats")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._made.call(self._stage, args, kwargs)
 
 
 _pass_through(Traced, jax.stages.Traced)

@@ -16,6 +16,7 @@
 
 mod key;
 
+use super::bound_args::{bound_advance, bound_join};
 use super::statics::{keyword_items, sorted_dict, StaticArguments};
 use super::{replace_last, running, FlattenFailed, ResultBox, ShardedArguments};
 use crate::sharing::{flatten_shared_sized, Sizes};
@@ -124,6 +125,14 @@ struct Flat<'py> {
     objects: Bound<'py, PyList>,
 }
 
+/// A traced or compiled stage called in place of the inner jit (`call_with`): the jax
+/// stage, the key it was made for, and whether that key holds the arguments' placements.
+pub(crate) struct StageTarget<'py> {
+    pub(crate) stage: Bound<'py, PyAny>,
+    pub(crate) key: Bound<'py, PyAny>,
+    pub(crate) keyed: bool,
+}
+
 #[pymethods]
 impl LeanCall {
     /// `statics`: the function's `StaticArguments`, or None; `traced`: the `traced=` rule, or
@@ -170,29 +179,38 @@ impl LeanCall {
         })
     }
 
-    /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
-    /// already: `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))` (`kwargs`
-    /// sorted). Returns `(result, the trace's TraceInfo, the computation's outputs)`.
-    pub(crate) fn call_joined<'py>(
+    /// `fun(*args, **kwargs)` under the policy (see `call_with`), for the Python methods that
+    /// take the calls the native bases hand back (`Jitted._call_policy`, `JitPartial`'s
+    /// first call under a policy): `FlattenFailed` when the arguments cannot be flattened.
+    #[pyo3(name = "call", signature = (args, kwargs, bound=None))]
+    fn py_call<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         kwargs: &Bound<'py, PyDict>,
-        leaves: Bound<'py, PyList>,
-        sdef: Bound<'py, PyAny>,
-        objects: Bound<'py, PyList>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        if self.no_keywords && !kwargs.is_empty() {
-            return Err(FlattenFailed::new_err(()));
-        }
-        let flat = Flat {
-            record: (args.clone(), kwargs.clone(), py.None().into_bound(py)),
-            sdef,
-            statics: None,
-            leaves,
-            objects,
-        };
-        self.key_and_call(py, flat)
+        bound: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.call_with(py, args, Some(kwargs), bound, None)?.0)
+    }
+
+    /// What a call of these arguments hands its inner jit, as the running call's record
+    /// (`_jit.call.lean_call_record` reads it): for tracing a stage (`jitted.trace(...)`),
+    /// which calls the inner jit's own `trace`. `keyed`: its key holds the arguments'
+    /// placements (a trace refused them without: `ShardedArguments`).
+    #[pyo3(signature = (args, kwargs, bound=None, keyed=false))]
+    fn prepare<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+        bound: Option<&Bound<'py, PyAny>>,
+        keyed: bool,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let flat = self.flatten_call(py, args, Some(kwargs), bound)?;
+        let static_leaves = self.static_leaves(py, &flat.leaves)?;
+        let keyed = keyed || self.keyed.load(Ordering::Relaxed);
+        let key = self.key(py, &flat, static_leaves.as_ref(), keyed)?;
+        self.record(py, &flat, key.key.bind(py))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -242,40 +260,52 @@ impl LeanCall {
 }
 
 impl LeanCall {
-    /// Whether a call with keyword arguments is refused (`in_shardings`: jax.jit's error,
-    /// said by the general path).
-    pub(crate) fn takes_no_keywords(&self) -> bool {
-        self.no_keywords
-    }
-
-    /// `fun(*args, **kwargs)` under the policy; `FlattenFailed` when the arguments cannot be
-    /// flattened (nothing was run). `kwargs` is the caller's: the call makes its own dict.
-    pub(crate) fn call<'py>(
+    /// `fun(*args, **kwargs)` under the policy, returning the result and the trace's
+    /// `TraceInfo`. `kwargs` is the caller's: the call makes its own dict. With `bound`
+    /// (`jit_partial`'s `BoundArguments`, the first of `args`), the bound leaves are joined
+    /// (`bound_join`) and followed through the write-back (`bound_advance`); with `stage`, a
+    /// traced or compiled stage computes in place of the inner jit, for calls of its key
+    /// only. `FlattenFailed` when the arguments cannot be flattened or differ from the
+    /// stage's: nothing has run then, and Python says why.
+    pub(crate) fn call_with<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        Ok(self.call_traced(py, args, kwargs)?.0)
+        bound: Option<&Bound<'py, PyAny>>,
+        stage: Option<&StageTarget<'py>>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let flat = self.flatten_call(py, args, kwargs, bound)?;
+        let leaves = flat.leaves.clone();
+        let (out, info, outputs) = match stage {
+            None => self.key_and_call(py, flat)?,
+            Some(stage) => {
+                let static_leaves = self.static_leaves(py, &flat.leaves)?;
+                let key = self.key(py, &flat, static_leaves.as_ref(), stage.keyed)?;
+                let made_for = key.key.bind(py);
+                if !(made_for.is(&stage.key) || made_for.eq(&stage.key)?) {
+                    return Err(FlattenFailed::new_err(()));
+                }
+                self.call_inner_jit(py, &flat, key, Some(&stage.stage))?
+            }
+        };
+        if let Some(bound) = bound {
+            let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
+            bound_advance(bound, &next_inputs, &leaves, &outputs)?;
+        }
+        Ok((out, info))
     }
 
-    /// `call`, returning `(result, the trace's TraceInfo, the computation's outputs)`.
-    pub(crate) fn call_traced<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let flat = self.flatten_call(py, args, kwargs)?;
-        self.key_and_call(py, flat)
-    }
-
-    /// The call's arguments, the static ones taken out, flattened with identity.
+    /// The call's arguments, the static ones taken out, flattened with identity; with
+    /// `bound` (`jit_partial`'s `BoundArguments`: the first arguments), only the others are
+    /// flattened and joined with the bound ones' (`bound_join`). `FlattenFailed` (its cause
+    /// the flatten's error) when they cannot be: nothing has run.
     fn flatten_call<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
+        bound: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Flat<'py>> {
         let mut items = match kwargs {
             Some(kwargs) => keyword_items(kwargs)?,
@@ -291,22 +321,16 @@ impl LeanCall {
         };
         let args = split.as_ref().map_or(args, |split| &split.args);
         let kwargs = sorted_dict(py, items)?;
-        let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
-        arguments.push(kwargs.clone().into_any());
-        let tree = PyTuple::new(py, arguments)?;
-        let sizes = Sizes {
-            entries: self.last_entries.load(Ordering::Relaxed),
-            leaves: self.last_leaves.load(Ordering::Relaxed),
+        let flat = match bound {
+            Some(bound) => bound_join(bound, args, &kwargs),
+            None => self.flatten_sized(py, args, &kwargs),
         };
-        let (leaves, sdef, objects) = match flatten_shared_sized(tree.as_any(), sizes) {
-            Ok(flat) => {
-                let sizes = flat.sizes();
-                self.last_entries.store(sizes.entries, Ordering::Relaxed);
-                self.last_leaves.store(sizes.leaves, Ordering::Relaxed);
-                flat.into_python(py)?
-            }
+        let (leaves, sdef, objects) = match flat {
+            Ok(flat) => flat,
             Err(e) if e.is_instance_of::<PyValueError>(py) => {
-                return Err(FlattenFailed::new_err(()));
+                let failed = FlattenFailed::new_err(());
+                failed.set_cause(py, Some(e));
+                return Err(failed);
             }
             Err(e) => return Err(e),
         };
@@ -323,11 +347,33 @@ impl LeanCall {
         };
         Ok(Flat {
             record: (args.clone(), kwargs, positions),
-            sdef: sdef.into_any(),
+            sdef,
             statics,
             leaves,
             objects,
         })
+    }
+
+    /// `flatten_shared((*args, kwargs))`, its buffers as large as the last one's.
+    fn flatten_sized<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>, Bound<'py, PyList>)> {
+        let mut arguments: Vec<Bound<'py, PyAny>> = args.iter().collect();
+        arguments.push(kwargs.clone().into_any());
+        let tree = PyTuple::new(py, arguments)?;
+        let sizes = Sizes {
+            entries: self.last_entries.load(Ordering::Relaxed),
+            leaves: self.last_leaves.load(Ordering::Relaxed),
+        };
+        let flat = flatten_shared_sized(tree.as_any(), sizes)?;
+        let sizes = flat.sizes();
+        self.last_entries.store(sizes.entries, Ordering::Relaxed);
+        self.last_leaves.store(sizes.leaves, Ordering::Relaxed);
+        let (leaves, sdef, objects) = flat.into_python(py)?;
+        Ok((leaves, sdef.into_any(), objects))
     }
 
     /// `call_inner_jit` with the call's key: of its structure, static arguments and static
@@ -342,58 +388,71 @@ impl LeanCall {
         let static_leaves = self.static_leaves(py, &flat.leaves)?;
         let keyed = self.keyed.load(Ordering::Relaxed);
         let key = self.key(py, &flat, static_leaves.as_ref(), keyed)?;
-        match self.call_inner_jit(py, &flat, key) {
+        match self.call_inner_jit(py, &flat, key, None) {
             Err(err) if !keyed && err.is_instance_of::<ShardedArguments>(py) => {
                 self.keyed.store(true, Ordering::Relaxed);
                 let key = self.key(py, &flat, static_leaves.as_ref(), true)?;
-                self.call_inner_jit(py, &flat, key)
+                self.call_inner_jit(py, &flat, key, None)
             }
             result => result,
         }
     }
 
+    /// The call as `Inner.call` reads it (made into a `JitCall` when a trace needs it).
+    fn record<'py>(
+        &self,
+        py: Python<'py>,
+        flat: &Flat<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let (args, kwargs, positions) = flat.record.clone();
+        PyTuple::new(
+            py,
+            [
+                self.inner.bind(py).clone(),
+                self.jitted.bind(py).clone(),
+                key.clone(),
+                flat.leaves.clone().into_any(),
+                flat.objects.clone().into_any(),
+                args.into_any(),
+                kwargs.into_any(),
+                positions,
+            ],
+        )
+    }
+
     /// Everything after the flatten and the key: call the inner jit with the key and the
-    /// leaves, build the results from its outputs (the plan's `apply`, or `finish` in Python)
-    /// and hold the leaves where the trace says so.
+    /// leaves (or `stage`, made for that key, with the leaves), build the results from its
+    /// outputs (the plan's `apply`, or `finish` in Python) and hold the leaves where the
+    /// trace says so.
     fn call_inner_jit<'py>(
         &self,
         py: Python<'py>,
         flat: &Flat<'py>,
         key: LeanKey,
+        stage: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let leaves = &flat.leaves;
         let objects = &flat.objects;
-        // `jitted(key, donated, *kept)`.
-        let key_object = key.key.bind(py).clone();
+        // `jitted(key, donated, *kept)`; a stage has its key fixed: `stage(donated, *kept)`.
+        let key_object = key.key.bind(py);
         let donated = match &key.donated {
             None => py.None().into_bound(py),
             Some(slots) => PyList::new(py, take(leaves, slots)?)?.into_any(),
         };
         let mut arguments = Vec::with_capacity(leaves.len() + 2);
-        arguments.push(key_object.clone());
+        if stage.is_none() {
+            arguments.push(key_object.clone());
+        }
         arguments.push(donated);
         match &key.kept {
             None => arguments.extend(leaves.iter()),
             Some(slots) => arguments.extend(take(leaves, slots)?),
         }
         let arguments = PyTuple::new(py, arguments)?;
-        // The call as `Inner.call` reads it (made into a `JitCall` when a trace needs it).
-        let (args, kwargs, positions) = flat.record.clone();
-        let call = PyTuple::new(
-            py,
-            [
-                self.inner.bind(py).clone(),
-                self.jitted.bind(py).clone(),
-                key_object,
-                leaves.clone().into_any(),
-                objects.clone().into_any(),
-                args.into_any(),
-                kwargs.into_any(),
-                positions,
-            ],
-        )?;
+        let call = self.record(py, flat, key_object)?;
         let saved = running::swap(Some(call.clone().into_any().unbind()));
-        let result = self.jitted.bind(py).call1(arguments);
+        let result = stage.unwrap_or(self.jitted.bind(py)).call1(arguments);
         drop(running::swap(saved));
         let result = result?;
         let result = result.cast::<ResultBox>()?.get();
