@@ -246,21 +246,14 @@ class StageCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class StaticArguments:
-    """How a ``treeclone.jit`` call's static arguments are taken out and keyed, on the lean path
-    and the Python one: ``static_argnums`` (negative ones count from the end),
+    """How a ``treeclone.jit`` call's static arguments are taken out and keyed by the native
+    call: ``static_argnums`` (negative ones count from the end),
     ``static_argnames``, and ``hash_static(value)``, which raises jax.jit's error for a value
     that cannot be hashed."""
 
     def __new__(
         cls, nums: frozenset[int], names: frozenset[str], hash_static: Callable[[Any], None]
     ) -> StaticArguments: ...
-    def split(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...], tuple[int, ...]]:
-        """``(dynamic args, dynamic kwargs sorted by name, key, positions)``: ``key`` is
-        ``(number of positional arguments, ((position, type, value), ...), ((name, type,
-        value), ...))``; ``positions``, the position of each dynamic positional argument among
-        all of them. The static values are not hashed."""
 
 class Source:
     """Where a result leaf comes from: the caller's input slot or the computation's output."""

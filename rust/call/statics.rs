@@ -1,6 +1,5 @@
 //! `StaticArguments`: how a `treeclone.jit` call's static arguments are taken out and keyed,
-//! for both of its paths: the lean native call (`LeanCall`) and the Python one
-//! (`CallShape.prepare` in `treeclone/_jit/call.py`), so that the rule is written once.
+//! by the native call (`LeanCall`), and put back by a stage's (`StageCall`, from the key).
 
 use super::replace_last;
 use crate::keys::order::str_order;
@@ -64,33 +63,6 @@ impl StaticArguments {
             hash_static,
             last: Mutex::new(None),
         }
-    }
-
-    /// The call `(*args, **kwargs)` with its static arguments taken out: `(dynamic args,
-    /// dynamic kwargs (a new dict, sorted by name), key, positions)`. `key` is `(number of
-    /// positional arguments, ((position, type, value), ...), ((name, type, value), ...))`;
-    /// `positions`, the position of each dynamic positional argument among all of them. The
-    /// static values are not hashed here: the caller hashes them after flattening the others,
-    /// as jax.jit orders its errors.
-    #[pyo3(name = "split")]
-    fn split_call<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: &Bound<'py, PyDict>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
-        let mut items = keyword_items(kwargs)?;
-        let split = self.split(py, args, &mut items)?;
-        let kwargs = sorted_dict(py, items)?;
-        PyTuple::new(
-            py,
-            [
-                split.args.into_any(),
-                kwargs.into_any(),
-                split.key.into_any(),
-                split.positions.into_any(),
-            ],
-        )
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
