@@ -400,11 +400,7 @@ impl LeanCall {
         let out = if !self.all_arrays(leaves, &parts.returned_inputs)? {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
-            parts
-                .plan
-                .bind(py)
-                .get()
-                .apply(py, leaves, objects, &outputs)?
+            parts.plan.bind(py).get().apply(leaves, objects, &outputs)?
         };
         // Inside a JAX transformation the leaves are its tracers: not held past it. A trace
         // that holds nothing lets go of what the others held.
