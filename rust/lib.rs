@@ -62,8 +62,7 @@ mod _native {
         writeback::{CallPlan, Origin, Source},
     };
 
-    /// After the classes and functions above are added, which reads none of CPython's
-    /// internals.
+    /// Run once the exports above are added (adding them reads none of CPython's internals).
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
