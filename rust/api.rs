@@ -8,23 +8,6 @@ use crate::treedef::{self, PyTreeDef};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PyTuple};
 
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(py_flatten, m)?)?;
-    m.add_function(wrap_pyfunction!(py_check, m)?)?;
-    m.add_function(wrap_pyfunction!(py_check_arguments, m)?)?;
-    m.add_function(wrap_pyfunction!(leaves, m)?)?;
-    m.add_function(wrap_pyfunction!(unflatten, m)?)?;
-    m.add_function(wrap_pyfunction!(structure, m)?)?;
-    m.add_function(wrap_pyfunction!(flatten_with_path, m)?)?;
-    m.add_function(wrap_pyfunction!(tree_map, m)?)?;
-    m.add_function(wrap_pyfunction!(is_leaf_object, m)?)?;
-    m.add_function(wrap_pyfunction!(invalidate_registry_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(clear_key_order_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(check_jax, m)?)?;
-    m.add_function(wrap_pyfunction!(treedef_tuple, m)?)?;
-    Ok(())
-}
-
 /// `(leaves, treedef)` of `tree`, as `jax.tree_util.tree_flatten`.
 ///
 /// >>> import treeclone.tree_util as tu
@@ -32,7 +15,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// ([3, 1, 2], PyTreeDef({'a': [*, None], 'b': (*, *)}))
 #[pyfunction(name = "flatten")]
 #[pyo3(signature = (tree, is_leaf=None))]
-fn py_flatten<'py>(
+pub(crate) fn py_flatten<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyTreeDef>)> {
@@ -48,7 +31,7 @@ fn py_flatten<'py>(
 /// `name` names the tree's root in a cycle's message.
 #[pyfunction(name = "check")]
 #[pyo3(signature = (tree, name=None))]
-fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
+pub(crate) fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
     let opts = Options {
         root_name: name,
         ..Options::default()
@@ -70,7 +53,7 @@ fn py_check(tree: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<()> {
 /// ...     print(e)
 /// cycle detected in pytree: the list at key path [0][1] contains itself at relative key path [0] (treeclone docs: errors.html#cyclic-tree)
 #[pyfunction(name = "check_arguments")]
-fn py_check_arguments<'py>(
+pub(crate) fn py_check_arguments<'py>(
     args: &Bound<'py, PyTuple>,
     kwargs: &Bound<'py, PyDict>,
     static_nums: &Bound<'py, PyFrozenSet>,
@@ -87,7 +70,7 @@ fn py_check_arguments<'py>(
 /// >>> tu.tree_unflatten(tu.tree_structure({"a": [0, 0], "b": None}), ["x", "y"])
 /// {'a': ['x', 'y'], 'b': None}
 #[pyfunction(name = "tree_unflatten")]
-fn unflatten<'py>(
+pub(crate) fn unflatten<'py>(
     treedef: &Bound<'py, PyAny>,
     leaves: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -104,7 +87,7 @@ fn unflatten<'py>(
 /// [3, 1, 2]
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None))]
-fn leaves<'py>(
+pub(crate) fn leaves<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
@@ -118,7 +101,7 @@ fn leaves<'py>(
 /// PyTreeDef({'a': [*, *], 'b': None})
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None))]
-fn structure<'py>(
+pub(crate) fn structure<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTreeDef>> {
@@ -129,7 +112,7 @@ fn structure<'py>(
 /// `([(key_path, leaf), ...], treedef)`, as `jax.tree_util.tree_flatten_with_path`.
 #[pyfunction]
 #[pyo3(signature = (tree, is_leaf=None, is_leaf_takes_path=false))]
-fn flatten_with_path<'py>(
+pub(crate) fn flatten_with_path<'py>(
     tree: &Bound<'py, PyAny>,
     is_leaf: Option<Bound<'py, PyAny>>,
     is_leaf_takes_path: bool,
@@ -161,7 +144,7 @@ fn flatten_with_path<'py>(
 /// [11, 22]
 #[pyfunction]
 #[pyo3(signature = (f, tree, *rest, is_leaf=None))]
-fn tree_map<'py>(
+pub(crate) fn tree_map<'py>(
     f: &Bound<'py, PyAny>,
     tree: &Bound<'py, PyAny>,
     rest: &Bound<'py, PyTuple>,
@@ -207,32 +190,35 @@ fn tree_map<'py>(
 
 /// Whether `x` is a leaf (not a registered node, not None, not a container).
 #[pyfunction]
-fn is_leaf_object(x: &Bound<'_, PyAny>) -> PyResult<bool> {
+pub(crate) fn is_leaf_object(x: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(matches!(registry::classify(x)?, registry::Kind::Leaf))
 }
 
 /// Forget cached type classifications (called after every registration through treeclone).
 #[pyfunction]
-fn invalidate_registry_cache() {
+pub(crate) fn invalidate_registry_cache() {
     registry::invalidate();
 }
 
 /// Forget cached dict key orders.
 #[pyfunction]
-fn clear_key_order_cache() {
+pub(crate) fn clear_key_order_cache() {
     order::clear_cache();
     crate::node::memo::clear();
 }
 
 /// Make sure the JAX side is importable and readable (raises a clear error if not).
 #[pyfunction]
-fn check_jax(py: Python<'_>) -> PyResult<()> {
+pub(crate) fn check_jax(py: Python<'_>) -> PyResult<()> {
     compat(py).map(|_| ())
 }
 
 /// The treedef of a tuple whose children have the given treedefs (treeclone's or jaxlib's).
 #[pyfunction]
-fn treedef_tuple(py: Python<'_>, treedefs: Vec<Bound<'_, PyAny>>) -> PyResult<PyTreeDef> {
+pub(crate) fn treedef_tuple(
+    py: Python<'_>,
+    treedefs: Vec<Bound<'_, PyAny>>,
+) -> PyResult<PyTreeDef> {
     let treedefs = treedefs
         .iter()
         .map(|t| Ok(treedef::as_treedef(t)?.borrow()))

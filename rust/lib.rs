@@ -39,38 +39,37 @@ mod writeback;
 // `gil_used = true`: the caches are guarded by mutexes, but user callbacks (flatten functions,
 // is_leaf) run mid-traversal and the whole crate has only been reviewed under the GIL.
 #[pymodule(gil_used = true)]
-fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    // Decided before anything can read CPython's internals (`cpython/`).
-    cpython::announce(m.py())?;
-    m.add_function(wrap_pyfunction!(cpython::cpython_internals, m)?)?;
-    m.add_class::<registry::TypeKind>()?;
-    m.add_class::<treedef::PyTreeDef>()?;
-    m.add_class::<sharing::SharedTreeDef>()?;
-    m.add_class::<sharing::EntryInfo>()?;
-    m.add_class::<writeback::CallPlan>()?;
-    m.add_class::<writeback::Source>()?;
-    m.add_class::<writeback::Origin>()?;
-    m.add_class::<bound::Snapshot>()?;
-    m.add_class::<call::LeanCall>()?;
-    m.add_class::<call::ResultBox>()?;
-    m.add_class::<call::JitCore>()?;
-    m.add_class::<call::PartialCore>()?;
-    m.add_class::<call::StageCall>()?;
-    m.add_class::<call::StaticArguments>()?;
-    m.add("FlattenFailed", m.py().get_type::<call::FlattenFailed>())?;
-    m.add(
-        "ShardedArguments",
-        m.py().get_type::<call::ShardedArguments>(),
-    )?;
-    m.add_function(wrap_pyfunction!(call::bound_args::bound_join, m)?)?;
-    m.add_function(wrap_pyfunction!(call::bound_args::bound_advance, m)?)?;
-    m.add_function(wrap_pyfunction!(call::running::running_call, m)?)?;
-    m.add_function(wrap_pyfunction!(call::running::swap_running_call, m)?)?;
-    m.add_function(wrap_pyfunction!(sharing::py_flatten_shared, m)?)?;
-    m.add_class::<bound::Taker>()?;
-    m.add_function(wrap_pyfunction!(bound::any_identical, m)?)?;
-    m.add_function(wrap_pyfunction!(treedef::serial::_treedef_from_state, m)?)?;
-    m.add_function(wrap_pyfunction!(treedef::unflatten_floor, m)?)?;
-    api::register(m)
+mod _native {
+    use crate::call::{FlattenFailed, ShardedArguments};
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use crate::{
+        api::{
+            check_jax, clear_key_order_cache, flatten_with_path, invalidate_registry_cache,
+            is_leaf_object, leaves, py_check, py_check_arguments, py_flatten, structure, tree_map,
+            treedef_tuple, unflatten,
+        },
+        bound::{any_identical, Snapshot, Taker},
+        call::bound_args::{bound_advance, bound_join},
+        call::running::{running_call, swap_running_call},
+        call::{JitCore, LeanCall, PartialCore, ResultBox, StageCall, StaticArguments},
+        cpython::cpython_internals,
+        registry::TypeKind,
+        sharing::{py_flatten_shared, EntryInfo, SharedTreeDef},
+        treedef::serial::_treedef_from_state,
+        treedef::{unflatten_floor, PyTreeDef},
+        writeback::{CallPlan, Origin, Source},
+    };
+
+    /// Run once the exports above are added (adding them reads none of CPython's internals).
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let py = m.py();
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        // Decided before any call can read CPython's internals (`cpython/`).
+        crate::cpython::announce(py)?;
+        m.add("FlattenFailed", py.get_type::<FlattenFailed>())?;
+        m.add("ShardedArguments", py.get_type::<ShardedArguments>())
+    }
 }

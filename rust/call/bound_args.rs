@@ -10,7 +10,9 @@ use crate::bound::{any_identical, Taker};
 use crate::sharing::{flatten_shared, SharedTreeDef};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyDict, PyFloat, PyInt, PyList, PySet, PySlice, PyTuple};
+use pyo3::types::{
+    PyBool, PyComplex, PyDict, PyFloat, PyInt, PyList, PySet, PySlice, PyString, PyTuple,
+};
 
 /// Joined structures kept per bound state (one per structure of the call's own arguments).
 const JOIN_CACHE_SIZE: usize = 64;
@@ -61,6 +63,27 @@ fn is_scalar(obj: &Bound<'_, PyAny>) -> bool {
         || obj.is_exact_instance_of::<PyComplex>()
 }
 
+/// The value at `key` in the dict `bound.<cache>`, else `make`'s, kept there (the dict emptied
+/// first once it holds `limit` entries).
+fn kept_in<'py>(
+    bound: &Bound<'py, PyAny>,
+    cache: &Bound<'py, PyString>,
+    key: &Bound<'py, PyAny>,
+    limit: usize,
+    make: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let cache = bound.getattr(cache)?.cast_into::<PyDict>()?;
+    if let Some(found) = cache.get_item(key)? {
+        return Ok(found);
+    }
+    if cache.len() >= limit {
+        cache.clear();
+    }
+    let made = make()?;
+    cache.set_item(key, &made)?;
+    Ok(made)
+}
+
 /// `flatten_shared((*args, kwargs))`, where `args` starts with the bound arguments, flattening
 /// only the others (and the bound ones again if they changed since).
 #[pyfunction]
@@ -101,22 +124,10 @@ pub fn bound_join<'py>(
         bound.setattr(intern!(py, "stale"), true)?;
         return flatten(&root);
     }
-    let cache = bound
-        .getattr(intern!(py, "joined"))?
-        .cast_into::<PyDict>()?;
-    let joined = match cache.get_item(&def)? {
-        Some(joined) => joined,
-        None => {
-            if cache.len() >= JOIN_CACHE_SIZE {
-                cache.clear();
-            }
-            let bound_def = bound.getattr(intern!(py, "sdef"))?;
-            let joined = (py.get_type::<SharedTreeDef>())
-                .call_method1(intern!(py, "join_tuples"), (bound_def, &def))?;
-            cache.set_item(&def, &joined)?;
-            joined
-        }
-    };
+    let joined = kept_in(bound, intern!(py, "joined"), &def, JOIN_CACHE_SIZE, || {
+        let bound_def = bound.getattr(intern!(py, "sdef"))?;
+        (py.get_type::<SharedTreeDef>()).call_method1(intern!(py, "join_tuples"), (bound_def, &def))
+    })?;
     let all_leaves = PyList::new(py, bound_leaves.iter().chain(leaves.iter()))?;
     let bound_objects = bound
         .getattr(intern!(py, "bound_objects"))?
@@ -151,19 +162,11 @@ pub fn bound_advance(
         return Ok(());
     }
     let (index, written): (Bound<'_, PyAny>, Bound<'_, PyAny>) = next_inputs.extract()?;
-    let takers = bound
-        .getattr(intern!(py, "takers"))?
-        .cast_into::<PyDict>()?;
-    let taker = match takers.get_item(&index)? {
-        Some(taker) => taker,
-        None => {
-            let n = bound.getattr(intern!(py, "leaves"))?.len()?;
-            let kept = index.get_item(PySlice::new(py, 0, n as isize, 1))?;
-            let taker = py.get_type::<Taker>().call1((kept,))?;
-            takers.set_item(&index, &taker)?;
-            taker
-        }
-    };
+    let taker = kept_in(bound, intern!(py, "takers"), &index, usize::MAX, || {
+        let n = bound.getattr(intern!(py, "leaves"))?.len()?;
+        let kept = index.get_item(PySlice::new(py, 0, n as isize, 1))?;
+        py.get_type::<Taker>().call1((kept,))
+    })?;
     let now = taker.call1((leaves, outputs))?; // the arrays written back (rule J13)
     bound.setattr(intern!(py, "leaves"), &now)?;
     let _held = Held::lock(bound)?;

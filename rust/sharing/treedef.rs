@@ -281,12 +281,8 @@ impl SharedTreeDef {
             .collect()
     }
 
-    fn __richcmp__(
-        &self,
-        py: Python<'_>,
-        other: &Bound<'_, PyAny>,
-        op: CompareOp,
-    ) -> PyResult<Py<PyAny>> {
+    /// Against another `SharedTreeDef` (anything else: NotImplemented, from PyO3).
+    fn __richcmp__(&self, py: Python<'_>, other: &Self, op: CompareOp) -> PyResult<Py<PyAny>> {
         protocol::richcmp(py, self, other, op)
     }
 

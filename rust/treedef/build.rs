@@ -8,6 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::PyTypeInfo;
 
 impl PyTreeDef {
     /// Rebuild a tree from owned leaves.
@@ -82,20 +83,16 @@ impl PyTreeDef {
                     }
                 }
                 NodeKind::Tuple => {
-                    let t = obj
-                        .cast_exact::<PyTuple>()
-                        .map_err(|_| expected_error("tuple", &obj))?;
+                    let t = exact::<PyTuple>(&obj, "tuple")?;
                     check_arity("Tuple", node.arity, t.len(), &obj)?;
                     agenda.extend(t.iter());
                 }
                 NodeKind::List => {
-                    let l = obj
-                        .cast_exact::<PyList>()
-                        .map_err(|_| expected_error("list", &obj))?;
+                    let l = exact::<PyList>(&obj, "list")?;
                     check_arity("List", node.arity, l.len(), &obj)?;
                     agenda.extend(l.iter());
                 }
-                NodeKind::Dict(keys) => dict_values(&obj, keys.bind(py), node.arity, &mut agenda)?,
+                NodeKind::Dict(keys) => dict_values(&obj, keys.bind(py), &mut agenda)?,
                 NodeKind::NamedTuple(ty) => {
                     named_tuple_items(&obj, ty.bind(py), node.arity, &mut agenda)?
                 }
@@ -110,17 +107,14 @@ impl PyTreeDef {
     }
 }
 
-/// Push the values of the dict `obj` under `keys` (this structure's, in child order) onto
-/// `agenda`.
+/// Push the values of the dict `obj` under `keys` (this structure's, in child order: one a
+/// child, as `nodes_from_parts` checks) onto `agenda`.
 fn dict_values<'py>(
     obj: &Bound<'py, PyAny>,
     keys: &Bound<'py, PyTuple>,
-    arity: usize,
     agenda: &mut Vec<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    let d = obj
-        .cast_exact::<PyDict>()
-        .map_err(|_| expected_error("dict", obj))?;
+    let d = exact::<PyDict>(obj, "dict")?;
     let mismatch = || -> PyResult<PyErr> {
         let present = d.keys();
         present.sort().ok();
@@ -130,7 +124,7 @@ fn dict_values<'py>(
             present.repr()?
         )))
     };
-    if d.len() != arity {
+    if d.len() != keys.len() {
         return Err(mismatch()?);
     }
     for key in keys.iter() {
@@ -212,11 +206,16 @@ fn custom_children<'py>(
     Ok(())
 }
 
-fn expected_error(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
-    match obj.repr() {
+/// `obj` as exactly a `T` (not a subclass, as jaxlib checks), else jaxlib's error naming
+/// `what` was expected.
+fn exact<'a, 'py, T: PyTypeInfo>(
+    obj: &'a Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<&'a Bound<'py, T>> {
+    obj.cast_exact::<T>().map_err(|_| match obj.repr() {
         Ok(r) => PyValueError::new_err(format!("Expected {what}, got {r}.")),
         Err(e) => e,
-    }
+    })
 }
 
 fn check_arity(what: &str, expected: usize, got: usize, obj: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -274,16 +274,21 @@ impl PyTreeDef {
         other: &Bound<'_, PyAny>,
         op: CompareOp,
     ) -> PyResult<Py<PyAny>> {
-        // A jaxlib treedef compares as the treeclone treedef it converts to; one that does not
-        // convert (a node type registered elsewhere than JAX's default registry) is unequal.
-        if !other.is_instance_of::<PyTreeDef>() && other.is_instance(jax_treedef_type(py)?)? {
-            return match serial::from_jax(py, other) {
-                Ok(converted) => {
-                    protocol::richcmp(py, self, Bound::new(py, converted)?.as_any(), op)
-                }
-                Err(_) => protocol::richcmp(py, self, &py.None().into_bound(py), op),
-            };
-        }
+        let converted;
+        let other = match other.cast::<PyTreeDef>() {
+            Ok(other) => other.get(),
+            // A jaxlib treedef compares as the treeclone treedef it converts to; one that does
+            // not convert (a node type registered elsewhere than JAX's default registry) is
+            // unequal.
+            Err(_) if other.is_instance(jax_treedef_type(py)?)? => {
+                let Ok(made) = serial::from_jax(py, other) else {
+                    return Ok(py.NotImplemented());
+                };
+                converted = made;
+                &converted
+            }
+            Err(_) => return Ok(py.NotImplemented()),
+        };
         protocol::richcmp(py, self, other, op)
     }
 

@@ -17,17 +17,14 @@ pub trait Structure: PyClass + Sync {
     fn same_nodes(&self, py: Python<'_>, other: &Self) -> PyResult<bool>;
 }
 
-/// `__richcmp__`: `==` and `!=` against the same type; NotImplemented otherwise.
-pub fn richcmp<T: Structure + PyClass<Frozen = pyo3::pyclass::boolean_struct::True>>(
+/// `__richcmp__` against the same type: `==` and `!=`; NotImplemented otherwise.
+pub fn richcmp<T: Structure>(
     py: Python<'_>,
     this: &T,
-    other: &Bound<'_, PyAny>,
+    other: &T,
     op: CompareOp,
 ) -> PyResult<Py<PyAny>> {
-    let Ok(other) = other.cast::<T>() else {
-        return Ok(py.NotImplemented());
-    };
-    let eq = this.same_nodes(py, other.get())?;
+    let eq = this.same_nodes(py, other)?;
     Ok(match op {
         CompareOp::Eq => eq.into_pyobject(py)?.to_owned().into_any().unbind(),
         CompareOp::Ne => (!eq).into_pyobject(py)?.to_owned().into_any().unbind(),

@@ -113,11 +113,11 @@ impl CallPlan {
     /// into the caller's containers where the plan has origins. All writes happen or none does.
     pub(crate) fn apply<'py>(
         &self,
-        py: Python<'py>,
         input_leaves: &Bound<'py, PyList>,
         input_objects: &Bound<'py, PyList>,
         outputs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let py = input_leaves.py();
         let def = self.def.get();
         let outputs = Outputs::of(outputs).ok_or_else(|| {
             PyTypeError::new_err("the computation's outputs must come as a list or tuple")

@@ -7,10 +7,65 @@
 use super::{Flat, LeanCall};
 use crate::call::replace_last;
 use pyo3::exceptions::PyTypeError;
+use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
-use std::sync::Arc;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::PyTraverseError;
+use std::sync::{Arc, Mutex};
+
+/// Where a `LeanCall` finds the key of a call: the inner function's keys, the Python function
+/// that makes a new one, and the last key met (compared before any lookup).
+pub(super) struct Keys {
+    /// `inner.keys`: what `key_of` made for each structure seen (`LeanKey`'s Python form).
+    known: Py<PyDict>,
+    /// `key_of(sdef, statics, placed, static_leaves, positions, args, kwargs)`: on a cache
+    /// miss, `(key, kept, donated)`, the key and the slots the inner jit takes as its kept and
+    /// donated arguments (each None: every slot kept, nothing donated).
+    key_of: Py<PyAny>,
+    /// The last key met: a training loop meets one structure call after call, and comparing
+    /// with it costs less than hashing.
+    last: Mutex<Option<Last>>,
+}
+
+impl Keys {
+    pub(super) fn new(known: Py<PyDict>, key_of: Py<PyAny>) -> Self {
+        Keys {
+            known,
+            key_of,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The part of `LeanCall.__traverse__` that visits what the keys hold.
+    pub(super) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.known)?;
+        visit.call(&self.key_of)?;
+        if let Ok(last) = self.last.try_lock() {
+            if let Some((sdef, extra, key)) = last.as_ref() {
+                visit.call(sdef)?;
+                if let Some(extra) = extra {
+                    visit.call(extra)?;
+                }
+                visit.call(&key.key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The last key met, as new references: the caller compares it unlocked (Python runs).
+    fn last_entry(&self, py: Python<'_>) -> Option<Last> {
+        let last = self.last.lock().ok()?;
+        last.as_ref().map(|(sdef, extra, key)| {
+            (
+                sdef.clone_ref(py),
+                extra.as_ref().map(|s| s.clone_ref(py)),
+                key.clone_ref(py),
+            )
+        })
+    }
+}
+
 /// A call's key with the order the inner jit takes its leaves in: the slots of the kept
 /// leaves and of the donated ones (None: every slot kept, in order; nothing donated).
 pub(super) struct LeanKey {
@@ -20,7 +75,7 @@ pub(super) struct LeanKey {
 }
 
 /// `(structure, what else the key depends on or None, its LeanKey)`.
-pub(super) type Last = (Py<PyAny>, Option<Py<PyAny>>, LeanKey);
+type Last = (Py<PyAny>, Option<Py<PyAny>>, LeanKey);
 
 impl LeanKey {
     pub(super) fn clone_ref(&self, py: Python<'_>) -> Self {
@@ -131,7 +186,7 @@ impl LeanCall {
                 .into_any(),
             )
         };
-        if let Some((last_sdef, last_extra, key)) = self.last_entry(py) {
+        if let Some((last_sdef, last_extra, key)) = self.keys.last_entry(py) {
             // Python code may run in `eq` (a node's data, a static value's `__eq__`): nothing
             // is held locked meanwhile.
             let same_extra = match (&last_extra, &extra) {
@@ -147,7 +202,7 @@ impl LeanCall {
             None => sdef.clone(),
             Some(extra) => PyTuple::new(py, [sdef, extra])?.into_any(),
         };
-        let keys = self.keys.bind(py);
+        let keys = self.keys.known.bind(py);
         let found = match keys.get_item(&lookup) {
             Ok(found) => found,
             // A static leaf that cannot be hashed: `key_of` names it.
@@ -158,7 +213,7 @@ impl LeanCall {
             Some(made) => made,
             None => {
                 let (args, kwargs, positions) = &flat.record;
-                let made = self.key_of.bind(py).call1((
+                let made = self.keys.key_of.bind(py).call1((
                     sdef,
                     statics,
                     placed.as_ref(),
@@ -177,7 +232,7 @@ impl LeanCall {
         let key = LeanKey::from_python(&made)?;
         let kept = key.clone_ref(py);
         replace_last(
-            &self.last,
+            &self.keys.last,
             (sdef.clone().unbind(), extra.map(Bound::unbind), kept),
         );
         Ok(key)
@@ -203,17 +258,6 @@ impl LeanCall {
             });
         }
         PyTuple::new(py, placed)
-    }
-
-    pub(super) fn last_entry(&self, py: Python<'_>) -> Option<Last> {
-        let last = self.last.lock().ok()?;
-        last.as_ref().map(|(sdef, extra, key)| {
-            (
-                sdef.clone_ref(py),
-                extra.as_ref().map(|s| s.clone_ref(py)),
-                key.clone_ref(py),
-            )
-        })
     }
 }
 

@@ -21,7 +21,7 @@ use super::statics::{keyword_items, sorted_dict, StaticArguments};
 use super::{replace_last, running, FlattenFailed, ResultBox, ShardedArguments};
 use crate::sharing::{flatten_shared_sized, Sizes};
 use crate::writeback::CallPlan;
-use key::{Last, LeanKey};
+use key::{Keys, LeanKey};
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
@@ -45,12 +45,8 @@ pub struct LeanCall {
     inner: Py<PyAny>,
     /// Its `jax.jit`, called as `jitted(key, donated, *kept)`.
     jitted: Py<PyAny>,
-    /// `inner.keys`: what `key_of` made for each structure seen (`LeanKey`'s Python form).
-    keys: Py<PyDict>,
-    /// `key_of(sdef, statics, placed, static_leaves, positions, args, kwargs)`: on a cache
-    /// miss, `(key, kept, donated)`, the key and the slots the inner jit takes as its kept and
-    /// donated arguments (each None: every slot kept, nothing donated).
-    key_of: Py<PyAny>,
+    /// The keys of its calls (`inner.keys`, `key_of` on a miss, the last one met).
+    keys: Keys,
     /// `jax.core.Tracer`: an output that is one means a call inside a JAX transformation.
     tracer: Py<PyType>,
     /// `finish(call, info, outputs) -> result` for results that need Python.
@@ -65,9 +61,6 @@ pub struct LeanCall {
     /// `in_shardings` was given: a call with keyword arguments is jax.jit's error, said by the
     /// general path.
     no_keywords: bool,
-    /// The last key met: a training loop meets one structure call after call, and comparing
-    /// with it costs less than hashing.
-    last: Mutex<Option<Last>>,
     /// What `call_inner_jit` reads of the last trace's `TraceInfo` (set at trace time, not changed
     /// after): read again only when another trace's comes back.
     last_info: Mutex<Option<InfoParts>>,
@@ -160,8 +153,7 @@ impl LeanCall {
         Ok(LeanCall {
             inner,
             jitted,
-            keys,
-            key_of,
+            keys: Keys::new(keys, key_of),
             tracer,
             finish,
             statics,
@@ -169,7 +161,6 @@ impl LeanCall {
             by_type,
             traced_types: Mutex::new(Vec::new()),
             no_keywords: keyed,
-            last: Mutex::new(None),
             last_info: Mutex::new(None),
             last_entries: AtomicUsize::new(0),
             last_leaves: AtomicUsize::new(0),
@@ -216,8 +207,7 @@ impl LeanCall {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.inner)?;
         visit.call(&self.jitted)?;
-        visit.call(&self.keys)?;
-        visit.call(&self.key_of)?;
+        self.keys.traverse(&visit)?;
         visit.call(&self.tracer)?;
         visit.call(&self.finish)?;
         visit.call(&self.array)?;
@@ -230,15 +220,6 @@ impl LeanCall {
         if let Ok(types) = self.traced_types.try_lock() {
             for (ty, _) in types.iter() {
                 visit.call(ty)?;
-            }
-        }
-        if let Ok(last) = self.last.try_lock() {
-            if let Some((sdef, extra, key)) = last.as_ref() {
-                visit.call(sdef)?;
-                if let Some(extra) = extra {
-                    visit.call(extra)?;
-                }
-                visit.call(&key.key)?;
             }
         }
         if let Ok(last) = self.last_info.try_lock() {
@@ -478,11 +459,7 @@ impl LeanCall {
         let out = if !self.all_arrays(leaves, &parts.returned_inputs)? {
             self.finish.bind(py).call1((call, &info, &outputs))?
         } else {
-            parts
-                .plan
-                .bind(py)
-                .get()
-                .apply(py, leaves, objects, &outputs)?
+            parts.plan.bind(py).get().apply(leaves, objects, &outputs)?
         };
         // Inside a JAX transformation the leaves are its tracers: not held past it. A trace
         // that holds nothing lets go of what the others held.
