@@ -490,7 +490,7 @@ def test_every_allowed_exception_is_still_needed() -> None:
 
 # --- private attributes -------------------------------------------------------------------------
 
-# A class's private attributes (``_fun``, ``_call_policy``: a leading underscore, not a dunder)
+# A class's private attributes (``_fun``, ``_refuse``: a leading underscore, not a dunder)
 # belong to the module that defines the class. Another module reads none of them, on any
 # object (``jitted._fun``, ``self._bound._flatten()``): what modules share goes through a public
 # name or an interface object (``Jitted.interface()``). ``self._x`` and ``cls._x`` are a class's

@@ -183,6 +183,7 @@ class PartialCore:
     def __init__(self, *args: Any, **kwargs: Any) -> None: ...
     def _init_partial(self, jitted: JitCore, bound: tuple[Any, ...], arguments: Any) -> None: ...
     def _set_replaced(self, replaced: bool) -> None: ...
+    def _call_checked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
     def _checked(self, policy: Any) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -214,10 +215,6 @@ class LeanCall:
         by_type: bool = False,
         keyed: bool = False,
     ) -> None: ...
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: Any = None) -> Any:
-        """``fun(*args, **kwargs)`` under the policy; ``bound``: ``jit_partial``'s
-        ``BoundArguments`` (the first of ``args``). ``FlattenFailed`` when the arguments
-        cannot be flattened."""
     def prepare(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: Any = None, keyed: bool = False
     ) -> tuple[Any, ...]:
@@ -227,19 +224,17 @@ class LeanCall:
 class StageCall:
     """Calling a traced or compiled stage: the jitted call with the stage in place of the
     inner jit, for calls of its key under its policy; ``refuse(args, kwargs)`` raises the
-    error of any other call."""
+    error of any other call. ``made``: ``(stage, key, keyed)``; ``policies``: ``(made under,
+    the wrapper's own, policy_override.get)``; ``fixed``: the static values by position and
+    by keyword; ``bound``: ``jit_partial``'s ``(bound arguments, BoundArguments,
+    JitPartial)``."""
 
     def __init__(
         self,
         lean: LeanCall,
-        stage: Any,
-        key: tuple[Any, ...],
-        keyed: bool,
-        policy: Any,
-        own_policy: Any,
-        policy_override: Callable[[], Any],
-        fixed: list[tuple[int, Any]],
-        fixed_names: dict[str, Any],
+        made: tuple[Any, tuple[Any, ...], bool],
+        policies: tuple[Any, Any, Callable[[], Any]],
+        fixed: tuple[list[tuple[int, Any]], dict[str, Any]],
         refuse: Callable[[tuple[Any, ...], dict[str, Any] | None], NoReturn],
         bound: tuple[tuple[Any, ...], Any, Any] | None = None,
     ) -> None: ...

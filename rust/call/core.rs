@@ -125,26 +125,14 @@ impl JitCore {
                     return Err(err);
                 }
                 let result = jax_jitted.bind(py).call(args, kwargs);
-                return result.map_err(|err| explain(slf, err, args, kwargs));
+                return result.map_err(|err| worded(slf, err, args, kwargs));
             }
         }
         let lean = lean_of(slf, core, &policy)?;
-        match lean.get().call_with(py, args, kwargs, None, None) {
-            // The general path's error names the argument.
-            Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
-            result => {
-                return result
-                    .map(|(out, _)| out)
-                    .map_err(|e| explain(slf, e, args, kwargs))
-            }
-        }
-        // A dict of the call's own, as a Python function's `**kwargs` is (`f(**d)` hands the
-        // caller's `d` over as it is): it is a node of the arguments' structure.
-        let kwargs = match kwargs {
-            Some(kwargs) => kwargs.copy()?,
-            None => PyDict::new(py),
-        };
-        slf.call_method1(intern!(py, "_call_policy"), (policy, args, kwargs))
+        let result = lean.get().call_with(py, args, kwargs, None, None);
+        result
+            .map(|(out, _)| out)
+            .map_err(|err| worded(slf, err, args, kwargs))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -214,24 +202,32 @@ fn core_of<'a>(slf: &'a Bound<'_, JitCore>) -> PyResult<&'a Core> {
         .ok_or_else(|| PyTypeError::new_err("treeclone.jit: the wrapper is not set up"))
 }
 
-/// A `TypeError` of a call as the Python method `_explain_type_error` words it (jax.jit's
-/// refusal of a leaf that is not an array, with treeclone's remedy); any other error, or one
-/// that method cannot word, as it is. Only on the error path.
-pub(crate) fn explain(
+/// A call's error as the user reads it, worded by Python (only on the error path): arguments
+/// the native call could not flatten (`FlattenFailed`) by `_refuse`, which names the
+/// argument; a `TypeError` by `_explain_type_error` (jax.jit's refusal of a leaf that is not
+/// an array, with treeclone's remedy, or the error as it is); any other as it is.
+pub(crate) fn worded(
     slf: &Bound<'_, JitCore>,
     err: PyErr,
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyErr {
     let py = slf.py();
-    if !err.is_instance_of::<PyTypeError>(py) {
+    let refused = err.is_instance_of::<FlattenFailed>(py);
+    if !refused && !err.is_instance_of::<PyTypeError>(py) {
         return err;
     }
     let kwargs = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
     let value = err.value(py).clone();
-    match slf.call_method1(intern!(py, "_explain_type_error"), (value, args, kwargs)) {
-        Ok(explained) => PyErr::from_value(explained),
-        Err(_) => err,
+    let method = if refused {
+        intern!(py, "_refuse")
+    } else {
+        intern!(py, "_explain_type_error")
+    };
+    match slf.call_method1(method, (value, args, kwargs)) {
+        Ok(explained) if !refused => PyErr::from_value(explained),
+        Ok(_) => err,
+        Err(raised) => raised,
     }
 }
 

@@ -6,11 +6,10 @@
 //! takes `jit`'s own lean path here, the bound arguments put before the others, with no
 //! Python frame of treeclone's, so that it costs what the same call of `jit` costs. Every
 //! other call keeps the cache of the bound arguments (`bound_args.rs`), natively too; the
-//! Python method `_call_bound` takes the calls this cannot (a policy not seen yet, a call that
-//! cannot be flattened: its errors name the argument).
+//! Python method `_call_bound` checks a policy not seen yet, then calls `_call_checked`.
 
-use super::core::{explain, lean_now, set_up, JitCore};
-use super::FlattenFailed;
+use super::core::{lean_now, set_up, worded, JitCore};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -92,34 +91,26 @@ impl PartialCore {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
         if let Some(setup) = slf.get().setup.get() {
-            if !slf.get().replaced.load(Ordering::Relaxed) {
-                if let Some(out) = call_cached(slf, setup, args, kwargs)? {
-                    return Ok(out);
-                }
-            }
-            if slf.get().replaced.load(Ordering::Relaxed) {
-                if let (_, Some(lean)) = lean_now(setup.jitted.bind(py))? {
-                    let all: Vec<_> = setup.bound.bind(py).iter().chain(args.iter()).collect();
-                    let all = PyTuple::new(py, all)?;
-                    match lean.get().call_with(py, &all, kwargs, None, None) {
-                        // The Python path's error names the argument.
-                        Err(err) if err.is_instance_of::<FlattenFailed>(py) => {}
-                        Err(err) => return Err(explain(setup.jitted.bind(py), err, &all, kwargs)),
-                        Ok((out, info)) => {
-                            let next = info.getattr(intern!(py, "next_inputs"))?;
-                            if !next.is(PyBool::new(py, false)) {
-                                // Nothing replaced this time: the cache starts again.
-                                slf.call_method0(intern!(py, "_resume"))?;
-                            }
-                            return Ok(out);
-                        }
-                    }
-                }
+            if let Some(out) = call_native(slf, setup, args, kwargs)? {
+                return Ok(out);
             }
         }
-        slf.call_method(intern!(py, "_call_bound"), args, kwargs)
+        slf.call_method(intern!(slf.py(), "_call_bound"), args, kwargs)
+    }
+
+    /// A call under the policy `_call_bound` has just checked: the native call with the
+    /// bound arguments' cache.
+    fn _call_checked<'py>(
+        slf: &Bound<'py, Self>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let setup = (slf.get().setup.get())
+            .ok_or_else(|| PyTypeError::new_err("treeclone.jit_partial: not set up"))?;
+        call_cached(slf, setup, args, Some(kwargs), false)?.ok_or_else(|| {
+            PyValueError::new_err("treeclone.jit_partial: this policy has no native call")
+        })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -137,23 +128,54 @@ impl PartialCore {
     }
 }
 
+/// The call, natively: everything flattened together while the bound containers are
+/// replaced at every call (nothing cached then), else with the bound arguments' cache
+/// (`call_cached`). None when the call goes to `_call_bound` instead (nothing has run then).
+fn call_native<'py>(
+    slf: &Bound<'py, PartialCore>,
+    setup: &Setup,
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if !slf.get().replaced.load(Ordering::Relaxed) {
+        return call_cached(slf, setup, args, kwargs, true);
+    }
+    let py = slf.py();
+    let jitted = setup.jitted.bind(py);
+    let (_, Some(lean)) = lean_now(jitted)? else {
+        return Ok(None);
+    };
+    let all: Vec<_> = setup.bound.bind(py).iter().chain(args.iter()).collect();
+    let all = PyTuple::new(py, all)?;
+    let (out, info) = (lean.get().call_with(py, &all, kwargs, None, None))
+        .map_err(|err| worded(jitted, err, &all, kwargs))?;
+    let next = info.getattr(intern!(py, "next_inputs"))?;
+    if !next.is(PyBool::new(py, false)) {
+        // Nothing replaced this time: the cache starts again.
+        slf.call_method0(intern!(py, "_resume"))?;
+    }
+    Ok(Some(out))
+}
+
 /// A call with the cache of the bound arguments, natively: the policy's native call with the
 /// bound arguments joined with the call's own and followed through its write-back
-/// (`LeanCall::call_with`). None when the call goes to `_call_bound` instead (nothing
-/// has run then): a policy not checked yet, `clone`, a call the native call cannot flatten.
+/// (`LeanCall::call_with`), its errors worded (`worded`). None when the call goes to
+/// `_call_bound` instead (nothing has run then): `clone`, or (`checked_only`) a policy not
+/// checked yet.
 fn call_cached<'py>(
     slf: &Bound<'py, PartialCore>,
     setup: &Setup,
     args: &Bound<'py, PyTuple>,
     kwargs: Option<&Bound<'py, PyDict>>,
+    checked_only: bool,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = slf.py();
     let jitted = setup.jitted.bind(py);
     let (policy, Some(lean)) = lean_now(jitted)? else {
         return Ok(None);
     };
-    let checked = (slf.get().checked.lock()).is_ok_and(|c| c.iter().any(|p| p.is(&policy)));
-    if !checked {
+    let checked = || (slf.get().checked.lock()).is_ok_and(|c| c.iter().any(|p| p.is(&policy)));
+    if checked_only && !checked() {
         return Ok(None);
     }
     let all: Vec<Bound<'py, PyAny>> = setup.bound.bind(py).iter().chain(args.iter()).collect();
@@ -165,9 +187,7 @@ fn call_cached<'py>(
     let replaced = arguments.getattr(intern!(py, "replaced"))?.is_truthy()?;
     slf.get().replaced.store(replaced, Ordering::Relaxed);
     match result {
-        // The Python path's error names the argument.
-        Err(err) if err.is_instance_of::<FlattenFailed>(py) => Ok(None),
-        Err(err) => Err(explain(jitted, err, &all, kwargs)),
         Ok((out, _)) => Ok(Some(out)),
+        Err(err) => Err(worded(jitted, err, &all, kwargs)),
     }
 }

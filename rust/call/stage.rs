@@ -23,24 +23,30 @@ struct BoundPart {
     partial: Py<PyAny>,
 }
 
+/// The policy a stage was made under, the wrapper's own, and `policy_override.get` (a `with
+/// treeclone.policy(...)` block's, or None).
+struct Policies {
+    made_under: Py<PyAny>,
+    own: Py<PyAny>,
+    block: Py<PyAny>,
+}
+
+/// The static arguments fixed when the stage was made: `(position, value)` in order, and by
+/// keyword.
+struct Fixed {
+    at: Vec<(usize, Py<PyAny>)>,
+    named: Py<PyDict>,
+}
+
 #[pyclass(frozen, module = "treeclone._native")]
 pub struct StageCall {
     /// The native call of the policy the stage was made under.
     lean: Py<LeanCall>,
-    /// The jax stage (`jax.stages.Traced` or `Compiled` of the inner jit), its key, and
-    /// whether that key holds the arguments' placements.
-    stage: Py<PyAny>,
-    key: Py<PyAny>,
-    keyed: bool,
-    /// The policy the stage was made under, the wrapper's own, and
-    /// `policy_override.get` (a `with treeclone.policy(...)` block's, or None).
-    policy: Py<PyAny>,
-    own_policy: Py<PyAny>,
-    policy_override: Py<PyAny>,
-    /// The static arguments fixed when the stage was made: `(position, value)` in order, and
-    /// by keyword.
-    fixed: Vec<(usize, Py<PyAny>)>,
-    fixed_names: Py<PyDict>,
+    /// The jax stage (`jax.stages.Traced` or `Compiled` of the inner jit), the key it was
+    /// made for, and whether that key holds the arguments' placements.
+    made: (Py<PyAny>, Py<PyAny>, bool),
+    policies: Policies,
+    fixed: Fixed,
     bound: Option<BoundPart>,
     /// `refuse(args, kwargs)`: raises the error of a call this does not take.
     refuse: Py<PyAny>,
@@ -48,40 +54,38 @@ pub struct StageCall {
 
 #[pymethods]
 impl StageCall {
+    /// `made`: `(stage, key, keyed)`; `policies`: `(made under, the wrapper's own,
+    /// policy_override.get)`; `fixed`: the static values by position and by keyword;
+    /// `bound`: `jit_partial`'s `(bound arguments, BoundArguments, JitPartial)`.
     #[new]
-    #[pyo3(signature = (
-        lean, stage, key, keyed, policy, own_policy, policy_override, fixed, fixed_names,
-        refuse, bound=None
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (lean, made, policies, fixed, refuse, bound=None))]
     fn new(
         lean: Py<LeanCall>,
-        stage: Py<PyAny>,
-        key: Py<PyAny>,
-        keyed: bool,
-        policy: Py<PyAny>,
-        own_policy: Py<PyAny>,
-        policy_override: Py<PyAny>,
-        fixed: Vec<(usize, Py<PyAny>)>,
-        fixed_names: Py<PyDict>,
+        made: (Py<PyAny>, Py<PyAny>, bool),
+        policies: (Py<PyAny>, Py<PyAny>, Py<PyAny>),
+        fixed: (Vec<(usize, Py<PyAny>)>, Py<PyDict>),
         refuse: Py<PyAny>,
         bound: Option<(Py<PyTuple>, Py<PyAny>, Py<PyAny>)>,
     ) -> Self {
+        let (made_under, own, block) = policies;
+        let bound = bound.map(|(args, arguments, partial)| BoundPart {
+            args,
+            arguments,
+            partial,
+        });
         StageCall {
             lean,
-            stage,
-            key,
-            keyed,
-            policy,
-            own_policy,
-            policy_override,
-            fixed,
-            fixed_names,
-            bound: bound.map(|(args, arguments, partial)| BoundPart {
-                args,
-                arguments,
-                partial,
-            }),
+            made,
+            policies: Policies {
+                made_under,
+                own,
+                block,
+            },
+            fixed: Fixed {
+                at: fixed.0,
+                named: fixed.1,
+            },
+            bound,
             refuse,
         }
     }
@@ -101,10 +105,11 @@ impl StageCall {
         }
         let all = self.with_statics(py, args)?;
         let kwargs = self.with_static_names(py, kwargs)?;
+        let (stage, key, keyed) = &self.made;
         let target = StageTarget {
-            stage: self.stage.bind(py).clone(),
-            key: self.key.bind(py).clone(),
-            keyed: self.keyed,
+            stage: stage.bind(py).clone(),
+            key: key.bind(py).clone(),
+            keyed: *keyed,
         };
         let arguments = self.bound.as_ref().map(|b| b.arguments.bind(py));
         let lean = self.lean.get();
@@ -121,15 +126,15 @@ impl StageCall {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.lean)?;
-        visit.call(&self.stage)?;
-        visit.call(&self.key)?;
-        visit.call(&self.policy)?;
-        visit.call(&self.own_policy)?;
-        visit.call(&self.policy_override)?;
-        for (_, value) in &self.fixed {
+        visit.call(&self.made.0)?;
+        visit.call(&self.made.1)?;
+        visit.call(&self.policies.made_under)?;
+        visit.call(&self.policies.own)?;
+        visit.call(&self.policies.block)?;
+        for (_, value) in &self.fixed.at {
             visit.call(value)?;
         }
-        visit.call(&self.fixed_names)?;
+        visit.call(&self.fixed.named)?;
         if let Some(bound) = &self.bound {
             visit.call(&bound.args)?;
             visit.call(&bound.arguments)?;
@@ -143,13 +148,14 @@ impl StageCall {
     /// Whether the call runs under the policy the stage was made under (a block's, else the
     /// wrapper's own): what a call writes back is part of the stage's compiled code.
     fn policy_holds(&self, py: Python<'_>) -> PyResult<bool> {
-        let given = self.policy_override.bind(py).call0()?;
+        let policies = &self.policies;
+        let given = policies.block.bind(py).call0()?;
         let now = if given.is_none() {
-            self.own_policy.bind(py).clone()
+            policies.own.bind(py).clone()
         } else {
             given
         };
-        Ok(now.is(&self.policy) || now.eq(&self.policy)?)
+        Ok(now.is(&policies.made_under) || now.eq(&policies.made_under)?)
     }
 
     /// Whether `kwargs` gives a static argument the stage has fixed.
@@ -157,7 +163,7 @@ impl StageCall {
         let Some(kwargs) = kwargs else {
             return Ok(false);
         };
-        for name in self.fixed_names.bind(py).keys() {
+        for name in self.fixed.named.bind(py).keys() {
             if kwargs.contains(name)? {
                 return Ok(true);
             }
@@ -174,8 +180,8 @@ impl StageCall {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let bound = self.bound.as_ref().map(|b| b.args.bind(py).clone());
         let mut given = bound.iter().flat_map(|b| b.iter()).chain(args.iter());
-        let mut fixed = self.fixed.iter().peekable();
-        let mut all = Vec::with_capacity(args.len() + self.fixed.len());
+        let mut fixed = self.fixed.at.iter().peekable();
+        let mut all = Vec::with_capacity(args.len() + self.fixed.at.len());
         loop {
             if let Some((_, value)) = fixed.next_if(|(at, _)| *at == all.len()) {
                 all.push(value.bind(py).clone());
@@ -198,7 +204,7 @@ impl StageCall {
             Some(kwargs) => kwargs.copy()?,
             None => PyDict::new(py),
         };
-        all.update(self.fixed_names.bind(py).as_mapping())?;
+        all.update(self.fixed.named.bind(py).as_mapping())?;
         Ok(all)
     }
 }

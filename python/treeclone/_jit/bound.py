@@ -85,12 +85,7 @@ class JitInterface:
     neither module reads the other's private attributes (``tests/test_import_graph.py``):
     the user's ``fun``; how its arguments are ``naming``-ed; ``static_nums`` and
     ``static_names`` (each completed from the other, as jax.jit does); the function's own
-    ``policy``; and its calls: ``lean_for(policy)``, the native call of a policy,
-    ``call(policy, args, kwargs, bound)``, the call the native bases hand over (a policy
-    not checked yet, errors),
-    ``check_cycles(args, kwargs)``, the error naming a cyclic argument,
-    ``explain_type_error(exc, args, kwargs)``, a TypeError with treeclone's remedy (or
-    ``exc``), ``cache_size()``, and
+    ``policy``; ``cache_size()``, and
     ``stage(method, args, kwargs, bound, partial)``, the ahead-of-time stages (``lower``,
     ``trace``, ``eval_shape``), ``partial`` the ``JitPartial`` whose stage it is."""
 
@@ -99,9 +94,5 @@ class JitInterface:
     static_nums: frozenset[int]
     static_names: frozenset[str]
     policy: Any
-    lean_for: Callable[[Any], Any]
-    call: Callable[..., Any]
-    check_cycles: Callable[[tuple, dict], None]
-    explain_type_error: Callable[[TypeError, tuple, dict], TypeError]
     cache_size: Callable[[], int]
     stage: Callable[..., Any]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 import jax
 from jax.core import Tracer
@@ -154,7 +154,7 @@ class Jitted(_native.JitCore):
     def _set_up_calls(self) -> None:
         """Hand the native base class (``_native.JitCore``, whose ``__call__`` every call runs:
         ``clone``'s check then ``jax.jit``'s call, or the native call of the policy, and
-        ``_call_policy`` for an argument that cannot be flattened) what calls need."""
+        ``_refuse`` for an argument that cannot be flattened) what calls need."""
         self._init_core(
             self._policy,
             CLONE,
@@ -201,25 +201,10 @@ class Jitted(_native.JitCore):
 
     # --- the policy path ----------------------------------------------------------------------
 
-    def _call_policy(
-        self,
-        policy: Policy | ArgPolicies,
-        args: tuple,
-        kwargs: dict,
-        bound: BoundArguments | None = None,
-    ) -> Any:
-        """A call the native bases hand over: arguments their call could not flatten (the
-        error here names the argument), and ``jit_partial``'s first call under a policy. The
-        policy's native call, with the bound arguments' cache (``bound``)."""
-        try:
-            return self._lean_for(policy).call(args, kwargs, bound)
-        except FlattenFailed as exc:
-            self._shape.refuse(exc, args, kwargs)
-        except TypeError as exc:
-            explained = self._explain_type_error(exc, args, kwargs)
-            if explained is exc:
-                raise
-            raise explained from None
+    def _refuse(self, failed: FlattenFailed, args: tuple, kwargs: dict) -> NoReturn:
+        """The error of a call whose arguments the native call could not flatten (called by
+        the native bases): it names the argument (``CallShape.refuse``)."""
+        self._shape.refuse(failed, args, kwargs)
 
     def _explain_type_error(self, exc: TypeError, args: tuple, kwargs: dict) -> TypeError:
         """``exc`` with treeclone's remedy when it is jax.jit's refusal of a leaf that is not a
@@ -399,10 +384,6 @@ class Jitted(_native.JitCore):
             static_nums=self._static_nums,
             static_names=self._static_names,
             policy=self._policy,
-            lean_for=self._lean_for,
-            call=self._call_policy,
-            check_cycles=self._check_cycles,
-            explain_type_error=self._explain_type_error,
             cache_size=self._cache_size,
             stage=self._stage,
         )

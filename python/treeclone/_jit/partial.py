@@ -90,14 +90,14 @@ class JitPartial(_native.PartialCore):
 
     def _call_bound(self, *args: Any, **kwargs: Any) -> Any:
         """``fun(*bound, *args, **kwargs)``, compiled, under the policy, with the cache of the
-        bound arguments: a call the native base hands over (a policy not checked yet, an
-        error to word); the native base learns whether the call replaced bound containers."""
+        bound arguments: a call under a policy the native base has not checked yet (it must
+        preserve identity); the native base learns whether the call replaced bound
+        containers."""
         try:
-            jit, bound = self._jit, self._bound
-            policy = policy_override.get() or jit.policy
+            policy = policy_override.get() or self._jit.policy
             _check_policy(policy)
             self._checked(policy)  # the native base's next calls under it need no check
-            return jit.call(policy, (*bound.args, *args), kwargs, bound)
+            return self._call_checked(args, kwargs)
         finally:
             self._after_call()
 

@@ -29,8 +29,8 @@ from treeclone._lift import jit_keystr
 from treeclone.policies import ArgPolicies, Policy
 
 # Raised by the inner function at trace time for a call whose key holds no shardings and whose
-# arguments are placed on several devices: the caller makes it again, keyed (the general path in
-# Jitted._call_policy, the lean one in _native.LeanCall).
+# arguments are placed on several devices: the caller makes it again, keyed (the native call,
+# _native.LeanCall, or the trace of a stage, Jitted._stage).
 ShardedArguments = _native.ShardedArguments
 
 

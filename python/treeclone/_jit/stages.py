@@ -132,14 +132,9 @@ class StagedCall:
             bound = (source.bound.args, source.bound, source.partial)
         return _native.StageCall(
             source.lean,
-            stage,
-            self.key,
-            self.key[4] is not None,  # keyed by the arguments' placements
-            source.policy,
-            source.own_policy,
-            policy_override.get,
-            fixed,
-            names,
+            (stage, self.key, self.key[4] is not None),  # keyed by the arguments' placements?
+            (source.policy, source.own_policy, policy_override.get),
+            (fixed, names),
             functools.partial(self.refuse, stage),
             bound,
         )

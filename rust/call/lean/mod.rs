@@ -10,7 +10,7 @@
 //! `jax.jit` as `jitted(key, donated, *kept)` with the call recorded for its debug info, and
 //! applies the trace's `CallPlan`. Python runs on a cache miss (`key_of`: the key of a new
 //! structure, its donation and static leaves), at a trace, and on the error paths: an argument
-//! that cannot be flattened (`FlattenFailed` hands the call back, whose error names it), and
+//! that cannot be flattened (`FlattenFailed`: Python's `_refuse` names it), and
 //! `finish`, for a result that hands inputs back as `jax.jit`'s arrays (strict) or a write-back
 //! inside a JAX transformation.
 
@@ -168,20 +168,6 @@ impl LeanCall {
             array,
             keyed: AtomicBool::new(keyed),
         })
-    }
-
-    /// `fun(*args, **kwargs)` under the policy (see `call_with`), for the Python methods that
-    /// take the calls the native bases hand back (`Jitted._call_policy`, `JitPartial`'s
-    /// first call under a policy): `FlattenFailed` when the arguments cannot be flattened.
-    #[pyo3(name = "call", signature = (args, kwargs, bound=None))]
-    fn py_call<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: &Bound<'py, PyDict>,
-        bound: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        Ok(self.call_with(py, args, Some(kwargs), bound, None)?.0)
     }
 
     /// What a call of these arguments hands its inner jit, as the running call's record
