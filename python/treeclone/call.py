@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from treeclone import _lift, _trace, tree_util
+from treeclone import _effects, _lift, tree_util
 from treeclone._jax_compat import keystr
 from treeclone._lift import Naming, reporting
 from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
@@ -142,7 +142,7 @@ def _raise_array_mutation(fun, root, leaves, lost, layout) -> None:
                 name = str(path[1].key) + keystr(path[2:])
             paths[id(leaf)] = name
     lines = [f"{paths.get(id(leaves[s]), '?')}: array changed in place" for s in lost]
-    raise _trace.mutation_error(fun, lines)
+    raise _effects.mutation_error(fun, lines)
 
 
 __all__ = ["call"]

@@ -1,6 +1,6 @@
 """The function ``treeclone.jit``'s inner ``jax.jit`` traces under a policy (:class:`Inner`):
 it rebuilds a call's arguments from its distinct leaves, runs the user's function through the
-lift (:func:`~treeclone._lift.begin` and ``_trace``'s steps) and returns the outputs boxed with
+lift (:func:`~treeclone._lift.begin` and ``_effects``'s steps) and returns the outputs boxed with
 what the trace recorded (:class:`TraceInfo`, the static data of a :class:`ResultBox`); and the
 end of every such call (:func:`end_of_call`), on the Python path and the lean native one.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from treeclone import _native, _retrace, _trace
+from treeclone import _effects, _native, _retrace
 from treeclone._jit.call import (
     JitCall,
     from_jit_order,
@@ -66,12 +66,12 @@ class TraceInfo:
     key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
     own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
     ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
-    ``next_inputs``: where the arguments' leaves are after a call (``_trace.writes.next_inputs``),
+    ``next_inputs``: where the arguments' leaves are after a call (``_effects.writes.next_inputs``),
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
     the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
     under alias, whose result is plain Python's (its plan checks rule J31 itself, as every
-    lifted transformation's does: ``_trace.enclosing``). ``hold_inputs``: whether the lean
+    lifted transformation's does: ``_effects.enclosing``). ``hold_inputs``: whether the lean
     path holds a call's leaves until the next call (their arrays are on a platform of
     ``HOLD_INPUT_PLATFORMS`` and total at most ``HOLD_INPUT_BYTES``). Compared by identity,
     as the plan is.
@@ -140,7 +140,7 @@ def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
 
 class Inner(Runner):
     """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
-    the call's distinct leaves, runs ``fun`` on them (the lift's ``begin``, then ``_trace``'s
+    the call's distinct leaves, runs ``fun`` on them (the lift's ``begin``, then ``_effects``'s
     steps) and returns the outputs boxed with what the trace recorded.
 
     It is called as ``jitted(key, donated, *kept)``: ``key``, static, is the call's
@@ -343,7 +343,7 @@ class Inner(Runner):
             keep_inputs[s] = id(leaves[s]) not in returned
         return keep_inputs
 
-    def _trace_info(self, plan: Any, outputs: list, traced: _trace.Traced) -> TraceInfo:
+    def _trace_info(self, plan: Any, outputs: list, traced: _effects.Traced) -> TraceInfo:
         """The trace's ``TraceInfo``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None

@@ -27,7 +27,7 @@ from typing import Any, overload
 import jax
 from jax.core import Tracer
 
-from treeclone import _native, _trace
+from treeclone import _effects, _native
 from treeclone._jit.bound import BoundArguments, JitInterface
 from treeclone._jit.call import CallShape, JitCall
 from treeclone._jit.inner import Inner, finish_lean, make_inner
@@ -228,7 +228,7 @@ class Jitted(_native.JitCore):
         found = self._shape.not_a_jax_type(args, kwargs)
         if found is None:
             return exc
-        return _trace.traced_remedy(exc, *found)
+        return _effects.traced_remedy(exc, *found)
 
     def _lean_call(self, policy: Policy | ArgPolicies) -> _native.LeanCall:
         """The native call (``_native.LeanCall``) of ``policy``'s inner jit; ``JitCore`` makes

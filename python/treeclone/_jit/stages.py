@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-from treeclone import _jax_compat, _native, _retrace, _trace
+from treeclone import _effects, _jax_compat, _native, _retrace
 from treeclone._docs import see
 from treeclone._jit.bound import BoundArguments
 from treeclone._jit.call import CallShape, JitCall, from_jit_order
@@ -111,8 +111,8 @@ def trace(source: StageSource, args: tuple, kwargs: dict) -> Traced:
     return Traced(StagedCall(source, call, info), traced)
 
 
-def _layout(call: JitCall, naming: Any) -> _trace.Layout:
-    return _trace.Layout(len(call.args), [naming.name(i) for i in call.positions], call.positions)
+def _layout(call: JitCall, naming: Any) -> _effects.Layout:
+    return _effects.Layout(len(call.args), [naming.name(i) for i in call.positions], call.positions)
 
 
 class StagedCall:
@@ -179,7 +179,7 @@ class StagedCall:
             changes += [
                 (new.slot_paths[s], f"static leaf changed from {before.get(s)!r} to {v!r}")
                 for s, v in after.items()
-                if s not in before or not _trace.same_data(before[s], v)
+                if s not in before or not _effects.same_data(before[s], v)
             ]
         lines = [
             f"{fun_name(self.source.fun)} was traced, lowered and compiled ahead of time for "

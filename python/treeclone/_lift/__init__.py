@@ -7,7 +7,7 @@ A transformation under a policy other than ``clone`` does three things, each don
    static arguments taken out and kept, hashed, as part of the call's structure; a cycle is
    the ``ValueError`` of every policy, naming the argument (also :func:`check_call`, all a
    call adds under ``clone``);
-2. **run the function at trace time** (``runner``: :func:`begin`, then ``_trace``'s steps):
+2. **run the function at trace time** (``runner``: :func:`begin`, then ``_effects``'s steps):
    rebuild the arguments from the leaves the JAX transformation hands in (tracers), run the
    user's function on them and record what it did as a native ``CallPlan``. The plan leaves
    the transformed function as the static data of an :class:`Out` node (``boxes``), so it is

@@ -14,9 +14,9 @@ import numpy as np
 
 from treeclone import _jax_compat, _native, tree_util
 from treeclone._docs import see
+from treeclone._effects import NAN_TYPES, same_static, static_hash, static_key
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift.naming import Naming, jit_keystr, name_slots
-from treeclone._trace import NAN_TYPES, same_static, static_hash, static_key
 
 
 def normalize(indices: frozenset[int], n: int) -> frozenset[int]:
@@ -185,7 +185,7 @@ class StaticLeaves(tuple):
     with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
     the cache key of the call's trace, so a static leaf that changes is a new trace: compared
     as equinox compares them, with ``==``, the same object first and a NaN equal to a NaN
-    (``_trace.static_key``).
+    (``_effects.static_key``).
 
     A tuple of the entries as keyed, ``(slot, type, value)`` with a NaN value keyed as every
     NaN of its type, hashed and compared in C: JAX hashes the key at every call, and a

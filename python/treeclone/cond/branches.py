@@ -33,7 +33,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from treeclone import _lift, _trace
+from treeclone import _effects, _lift
 from treeclone._docs import see
 from treeclone._jax_compat import is_ref
 from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
@@ -369,7 +369,7 @@ class _Lifted:
         # combination, as for jit).
         self.policy, self.arg_policies = for_call(policy, range(num_operands), [])
         naming = Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
-        self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
+        self.layout = _effects.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
         self.records: list[BranchRecord | None] = [None] * len(branches)
         self.plans: dict[int | None, Any] = {}
         self.lock = threading.Lock()

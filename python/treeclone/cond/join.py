@@ -17,9 +17,9 @@ import numpy as np
 
 from treeclone import _native
 from treeclone._docs import see
+from treeclone._effects import Layout, Paths, Traced, child_keys, same_data, same_static
 from treeclone._jax_compat import DictKey, is_ref, keystr, unflatten_node
 from treeclone._native import EntryInfo, Origin, Source
-from treeclone._trace import Layout, Paths, Traced, child_keys, same_data, same_static
 from treeclone._writeback import write_custom as _write_custom
 
 # CallPlan's stub types the write-back hook; the function is the same.

@@ -40,8 +40,8 @@ import jax
 
 from treeclone import _lift
 from treeclone._docs import see
+from treeclone._effects import qualname
 from treeclone._lift import Naming, leaf_rule, reporting
-from treeclone._trace import qualname
 from treeclone.loops.carry import LoopCall, LoopPlan
 from treeclone.loops.rules import (
     NAMINGS,

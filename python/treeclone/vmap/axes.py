@@ -16,12 +16,12 @@ import numpy as np
 
 from treeclone import _jax_compat, _native
 from treeclone._docs import see
+from treeclone._effects import ChildKeys, Layout, Paths, Traced
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
 from treeclone._lift import Call, Naming, jit_keystr
 from treeclone._native import EntryInfo
-from treeclone._trace import ChildKeys, Layout, Paths, Traced
 
 Node = EntryInfo.Node
 

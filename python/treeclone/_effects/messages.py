@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 import jax
 
 from treeclone._docs import see
+from treeclone._effects.tree import Layout, NodeInfo, Paths, argument_tops
 from treeclone._jax_compat import keystr, traced_by
-from treeclone._trace.tree import Layout, NodeInfo, Paths, argument_tops
 from treeclone.policies import MutationError, MutationWarning, Policy, discarded_mode
 
 

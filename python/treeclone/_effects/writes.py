@@ -17,11 +17,9 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._docs import see
-from treeclone._jax_compat import unflatten_node
-from treeclone._native import EntryInfo, Origin
-from treeclone._trace.diff import reordered
-from treeclone._trace.messages import policy_name, qualname
-from treeclone._trace.tree import (
+from treeclone._effects.diff import reordered
+from treeclone._effects.messages import policy_name, qualname
+from treeclone._effects.tree import (
     Layout,
     NodeInfo,
     Paths,
@@ -30,6 +28,8 @@ from treeclone._trace.tree import (
     holds_tracer,
     same_data,
 )
+from treeclone._jax_compat import unflatten_node
+from treeclone._native import EntryInfo, Origin
 from treeclone._writeback import (
     InPlace,
     attribute_names,

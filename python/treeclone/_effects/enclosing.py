@@ -17,10 +17,10 @@ from typing import Any
 from jax.core import Tracer
 
 from treeclone import _native, tree_util
+from treeclone._effects.messages import enclosing_write_error
+from treeclone._effects.tree import Layout, NodeInfo, Paths, argument_tops
+from treeclone._effects.watch import made_for_a_call, traced_by_a_call
 from treeclone._jax_compat import keystr, stages_constants, trace_of
-from treeclone._trace.messages import enclosing_write_error
-from treeclone._trace.tree import Layout, NodeInfo, Paths, argument_tops
-from treeclone._trace.watch import made_for_a_call, traced_by_a_call
 
 
 class EnclosingWrites:

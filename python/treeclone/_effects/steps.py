@@ -10,7 +10,7 @@ starts them), reading what it needs from the record each step returns:
    may check or change ``Called.out`` (``out_shardings``, ``has_aux``) before the next step;
 3. :meth:`Called.diff` (-> :class:`Traced`): what changed in each input container, strict's
    ``MutationError`` and clone's report, the result's structure with the ``Origin`` of each
-   container written back (``_trace.writes``);
+   container written back (``_effects.writes``);
 4. :meth:`Traced.plan` (-> :class:`Plan`): the native ``CallPlan`` that rebuilds the result
    and writes back at every call, and the leaves the computation must output.
 """
@@ -25,12 +25,10 @@ from jax.errors import UnexpectedTracerError
 
 from treeclone import _native
 from treeclone._docs import see
-from treeclone._jax_compat import current_trace, first_escaped
-from treeclone._native import Source
-from treeclone._trace.consumed import take_successors
-from treeclone._trace.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
-from treeclone._trace.enclosing import EnclosingWrites
-from treeclone._trace.messages import (
+from treeclone._effects.consumed import take_successors
+from treeclone._effects.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
+from treeclone._effects.enclosing import EnclosingWrites
+from treeclone._effects.messages import (
     leaf_path,
     mutation_lines,
     per_argument_remedy,
@@ -44,12 +42,12 @@ from treeclone._trace.messages import (
     report_discarded,
     report_off,
 )
-from treeclone._trace.tree import (
+from treeclone._effects.tree import (
     Layout,
     NodeInfo,
     unstable_static_data,
 )
-from treeclone._trace.watch import (
+from treeclone._effects.watch import (
     check_callers,
     restore_static_state,
     running_on,
@@ -57,13 +55,15 @@ from treeclone._trace.watch import (
     static_snapshot,
     watch_callers,
 )
-from treeclone._trace.writes import (
+from treeclone._effects.writes import (
     HeldLeaves,
     Writes,
     container_writes,
     next_inputs,
     node_policies,
 )
+from treeclone._jax_compat import current_trace, first_escaped
+from treeclone._native import Source
 from treeclone._writeback import write_custom
 from treeclone.policies import Policy
 
@@ -87,7 +87,7 @@ class Request:
     was chosen); a container of an argument it does not name that a named one also holds
     follows the named one (rule P5). ``eager``: the function runs in the caller's own JAX
     trace (``treeclone.call``), not in one a JAX transformation made for it (rule J31,
-    ``_trace.enclosing``)."""
+    ``_effects.enclosing``)."""
 
     __slots__ = (
         "arg_named",
