@@ -63,7 +63,7 @@ def call(
     called = prepared.call()
     # strict hands a changed array back as the function's copy; alias writes it into the
     # caller's array below, so the caller's own array is handed back.
-    traced = called.diff().plan(keep_inputs=changed if chosen.mutations == "error" else None)
+    planned = called.diff().plan(keep_inputs=changed if chosen.mutations == "error" else None)
     slot_mutations = _slot_mutations(sdef, len(args), arg_policies, chosen.mutations)
     strict = [s for s in changed.slots() if slot_mutations(s) == "error"]
     if strict:  # checked before anything is written back
@@ -71,7 +71,7 @@ def call(
         lost = [s for s in strict if id(work[s]) not in returned]
         if lost:
             _raise_array_mutation(fun, root, leaves, lost, prepared.req.layout)
-    result = traced.plan.apply(leaves, objects, traced.outputs)
+    result = planned.plan.apply(leaves, objects, planned.outputs)
     if chosen.mutations == "propagate":
         for s in changed.slots():
             if slot_mutations(s) == "propagate":
@@ -110,7 +110,7 @@ def _copy_if_mutable(x: Any) -> Any:
 
 class _Changed(Sequence):
     """Per leaf slot, whether it may be handed back as it came in: False for an array the
-    function changed in place. Read by ``Traced.plan`` after the function has run."""
+    function changed in place. Read by ``Diffed.plan`` after the function has run."""
 
     def __init__(self, originals: list, copies: list):
         self.originals, self.copies = originals, copies

@@ -189,8 +189,8 @@ class _Body:
         containers = _containers(prepared.args)
         called = prepared.call()
         out = called.out
-        traced_plan = called.diff().plan()
-        plan, outputs = traced_plan.plan, self.runner.outputs(traced_plan)
+        planned = called.diff().plan()
+        plan, outputs = planned.plan, self.runner.outputs(planned)
         rule = self.runner.traced
         if rule is not None:  # the result jax.shard_map maps: its static leaves left out
             flat, out_def = jax.tree_util.tree_flatten(out)

@@ -35,11 +35,11 @@ from treeclone._effects.messages import (
 )
 from treeclone._effects.steps import (
     Called,
+    Diffed,
     Plan,
     Prepared,
     Request,
     StaticArgs,
-    Traced,
     prepare,
     run,
 )
@@ -78,7 +78,7 @@ __all__ = [
     "Request",
     "Same",
     "StaticArgs",
-    "Traced",
+    "Diffed",
     "check_callers",
     "child_keys",
     "enclosing_write_error",

@@ -1,7 +1,7 @@
 """Rule J31 (docs/semantics.md): inside an enclosing JAX transformation an alias call never
 leaves a tracer of it in an object from outside that transformation.
 
-Every plan that writes back carries an :class:`EnclosingWrites` (``Traced.plan``, and cond's
+Every plan that writes back carries an :class:`EnclosingWrites` (``Diffed.plan``, and cond's
 joined plans), and the native ``CallPlan.apply`` calls it before anything is written, when
 the call runs inside a JAX transformation and one of the outputs is a tracer: one check, in
 the write-back every lifted transformation shares (jit, jit_partial, call, grad, vmap,

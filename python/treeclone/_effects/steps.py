@@ -8,10 +8,10 @@ starts them), reading what it needs from the record each step returns:
    watch of static objects, the caller's containers the function must not reach);
 2. :meth:`Prepared.call` (-> :class:`Called`): the function runs on them; a transformation
    may check or change ``Called.out`` (``out_shardings``, ``has_aux``) before the next step;
-3. :meth:`Called.diff` (-> :class:`Traced`): what changed in each input container, strict's
+3. :meth:`Called.diff` (-> :class:`Diffed`): what changed in each input container, strict's
    ``MutationError`` and clone's report, the result's structure with the ``Origin`` of each
    container written back (``_effects.writes``);
-4. :meth:`Traced.plan` (-> :class:`Plan`): the native ``CallPlan`` that rebuilds the result
+4. :meth:`Diffed.plan` (-> :class:`Plan`): the native ``CallPlan`` that rebuilds the result
    and writes back at every call, and the leaves the computation must output.
 """
 
@@ -213,7 +213,7 @@ class Called:
     def __init__(self, prepared: Prepared, out: Any):
         self.prepared, self.out = prepared, out
 
-    def diff(self) -> Traced:
+    def diff(self) -> Diffed:
         """Step 3: what the function did to each input container, checked by its policy."""
         p, req = self.prepared, self.prepared.req
         if p.watched and req.caller_objects is not None:
@@ -248,7 +248,7 @@ class Called:
             for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
                 del origin_of[n]  # fresh containers, as under their own policy
         held = {n: h for n, h in writes.held.items() if n in origin_of}
-        return Traced(self, post, origin_of, mutated, held)
+        return Diffed(self, post, origin_of, mutated, held)
 
     def _check_cycles(self, exc: Exception, container_index: dict[int, int]) -> None:
         """The error for a container the function left containing itself (``exc``: the
@@ -352,7 +352,7 @@ class Called:
                 report_discarded(req.fun, lines, None, chosen, remedy)
 
 
-class Traced:
+class Diffed:
     """What a run did, ready to become a plan: the result's structure (``result_def``), its
     leaves and objects, the ``Origin`` of each result node written back (``origins``; None:
     a fresh container) and ``result_child`` (under alias the result is the pair ``(inputs,

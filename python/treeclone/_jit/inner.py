@@ -249,13 +249,13 @@ class Inner(Runner):
         called = prepared.call()
         by_leaf = self.placement.outputs(called.out)
         keep_inputs = self._keep_inputs(leaves, keep, static, called.out, by_leaf)
-        traced = called.diff()
-        traced_plan = traced.plan(keep_inputs=keep_inputs)
-        plan, outputs = traced_plan.plan, traced_plan.outputs
+        diffed = called.diff()
+        planned = diffed.plan(keep_inputs=keep_inputs)
+        plan, outputs = planned.plan, planned.outputs
         # Why this trace happened, in the user's words (trace time only: _retrace).
         self.retraces.traced(key, leaves, prepared.req.layout, (prepared.args, prepared.kwargs))
-        info = self._trace_info(plan, outputs, traced)
-        info.next_inputs = traced.next_inputs(traced_plan)
+        info = self._trace_info(plan, outputs, diffed)
+        info.next_inputs = diffed.next_inputs(planned)
         info.hold_inputs = (
             call is not None
             and platform(call.leaves) in HOLD_INPUT_PLATFORMS
@@ -343,15 +343,15 @@ class Inner(Runner):
             keep_inputs[s] = id(leaves[s]) not in returned
         return keep_inputs
 
-    def _trace_info(self, plan: Any, outputs: list, traced: _effects.Traced) -> TraceInfo:
+    def _trace_info(self, plan: Any, outputs: list, diffed: _effects.Diffed) -> TraceInfo:
         """The trace's ``TraceInfo``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None
-        prepared = traced.prepared
+        prepared = diffed.prepared
         leaves = prepared.req.leaves
         try:
             where: dict[int, str] = {}
-            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(traced.out)
+            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(diffed.out)
             for path, leaf in out_leaves:
                 where.setdefault(id(leaf), jit_keystr(path))
             args, kwargs = prepared.args, prepared.kwargs

@@ -298,7 +298,7 @@ def begin(
     watched while ``fun`` runs. ``eager``: ``fun`` runs in the caller's own JAX trace
     (``treeclone.call``), not in one a JAX transformation made for it. Every transformation's
     trace starts here; the next steps are
-    ``_effects``'s (``Prepared.call``, ``Called.diff``, ``Traced.plan``), and the plan's
+    ``_effects``'s (``Prepared.call``, ``Called.diff``, ``Diffed.plan``), and the plan's
     ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the call's result.
 
     >>> from treeclone import STRICT

@@ -307,14 +307,14 @@ class _Branch(_lift.Runner):
     def __call__(self, *given: Any) -> list:
         lifted, call = self.lifted, self.current_call()
         leaves = with_static(given, call.static)  # the static ones (traced=) back
-        traced = self.begin(call.sdef, leaves).call().diff()
-        result_leaves = traced.result_leaves
-        info = traced.result_def.node_info()
+        diffed = self.begin(call.sdef, leaves).call().diff()
+        result_leaves = diffed.result_leaves
+        info = diffed.result_def.node_info()
         columns = [result_leaves[e.slot] for e in info if isinstance(e, EntryInfo.Leaf)]
         slot_of = {id(x): s for s, x in enumerate(leaves)}
         inputs = [slot_of.get(id(x)) for x in columns]
         refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
-        record = BranchRecord(traced, inputs, [aval_of(x) for x in columns], refs)
+        record = BranchRecord(diffed, inputs, [aval_of(x) for x in columns], refs)
         rule = self.traced
         if rule is not None:
             record.statics = {

@@ -180,8 +180,8 @@ class LoopCall:
             watch.check(self.fun, (found["new"], found["others"]))
         kept_static: dict[int, int] = {}  # the body's static leaf (by id) -> the slot it keeps
         new_slots = self._check(in_leaves, objs, watched, found["new"], kept_static)
-        traced = called.diff()
-        plan = traced.plan(forced=_forced(traced, in_leaves, new_slots))
+        diffed = called.diff()
+        plan = diffed.plan(forced=_forced(diffed, in_leaves, new_slots))
         where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
         where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
         where.update({k: len(new_slots) + s for k, s in kept_static.items()})
@@ -451,7 +451,7 @@ class LoopCall:
         return out if len(self.call.args) == 1 else out[0]
 
 
-def _forced(traced: _effects.Traced, in_leaves: list, new_slots: list) -> list[bool]:
+def _forced(diffed: _effects.Diffed, in_leaves: list, new_slots: list) -> list[bool]:
     """Which result leaves the loop's plan takes from the computation's outputs. The plan is
     applied once, after the loop, to the final leaves, so an input leaf (a tracer the body was
     given) in the result is the caller's own leaf only if the body hands it back at its own
@@ -460,11 +460,11 @@ def _forced(traced: _effects.Traced, in_leaves: list, new_slots: list) -> list[b
     leaves: written by no plan, it loses its origin where it holds such an output. (The rest of
     what the body does not hand back keeps its input leaves: the caller's, unchanged.)"""
     moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
-    rdef, rleaves, origins = traced.result_def, traced.result_leaves, traced.origins
-    if traced.result_child is None:  # nothing is written: the result is the body's alone
+    rdef, rleaves, origins = diffed.result_def, diffed.result_leaves, diffed.origins
+    if diffed.result_child is None:  # nothing is written: the result is the body's alone
         return [id(leaf) in moving for leaf in rleaves]
     info = rdef.node_info()
-    returned = _reachable(info, info[-1].children[traced.result_child])
+    returned = _reachable(info, info[-1].children[diffed.result_child])
     handed_back = {e.slot for n in returned if isinstance(e := info[n], LeafInfo)}
     forced = [s in handed_back and id(x) in moving for s, x in enumerate(rleaves)]
     if any(forced):

@@ -16,7 +16,7 @@ import numpy as np
 
 from treeclone import _jax_compat, _native
 from treeclone._docs import see
-from treeclone._effects import ChildKeys, Layout, Paths, Traced
+from treeclone._effects import ChildKeys, Diffed, Layout, Paths
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
@@ -213,7 +213,7 @@ def batched(x: Any, traces: set[int]) -> bool:
 
 class Places:
     """The batch axis of each leaf of a call's result, worked out from where it ends up
-    (given to ``Traced.plan`` as ``forced``): in a caller's container, the axis ``in_axes``
+    (given to ``Diffed.plan`` as ``forced``): in a caller's container, the axis ``in_axes``
     gave that place (a container moved elsewhere keeps its own); in the function's result,
     ``out_axes``. It also says which input leaves must be produced by the computation (their
     place has another axis than they came in with), and raises, naming the place, for a batched
@@ -234,11 +234,11 @@ class Places:
 
     # -- the result ------------------------------------------------------------------------
 
-    def forced(self, traced: Traced) -> list[bool]:
-        """Per leaf of ``traced``'s result, whether the computation must output it (an input
+    def forced(self, diffed: Diffed) -> list[bool]:
+        """Per leaf of ``diffed``'s result, whether the computation must output it (an input
         leaf whose place has another axis than it came in with)."""
-        origins, rleaves = traced.origins, traced.result_leaves
-        self.info, self.objs = traced.result_def.node_info(), traced.result_objs
+        origins, rleaves = diffed.origins, diffed.result_leaves
+        self.info, self.objs = diffed.result_def.node_info(), diffed.result_objs
         self.keys = ChildKeys(self.objs, self.info)
         self.origins, self.rleaves = origins, rleaves
         self.place: list[Any] = [_UNSET] * len(rleaves)

@@ -81,8 +81,8 @@ class _VmapRunner(_lift.Runner):
         inputs = container_ids((prepared.args, prepared.kwargs))
         called = prepared.call()
         called.out = copy_returned_inputs(called.out, out_axes, leaves, axes, inputs, static)
-        traced = called.diff()
-        plan = traced.plan(forced=places.forced(traced))
+        diffed = called.diff()
+        plan = diffed.plan(forced=places.forced(diffed))
         outputs = self.outputs(plan)
         if len(places.out_list) != len(outputs):  # Places mirrors the plan's choice
             raise RuntimeError(
