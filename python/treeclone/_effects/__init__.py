@@ -41,7 +41,6 @@ from treeclone._effects.steps import (
     Request,
     StaticArgs,
     prepare,
-    run,
 )
 from treeclone._effects.tree import (
     NAN_TYPES,
@@ -93,7 +92,6 @@ __all__ = [
     "raise_outside_attribute",
     "report_discarded",
     "reporting_discards",
-    "run",
     "same_data",
     "same_static",
     "shallow_state",

@@ -472,8 +472,3 @@ class Plan:
 
     def __init__(self, plan: Any, outputs: list, pool_index: dict[int, int]):
         self.plan, self.outputs, self.pool_index = plan, outputs, pool_index
-
-
-def run(req: Request) -> Plan:
-    """All four steps, for a transformation that needs nothing between them."""
-    return prepare(req).call().diff().plan()
