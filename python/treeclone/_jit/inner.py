@@ -1,7 +1,7 @@
 """The function ``treeclone.jit``'s inner ``jax.jit`` traces under a policy (:class:`Inner`):
 it rebuilds a call's arguments from its distinct leaves, runs the user's function through the
 lift (:func:`~treeclone._lift.begin` and ``_effects``'s steps) and returns the outputs boxed with
-what the trace recorded (:class:`TraceInfo`, the static data of a :class:`ResultBox`); and the
+what the trace recorded (:class:`JitRecord`, the static data of a :class:`ResultBox`); and the
 end of every such call (:func:`end_of_call`), on the Python path and the lean native one.
 """
 
@@ -58,7 +58,7 @@ HOLD_INPUT_PLATFORMS = frozenset({"tpu"})
 HOLD_INPUT_BYTES = 16 << 20
 
 
-class TraceInfo:
+class JitRecord:
     """What one trace under a policy recorded; the static data of its ``ResultBox``.
 
     ``plan``: the ``CallPlan``. ``paths``: for each output of the computation, where the user
@@ -106,11 +106,11 @@ class TraceInfo:
         self.hold_inputs = False
 
 
-# The inner jit's result: the outputs, with the trace's TraceInfo as static data.
+# The inner jit's result: the outputs, with the trace's JitRecord as static data.
 ResultBox = _native.ResultBox
 
 
-def _result_keys(box: ResultBox) -> tuple[list, TraceInfo]:
+def _result_keys(box: ResultBox) -> tuple[list, JitRecord]:
     # The key of each output is its path as the user sees it (a string: keystr prints it as is).
     return list(zip(box.info.paths, box.leaves, strict=True)), box.info
 
@@ -126,13 +126,13 @@ jax.tree_util.register_pytree_with_keys(
 _native.invalidate_registry_cache()
 
 
-def end_of_call(info: TraceInfo, leaves: list, objects: list, outputs: list) -> Any:
+def end_of_call(info: JitRecord, leaves: list, objects: list, outputs: list) -> Any:
     """The result of a call and its write-back: the plan (which checks rule J31), with the
     inputs strict hands back as ``jax.jit``'s arrays."""
     return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
 
 
-def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
+def finish_lean(call: tuple, info: JitRecord, outputs: list) -> Any:
     """The end of a call on the lean path whose result needs Python (``_native.LeanCall``)."""
     _, _, _, leaves, objects, *_ = call
     return end_of_call(info, leaves, objects, outputs)
@@ -254,7 +254,7 @@ class Inner(Runner):
         plan, outputs = planned.plan, planned.outputs
         # Why this trace happened, in the user's words (trace time only: _retrace).
         self.retraces.traced(key, leaves, prepared.req.layout, (prepared.args, prepared.kwargs))
-        info = self._trace_info(plan, outputs, diffed)
+        info = self._jit_record(plan, outputs, diffed)
         info.next_inputs = diffed.next_inputs(planned)
         info.hold_inputs = (
             call is not None
@@ -293,7 +293,7 @@ class Inner(Runner):
         req = prepared.req
         return argument_leaves(prepared.args, prepared.kwargs, names, req.policy, req.arg_policies)
 
-    def _static_outputs(self, info: TraceInfo, outputs: list) -> list:
+    def _static_outputs(self, info: JitRecord, outputs: list) -> list:
         """What the function made that the ``traced=`` rule leaves static (a new string, a
         function, a Python number) is not an output of the computation: it comes back as it
         is, as from equinox's filter_jit (recorded in ``info``); a traced value always is
@@ -343,8 +343,8 @@ class Inner(Runner):
             keep_inputs[s] = id(leaves[s]) not in returned
         return keep_inputs
 
-    def _trace_info(self, plan: Any, outputs: list, diffed: _effects.Diffed) -> TraceInfo:
-        """The trace's ``TraceInfo``: where each output is, and how ``fun``'s result is made."""
+    def _jit_record(self, plan: Any, outputs: list, diffed: _effects.Diffed) -> JitRecord:
+        """The trace's ``JitRecord``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None
         prepared = diffed.prepared
@@ -366,7 +366,7 @@ class Inner(Runner):
             out_sources = tuple(index[id(leaf)] for _, leaf in out_leaves)
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
-        return TraceInfo(plan, tuple(paths), out_tree, out_sources)
+        return JitRecord(plan, tuple(paths), out_tree, out_sources)
 
 
 def returned_inputs(

@@ -30,7 +30,7 @@ from treeclone import _effects, _jax_compat, _native, _retrace
 from treeclone._docs import see
 from treeclone._jit.bound import BoundArguments
 from treeclone._jit.call import CallShape, JitCall, from_jit_order
-from treeclone._jit.inner import Inner, TraceInfo, end_of_call, fun_name
+from treeclone._jit.inner import Inner, JitRecord, end_of_call, fun_name
 from treeclone.policies import ArgPolicies, Policy, policy_override
 
 
@@ -107,7 +107,7 @@ def trace(source: StageSource, args: tuple, kwargs: dict) -> Traced:
     finally:
         _native.swap_running_call(saved)
     info = _jax_compat.traced_out_tree(traced).node_data()[1]
-    assert isinstance(info, TraceInfo)
+    assert isinstance(info, JitRecord)
     return Traced(StagedCall(source, call, info), traced)
 
 
@@ -123,7 +123,7 @@ class StagedCall:
 
     __slots__ = ("info", "key", "num_args", "num_bound", "record", "source")
 
-    def __init__(self, source: StageSource, call: JitCall, info: TraceInfo):
+    def __init__(self, source: StageSource, call: JitCall, info: JitRecord):
         self.source, self.key, self.info = source, call.key, info
         self.num_args = len(call.args)
         self.num_bound = 0 if source.bound is None else len(source.bound.args)

@@ -67,14 +67,14 @@ pub struct LeanCall {
     /// The last key met: a training loop meets one structure call after call, and comparing
     /// with it costs less than hashing.
     last: Mutex<Option<Last>>,
-    /// What `call_inner_jit` reads of the last trace's `TraceInfo` (set at trace time, not changed
+    /// What `call_inner_jit` reads of the last trace's `JitRecord` (set at trace time, not changed
     /// after): read again only when another trace's comes back.
     last_info: Mutex<Option<InfoParts>>,
     /// The last flatten's entries and distinct leaves: the next one's buffers start that
     /// large (`flatten_shared_sized`).
     last_entries: AtomicUsize,
     last_leaves: AtomicUsize,
-    /// The last `HELD_CALLS` calls' leaves, when their trace says so (`TraceInfo.hold_inputs`,
+    /// The last `HELD_CALLS` calls' leaves, when their trace says so (`JitRecord.hold_inputs`,
     /// see `HOLD_INPUT_PLATFORMS` in _jit/inner.py) and they ran outside any JAX
     /// transformation: on a TPU an array whose last reference goes while a computation still
     /// reads it costs the host time, and a training loop lets go of its old state right after
@@ -89,7 +89,7 @@ pub struct LeanCall {
     keyed: AtomicBool,
 }
 
-/// Of a `TraceInfo`: itself, the input slots its result hands back as `jax.jit`'s arrays
+/// Of a `JitRecord`: itself, the input slots its result hands back as `jax.jit`'s arrays
 /// (`returned_inputs`, strict's), whether the call's leaves are held (`hold_inputs`), the
 /// outputs `traced=` left static (`static_outputs`, None when none) and its plan (whose
 /// `apply` checks rule J31 itself).
@@ -172,7 +172,7 @@ impl LeanCall {
 
     /// The call for `jit_partial`, whose bound arguments (the first of `args`) were flattened
     /// already: `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))` (`kwargs`
-    /// sorted). Returns `(result, the trace's TraceInfo, the computation's outputs)`.
+    /// sorted). Returns `(result, the trace's JitRecord, the computation's outputs)`.
     pub(crate) fn call_joined<'py>(
         &self,
         py: Python<'py>,
@@ -259,7 +259,7 @@ impl LeanCall {
         Ok(self.call_traced(py, args, kwargs)?.0)
     }
 
-    /// `call`, returning `(result, the trace's TraceInfo, the computation's outputs)`.
+    /// `call`, returning `(result, the trace's JitRecord, the computation's outputs)`.
     pub(crate) fn call_traced<'py>(
         &self,
         py: Python<'py>,
