@@ -41,7 +41,7 @@ class _CheckpointRunner(_lift.Runner):
     def __call__(self, box: ArgsBox) -> _lift.Out:
         sdef, statics, static = box.key
         plan, outputs = self.trace(sdef, list(box.leaves), statics, static=static)
-        return _lift.Out(_lift.Record(plan), outputs)
+        return _lift.Out(_lift.LiftRecord(plan), outputs)
 
 
 class _Checkpoint(_lift.Wrapper):

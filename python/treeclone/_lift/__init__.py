@@ -38,7 +38,7 @@ from treeclone._lift.arguments import (
     leaf_rule,
     normalize,
 )
-from treeclone._lift.boxes import ArgsBox, Out, Record, StaticOut, as_jit_outputs, take
+from treeclone._lift.boxes import ArgsBox, LiftRecord, Out, StaticOut, as_jit_outputs, take
 from treeclone._lift.kept import Kept
 from treeclone._lift.naming import Naming, argument_names, debug_info, jit_keystr, name_slots
 from treeclone._lift.runner import Runner, begin, current_policy, reporting, with_static
@@ -48,9 +48,9 @@ __all__ = [
     "ArgsBox",
     "Call",
     "Kept",
+    "LiftRecord",
     "Naming",
     "Out",
-    "Record",
     "Runner",
     "Static",
     "StaticLeaves",

@@ -130,7 +130,7 @@ class _GradRunner(_lift.Runner):
             )
         plan = called.diff().plan()
         value = out[0] if self.has_aux else out
-        return value, _lift.Out(_lift.Record(plan.plan, tuple(structure)), self.outputs(plan))
+        return value, _lift.Out(_lift.LiftRecord(plan.plan, tuple(structure)), self.outputs(plan))
 
 
 def _grad_options(

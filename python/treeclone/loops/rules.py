@@ -19,9 +19,9 @@ from treeclone._docs import see
 from treeclone._effects import qualname
 from treeclone._lift import (
     ArgsBox,
+    LiftRecord,
     Naming,
     Out,
-    Record,
     StaticLeaves,
     StaticOut,
     flatten_call,
@@ -317,7 +317,7 @@ def split_static(tree: Any, traced: Any) -> Out:
     ``eqx.filter_vmap`` returns a static output); :func:`join_static` rebuilds the tree."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     kept = [x if isinstance(x, Tracer) or traced(x) else StaticOut(x) for x in leaves]
-    return Out(Record(None, treedef), kept)
+    return Out(LiftRecord(None, treedef), kept)
 
 
 def join_static(out: Out) -> Any:

@@ -89,7 +89,7 @@ class _VmapRunner(_lift.Runner):
                 f"treeclone.vmap: {len(outputs)} outputs but {len(places.out_list)} axes for "
                 "them (an internal error: please report it)"
             )
-        record = _lift.Record(plan.plan)
+        record = _lift.LiftRecord(plan.plan)
         late.record, late.leaves = record, places.out_list  # the out_axes, now known
         return _lift.Out(record, outputs)
 
