@@ -1,6 +1,6 @@
 """``treeclone.vmap``'s batch axes under a policy: of each distinct input leaf, from
 ``in_axes`` (:class:`InAxes`), and of each leaf of the call's result, from where it ends up
-once the function has run (:class:`Places`): state written into an input takes that input's
+once the function has run (:class:`ResultAxes`): state written into an input takes that input's
 axis, a value the function returns takes ``out_axes``, and a batched value written where the
 batch has one value is a ``ValueError`` naming the key path (:class:`PlaceError`).
 """
@@ -211,7 +211,7 @@ def batched(x: Any, traces: set[int]) -> bool:
     return id(getattr(x, "_trace", None)) in traces and x.batch_dim is not None
 
 
-class Places:
+class ResultAxes:
     """The batch axis of each leaf of a call's result, worked out from where it ends up
     (given to ``Diffed.plan`` as ``forced``): in a caller's container, the axis ``in_axes``
     gave that place (a container moved elsewhere keeps its own); in the function's result,
@@ -542,7 +542,7 @@ def copy_returned_inputs(
 
     try:
         jax.tree_util.tree_map(find, out_axes, out, is_leaf=lambda x: x is None)
-    except ValueError:  # out_axes is not a prefix of out: said, with the place, by Places
+    except ValueError:  # out_axes is not a prefix of out: said, with the place, by ResultAxes
         return out
     if not any(decisions):
         return out  # as the function built it

@@ -13,7 +13,7 @@ Under a policy other than ``clone`` the call runs through the shared lift
 (``treeclone._lift``): the arguments are flattened with identity (an array at two places is one
 input, so it has one batch axis), ``jax.vmap`` maps the distinct leaves, and the function runs
 on the arguments rebuilt from its tracers. The batch axis of every value the call produces is
-worked out from where the value ends up (``Places``), once the function has run: state
+worked out from where the value ends up (``ResultAxes``), once the function has run: state
 written into an input takes that input's axis, results take ``out_axes``.
 """
 
@@ -41,7 +41,7 @@ from treeclone.policies import (
 from treeclone.vmap.axes import (
     InAxes,
     PlaceError,
-    Places,
+    ResultAxes,
     check_sizes,
     container_ids,
     copy_returned_inputs,
@@ -74,7 +74,7 @@ class _VmapRunner(_lift.Runner):
         def static(x: Any) -> bool:
             return rule is not None and not isinstance(x, Tracer) and not rule(x)
 
-        places = Places(self.fun, axes, out_axes, leaves, traces, static)
+        result_axes = ResultAxes(self.fun, axes, out_axes, leaves, traces, static)
 
         prepared = self.begin(call.sdef, list(leaves))
         # The containers the function gets: a returned one moved to another axis is copied.
@@ -82,15 +82,15 @@ class _VmapRunner(_lift.Runner):
         called = prepared.call()
         called.out = copy_returned_inputs(called.out, out_axes, leaves, axes, inputs, static)
         diffed = called.diff()
-        plan = diffed.plan(forced=places.forced(diffed))
+        plan = diffed.plan(forced=result_axes.forced(diffed))
         outputs = self.outputs(plan)
-        if len(places.out_list) != len(outputs):  # Places mirrors the plan's choice
+        if len(result_axes.out_list) != len(outputs):  # ResultAxes mirrors the plan's choice
             raise RuntimeError(
-                f"treeclone.vmap: {len(outputs)} outputs but {len(places.out_list)} axes for "
+                f"treeclone.vmap: {len(outputs)} outputs but {len(result_axes.out_list)} axes for "
                 "them (an internal error: please report it)"
             )
         record = _lift.LiftRecord(plan.plan)
-        late.record, late.leaves = record, places.out_list  # the out_axes, now known
+        late.record, late.leaves = record, result_axes.out_list  # the out_axes, now known
         return _lift.Out(record, outputs)
 
 
