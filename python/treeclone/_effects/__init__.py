@@ -68,8 +68,9 @@ from treeclone._effects.watch import (
 __all__ = [
     "NAN_TYPES",
     "Called",
-    "Layout",
     "ChildKeys",
+    "Diffed",
+    "Layout",
     "Paths",
     "Plan",
     "Prepared",
@@ -77,7 +78,6 @@ __all__ = [
     "Request",
     "Same",
     "StaticArgs",
-    "Diffed",
     "check_callers",
     "child_keys",
     "enclosing_write_error",
