@@ -181,7 +181,7 @@ def cond(
     call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule, hashed=False)
     names = ["false_fun", "true_fun"]
     lifted = _lifted("cond", [false_fun, true_fun], names, call, chosen, rule)
-    return lifted.run(
+    return lifted.call_branches(
         call,
         lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves),
         lambda: None if isinstance(pred, jax.core.Tracer) else int(bool(pred)),
@@ -260,7 +260,7 @@ def switch(
     names = [f"branch {i}" for i in range(len(branches))]
     call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule, hashed=False)
     lifted = _lifted("switch", list(branches), names, call, chosen, rule)
-    return lifted.run(
+    return lifted.call_branches(
         call,
         lambda ws, leaves: jax.lax.switch(index, ws, *leaves),
         lambda: (
@@ -393,7 +393,7 @@ class _Lifted:
         if complete:
             self.check()
 
-    def run(
+    def call_branches(
         self,
         call: _lift.Call,
         bind: Callable[[list, list], Any],
