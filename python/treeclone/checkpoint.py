@@ -12,13 +12,13 @@ value_and_grad and checkpoint") states the rules and names their tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any
 
 import jax
 
 from treeclone import _lift
 from treeclone._docs import see
-from treeclone._lift import ArgsBox, leaf_rule, reporting
+from treeclone._lift import ArgsBox, Decorator, fun_or_decorator, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -129,28 +129,7 @@ class _Checkpoint(_lift.Wrapper):
         return jax.checkpoint(runner, **options)
 
 
-@overload
-def checkpoint(
-    fun: Callable[..., Any],
-    *,
-    prevent_cse: bool | Sequence[bool] = True,
-    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
-    static_argnums: int | tuple[int, ...] = (),
-    static_argnames: str | Sequence[str] = (),
-    remat_policy: Callable[..., bool] | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any]: ...
-@overload
-def checkpoint(
-    fun: None = None,
-    *,
-    prevent_cse: bool | Sequence[bool] = True,
-    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
-    static_argnums: int | tuple[int, ...] = (),
-    static_argnames: str | Sequence[str] = (),
-    remat_policy: Callable[..., bool] | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@fun_or_decorator
 def checkpoint(
     fun: Callable[..., Any] | None = None,
     *,
@@ -160,7 +139,7 @@ def checkpoint(
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
     """``jax.checkpoint(fun, ...)`` (also ``treeclone.remat``) with a policy.
 
     ``policy`` is treeclone's, as for every treeclone transformation; JAX's rematerialization
@@ -214,7 +193,7 @@ def checkpoint(
     nums, names = tuple(static_argnums), tuple(static_argnames)
     rule = leaf_rule(traced)
     if fun is None:
-        return lambda f: _Checkpoint(f, chosen, options, nums, names, rule)
+        return Decorator(_Checkpoint, chosen, options, nums, names, rule)
     return _Checkpoint(fun, chosen, options, nums, names, rule)
 
 

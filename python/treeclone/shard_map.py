@@ -24,7 +24,7 @@ import inspect
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Set
-from typing import Any, cast, overload
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,16 @@ from jax.sharding import PartitionSpec
 from treeclone import _lift
 from treeclone._docs import see
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
-from treeclone._lift import Naming, StaticLeaves, StaticOut, jit_keystr, leaf_rule, reporting
+from treeclone._lift import (
+    Decorator,
+    Naming,
+    StaticLeaves,
+    StaticOut,
+    fun_or_decorator,
+    jit_keystr,
+    leaf_rule,
+    reporting,
+)
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -467,32 +476,7 @@ class _ShardMap(_lift.Wrapper):
             raise err from None
 
 
-@overload
-def shard_map(
-    f: Callable[..., Any],
-    /,
-    *,
-    out_specs: Any,
-    in_specs: Any = _IN_SPECS_DEFAULT,
-    mesh: Any = None,
-    axis_names: Set[Any] = frozenset(),
-    check_vma: bool = True,
-    policy: PolicySpec | ArgPolicies = "clone",
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any]: ...
-@overload
-def shard_map(
-    f: None = None,
-    /,
-    *,
-    out_specs: Any,
-    in_specs: Any = _IN_SPECS_DEFAULT,
-    mesh: Any = None,
-    axis_names: Set[Any] = frozenset(),
-    check_vma: bool = True,
-    policy: PolicySpec | ArgPolicies = "clone",
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@fun_or_decorator
 def shard_map(
     f: Callable[..., Any] | None = None,
     /,
@@ -504,7 +488,7 @@ def shard_map(
     check_vma: bool = True,
     policy: PolicySpec | ArgPolicies = "clone",
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
     """``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)`` with a policy.
 
     The arguments are ``jax.shard_map``'s, with its meanings (``in_specs`` a prefix of the
@@ -565,5 +549,5 @@ def shard_map(
     if not isinstance(policy, (Mapping, ArgPolicies)):
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     if f is None:
-        return lambda g: _ShardMap(g, policy, options, traced)
+        return Decorator(_ShardMap, policy, options, traced)
     return _ShardMap(f, policy, options, traced)

@@ -41,8 +41,10 @@ from treeclone._jit.options import (
 from treeclone._jit.placement import ShardedArguments, specified
 from treeclone._jit.stages import StageSource, run_call, trace
 from treeclone._lift import (
+    Decorator,
     Naming,
     check_cycles,
+    fun_or_decorator,
     is_array,
     leaf_rule,
     reporting,
@@ -416,50 +418,7 @@ class Jitted(_native.JitCore):
 # --- the inner function -------------------------------------------------------------------------
 
 
-@overload
-def jit(
-    fun: Callable[..., Any],
-    /,
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    in_shardings: Any = ...,
-    out_shardings: Any = ...,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Iterable[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Iterable[str] | None = None,
-    keep_unused: bool = False,
-    device: Any | None = None,
-    backend: str | None = None,
-    inline: bool = False,
-    abstracted_axes: Any | None = None,
-    compiler_options: dict[str, Any] | None = None,
-    discarded_mutations: str | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-    keep_shardings: bool = True,
-) -> Jitted: ...
-@overload
-def jit(
-    fun: None = None,
-    /,
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    in_shardings: Any = ...,
-    out_shardings: Any = ...,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Iterable[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Iterable[str] | None = None,
-    keep_unused: bool = False,
-    device: Any | None = None,
-    backend: str | None = None,
-    inline: bool = False,
-    abstracted_axes: Any | None = None,
-    compiler_options: dict[str, Any] | None = None,
-    discarded_mutations: str | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-    keep_shardings: bool = True,
-) -> Callable[[Callable[..., Any]], Jitted]: ...
+@fun_or_decorator
 def jit(
     fun: Callable[..., Any] | None = None,
     /,
@@ -480,7 +439,7 @@ def jit(
     discarded_mutations: str | None = None,
     traced: str | Callable[[Any], bool] | None = None,
     keep_shardings: bool = True,
-) -> Jitted | Callable[[Callable[..., Any]], Jitted]:
+) -> Jitted | Decorator[Jitted]:
     """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
     or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
 
@@ -537,7 +496,7 @@ def jit(
     # Here the locals are the parameters: jax.jit's keywords are picked out by name.
     given = given_options(locals())
     if fun is None:
-        return lambda f: Jitted(f, policy, given, discarded_mutations, traced, keep_shardings)
+        return Decorator(Jitted, policy, given, discarded_mutations, traced, keep_shardings)
     return Jitted(fun, policy, given, discarded_mutations, traced, keep_shardings)
 
 

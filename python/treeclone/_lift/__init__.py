@@ -42,11 +42,13 @@ from treeclone._lift.boxes import ArgsBox, LiftRecord, Out, StaticOut, as_jit_ou
 from treeclone._lift.kept import Kept
 from treeclone._lift.naming import Naming, argument_names, debug_info, jit_keystr, name_slots
 from treeclone._lift.runner import Runner, begin, current_policy, reporting, with_static
-from treeclone._lift.wrapper import Wrapper
+from treeclone._lift.wrapper import Decorator, FunOrDecorator, Wrapper, fun_or_decorator
 
 __all__ = [
     "ArgsBox",
     "Call",
+    "Decorator",
+    "FunOrDecorator",
     "Kept",
     "LiftRecord",
     "Naming",
@@ -66,6 +68,7 @@ __all__ = [
     "current_policy",
     "debug_info",
     "flatten_call",
+    "fun_or_decorator",
     "is_array",
     "jit_keystr",
     "leaf_rule",

@@ -18,7 +18,7 @@ rules and names their tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any
 
 import jax
 import numpy as np
@@ -26,7 +26,7 @@ import numpy as np
 from treeclone import _lift
 from treeclone._docs import see
 from treeclone._jax_compat import DebugInfo
-from treeclone._lift import ArgsBox, Naming, reporting
+from treeclone._lift import ArgsBox, Decorator, Naming, fun_or_decorator, reporting
 from treeclone.grad.wrt import filtered_grads, untied, wrt_hint, wrt_rule, wrt_selection
 from treeclone.policies import (
     CLONE,
@@ -278,30 +278,7 @@ class _Grad(_lift.Wrapper):
         return self._argnums[0] if self._single else self._argnums
 
 
-@overload
-def grad(
-    fun: Callable[..., Any],
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[..., Any]: ...
-@overload
-def grad(
-    fun: None = None,
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@fun_or_decorator
 def grad(
     fun: Callable[..., Any] | None = None,
     argnums: int | Sequence[int] = 0,
@@ -312,7 +289,7 @@ def grad(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     wrt: Any = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
     """``jax.grad(fun, argnums, has_aux, holomorphic, allow_int)`` with a policy.
 
     The arguments are ``jax.grad``'s, with its meanings; without ``fun``, the decorator that
@@ -376,37 +353,14 @@ def grad(
     ...
     """
     if fun is None:
-        return lambda f: grad(
-            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
+        return Decorator(
+            grad, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
     options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
     return _Grad(fun, options, policy, False, wrt)
 
 
-@overload
-def value_and_grad(
-    fun: Callable[..., Any],
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[..., tuple[Any, Any]]: ...
-@overload
-def value_and_grad(
-    fun: None = None,
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[[Callable[..., Any]], Callable[..., tuple[Any, Any]]]: ...
+@fun_or_decorator
 def value_and_grad(
     fun: Callable[..., Any] | None = None,
     argnums: int | Sequence[int] = 0,
@@ -417,7 +371,7 @@ def value_and_grad(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     wrt: Any = None,
-) -> Callable[..., tuple[Any, Any]] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., tuple[Any, Any]] | Decorator[Callable[..., tuple[Any, Any]]]:
     """``jax.value_and_grad(fun, ...)`` with a policy: a call returns ``(value, grads)``, or
     ``((value, aux), grads)`` with ``has_aux``, where ``value`` and ``aux`` are the function's
     result rebuilt as under ``treeclone.jit`` (under ``alias`` a returned input is the
@@ -437,8 +391,15 @@ def value_and_grad(
     (Array(9., dtype=float32), Array([6.], dtype=float32), True, [0])
     """
     if fun is None:
-        return lambda f: value_and_grad(
-            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
+        return Decorator(
+            value_and_grad,
+            argnums,
+            has_aux,
+            holomorphic,
+            allow_int,
+            reduce_axes,
+            policy=policy,
+            wrt=wrt,
         )
     options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
     return _Grad(fun, options, policy, True, wrt)
