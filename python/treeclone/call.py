@@ -43,7 +43,7 @@ def call(
     """
     spec = as_policy_spec(policy, fun)
     naming = Naming(fun)
-    _lift.check_call(naming, args, kwargs)  # a cycle: the same text as jit's, naming it
+    _lift.check_cycles(naming, args, kwargs)  # a cycle: the same text as jit's, naming it
     names = sorted(kwargs)
     # A policy per argument: the call runs under their combination (the lift's), each
     # argument's containers and arrays under its own.

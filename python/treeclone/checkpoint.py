@@ -84,7 +84,7 @@ class _Checkpoint(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
         if policy is CLONE and self._traced is None:  # jax.checkpoint cannot leave leaves static
-            _lift.check_call(self._naming, args, kwargs, *self._statics)
+            _lift.check_cycles(self._naming, args, kwargs, *self._statics)
             return self._jax(*args, **kwargs)
         for d in self._static_nums:
             if not -len(args) <= d < len(args):

@@ -357,7 +357,7 @@ class _ShardMap(_lift.Wrapper):
         policy = self._policy_now()
         lifted = policy is not CLONE or self._traced is not None
         if not lifted or kwargs:  # jax.shard_map takes no keyword arguments: its error
-            _lift.check_call(self._naming, args, kwargs)
+            _lift.check_cycles(self._naming, args, kwargs)
             return self._jax(*args, **kwargs)
         in_specs = self._options["in_specs"]
         if in_specs is _IN_SPECS_DEFAULT or in_specs is None:

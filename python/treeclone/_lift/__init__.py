@@ -5,7 +5,7 @@ A transformation under a policy other than ``clone`` does three things, each don
 1. **flatten the call** (``arguments``: :func:`flatten_call` -> :class:`Call`): the arguments,
    with identity (the same array passed twice is one input, a shared container one object),
    static arguments taken out and kept, hashed, as part of the call's structure; a cycle is
-   the ``ValueError`` of every policy, naming the argument (also :func:`check_call`, all a
+   the ``ValueError`` of every policy, naming the argument (also :func:`check_cycles`, all a
    call adds under ``clone``);
 2. **run the function at trace time** (``runner``: :func:`begin`, then ``_effects``'s steps):
    rebuild the arguments from the leaves the JAX transformation hands in (tracers), run the
@@ -30,8 +30,6 @@ from treeclone._lift.arguments import (
     Static,
     StaticLeaves,
     Statics,
-    check_arguments,
-    check_call,
     check_cycles,
     flatten_call,
     is_array,
@@ -62,8 +60,6 @@ __all__ = [
     "argument_names",
     "as_jit_outputs",
     "begin",
-    "check_arguments",
-    "check_call",
     "check_cycles",
     "current_policy",
     "debug_info",

@@ -173,7 +173,7 @@ def cond(
     operands = _operands(operands, operand)
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
-        _lift.check_call(Naming(true_fun), operands, {})  # a cycle: rule J17's ValueError
+        _lift.check_cycles(Naming(true_fun), operands, {})  # a cycle: rule J17's ValueError
         return jax.lax.cond(pred, reporting(true_fun), reporting(false_fun), *operands)
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
@@ -244,7 +244,7 @@ def switch(
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
         if all(callable(b) for b in branches) and len(branches):
-            _lift.check_call(Naming(branches[0]), operands, {})
+            _lift.check_cycles(Naming(branches[0]), operands, {})
         # ``branches`` stays bound: the reporting functions hold the branches weakly.
         given = branches
         if isinstance(branches, (list, tuple)):

@@ -191,7 +191,7 @@ class _Grad(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
         if policy is CLONE and self._wrt is None:  # jax.grad cannot filter: wrt= lifts
-            _lift.check_call(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
+            _lift.check_cycles(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
             try:
                 return self._jax(*args, **kwargs)
             except TypeError:

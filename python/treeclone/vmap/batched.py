@@ -133,7 +133,7 @@ class _Vmap(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
         if policy is CLONE and self._traced is None:  # jax.vmap cannot leave leaves static
-            _lift.check_call(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
+            _lift.check_cycles(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
             return self._jax(*args, **kwargs)
         if isinstance(self._in_axes, tuple) and len(self._in_axes) != len(args):
             raise ValueError(
