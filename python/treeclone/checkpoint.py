@@ -18,7 +18,7 @@ import jax
 
 from treeclone import _lift
 from treeclone._docs import see
-from treeclone._lift import ArgsBox, Decorator, fun_or_decorator, leaf_rule, reporting
+from treeclone._lift import ArgsBox, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -129,7 +129,7 @@ class _Checkpoint(_lift.Wrapper):
         return jax.checkpoint(runner, **options)
 
 
-@fun_or_decorator
+@_lift.fun_or_decorator
 def checkpoint(
     fun: Callable[..., Any] | None = None,
     *,
@@ -139,7 +139,7 @@ def checkpoint(
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.checkpoint(fun, ...)`` (also ``treeclone.remat``) with a policy.
 
     ``policy`` is treeclone's, as for every treeclone transformation; JAX's rematerialization
@@ -193,7 +193,7 @@ def checkpoint(
     nums, names = tuple(static_argnums), tuple(static_argnames)
     rule = leaf_rule(traced)
     if fun is None:
-        return Decorator(_Checkpoint, chosen, options, nums, names, rule)
+        return _lift.Decorator(_Checkpoint, chosen, options, nums, names, rule)
     return _Checkpoint(fun, chosen, options, nums, names, rule)
 
 

@@ -35,11 +35,9 @@ from treeclone import _lift
 from treeclone._docs import see
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
 from treeclone._lift import (
-    Decorator,
     Naming,
     StaticLeaves,
     StaticOut,
-    fun_or_decorator,
     jit_keystr,
     leaf_rule,
     reporting,
@@ -476,7 +474,7 @@ class _ShardMap(_lift.Wrapper):
             raise err from None
 
 
-@fun_or_decorator
+@_lift.fun_or_decorator
 def shard_map(
     f: Callable[..., Any] | None = None,
     /,
@@ -488,7 +486,7 @@ def shard_map(
     check_vma: bool = True,
     policy: PolicySpec | ArgPolicies = "clone",
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)`` with a policy.
 
     The arguments are ``jax.shard_map``'s, with its meanings (``in_specs`` a prefix of the
@@ -549,5 +547,5 @@ def shard_map(
     if not isinstance(policy, (Mapping, ArgPolicies)):
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     if f is None:
-        return Decorator(_ShardMap, policy, options, traced)
+        return _lift.Decorator(_ShardMap, policy, options, traced)
     return _ShardMap(f, policy, options, traced)

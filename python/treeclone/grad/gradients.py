@@ -26,7 +26,7 @@ import numpy as np
 from treeclone import _lift
 from treeclone._docs import see
 from treeclone._jax_compat import DebugInfo
-from treeclone._lift import ArgsBox, Decorator, Naming, fun_or_decorator, reporting
+from treeclone._lift import ArgsBox, Naming, reporting
 from treeclone.grad.wrt import filtered_grads, untied, wrt_hint, wrt_rule, wrt_selection
 from treeclone.policies import (
     CLONE,
@@ -278,7 +278,7 @@ class _Grad(_lift.Wrapper):
         return self._argnums[0] if self._single else self._argnums
 
 
-@fun_or_decorator
+@_lift.fun_or_decorator
 def grad(
     fun: Callable[..., Any] | None = None,
     argnums: int | Sequence[int] = 0,
@@ -289,7 +289,7 @@ def grad(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     wrt: Any = None,
-) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.grad(fun, argnums, has_aux, holomorphic, allow_int)`` with a policy.
 
     The arguments are ``jax.grad``'s, with its meanings; without ``fun``, the decorator that
@@ -353,14 +353,14 @@ def grad(
     ...
     """
     if fun is None:
-        return Decorator(
+        return _lift.Decorator(
             grad, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
     options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
     return _Grad(fun, options, policy, False, wrt)
 
 
-@fun_or_decorator
+@_lift.fun_or_decorator
 def value_and_grad(
     fun: Callable[..., Any] | None = None,
     argnums: int | Sequence[int] = 0,
@@ -371,7 +371,7 @@ def value_and_grad(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     wrt: Any = None,
-) -> Callable[..., tuple[Any, Any]] | Decorator[Callable[..., tuple[Any, Any]]]:
+) -> Callable[..., tuple[Any, Any]] | _lift.Decorator[Callable[..., tuple[Any, Any]]]:
     """``jax.value_and_grad(fun, ...)`` with a policy: a call returns ``(value, grads)``, or
     ``((value, aux), grads)`` with ``has_aux``, where ``value`` and ``aux`` are the function's
     result rebuilt as under ``treeclone.jit`` (under ``alias`` a returned input is the
@@ -391,7 +391,7 @@ def value_and_grad(
     (Array(9., dtype=float32), Array([6.], dtype=float32), True, [0])
     """
     if fun is None:
-        return Decorator(
+        return _lift.Decorator(
             value_and_grad,
             argnums,
             has_aux,

@@ -30,7 +30,7 @@ from treeclone._docs import see
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import require
 from treeclone._jax_compat import trace_ctx as _trace_ctx
-from treeclone._lift import Decorator, fun_or_decorator, leaf_rule, reporting
+from treeclone._lift import leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
@@ -169,7 +169,7 @@ class _Vmap(_lift.Wrapper):
         return out.record.plan.apply(call.leaves, call.objects, out.leaves)
 
 
-@fun_or_decorator
+@_lift.fun_or_decorator
 def vmap(
     fun: Callable[..., Any] | None = None,
     in_axes: Any = 0,
@@ -180,7 +180,7 @@ def vmap(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Decorator[Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name)`` with a
     policy.
 
@@ -227,5 +227,5 @@ def vmap(
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     options = (in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy, leaf_rule(traced))
     if fun is None:
-        return Decorator(_Vmap, *options)
+        return _lift.Decorator(_Vmap, *options)
     return _Vmap(fun, *options)
