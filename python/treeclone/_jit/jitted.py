@@ -27,7 +27,7 @@ from typing import Any, overload
 import jax
 from jax.core import Tracer
 
-from treeclone import _effects, _native
+from treeclone import _effects, _lift, _native
 from treeclone._jit.bound import BoundArguments, JitInterface
 from treeclone._jit.call import CallShape, JitCall
 from treeclone._jit.inner import Inner, finish_lean, make_inner
@@ -41,10 +41,8 @@ from treeclone._jit.options import (
 from treeclone._jit.placement import ShardedArguments, specified
 from treeclone._jit.stages import StageSource, run_call, trace
 from treeclone._lift import (
-    Decorator,
     Naming,
     check_cycles,
-    fun_or_decorator,
     is_array,
     leaf_rule,
     reporting,
@@ -418,7 +416,7 @@ class Jitted(_native.JitCore):
 # --- the inner function -------------------------------------------------------------------------
 
 
-@fun_or_decorator
+@_lift.fun_or_decorator
 def jit(
     fun: Callable[..., Any] | None = None,
     /,
@@ -439,7 +437,7 @@ def jit(
     discarded_mutations: str | None = None,
     traced: str | Callable[[Any], bool] | None = None,
     keep_shardings: bool = True,
-) -> Jitted | Decorator[Jitted]:
+) -> Jitted | _lift.Decorator[Jitted]:
     """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
     or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
 
@@ -496,7 +494,7 @@ def jit(
     # Here the locals are the parameters: jax.jit's keywords are picked out by name.
     given = given_options(locals())
     if fun is None:
-        return Decorator(Jitted, policy, given, discarded_mutations, traced, keep_shardings)
+        return _lift.Decorator(Jitted, policy, given, discarded_mutations, traced, keep_shardings)
     return Jitted(fun, policy, given, discarded_mutations, traced, keep_shardings)
 
 
