@@ -40,8 +40,8 @@ class _CheckpointRunner(_lift.Runner):
 
     def __call__(self, box: ArgsBox) -> _lift.Out:
         sdef, statics, static = box.key
-        plan, outputs = self.trace(sdef, list(box.leaves), statics, static=static)
-        return _lift.Out(_lift.LiftRecord(plan), outputs)
+        plan = self.begin(sdef, list(box.leaves), statics, static).call().diff().plan()
+        return _lift.Out(_lift.LiftRecord(plan.plan), self.outputs(plan))
 
 
 class _Checkpoint(_lift.Wrapper):

@@ -164,17 +164,11 @@ class Runner:
         takes the next steps (``.call()``, ``.diff()``, ``.plan()``) and hands the plan to
         :meth:`outputs`.
 
-        >>> import jax.numpy as jnp
         >>> from treeclone import ALIAS
         >>> from treeclone._lift import Naming, Runner, flatten_call
-        >>> def bump(state):
-        ...     state["n"] = state["n"] + 1
-        ...     return "done"
-        >>> state = {"n": jnp.zeros(())}
-        >>> call = flatten_call(Naming(bump), (state,), {})
-        >>> runner = Runner(bump, ALIAS, Naming(bump))
-        >>> runner.begin(call.sdef, call.leaves).args
-        ({'n': Array(0., dtype=float32)},)
+        >>> call = flatten_call(Naming(max), ([3, 1], "key"), {})
+        >>> Runner(max, ALIAS, Naming(max)).begin(call.sdef, call.leaves).args
+        ([3, 1], 'key')
         """
         static_args = None
         if statics is not None:
@@ -198,49 +192,21 @@ class Runner:
         """The outputs of a trace's plan, those its ``traced=`` rule leaves static given as
         :class:`StaticOut`.
 
-        >>> import jax.numpy as jnp
+        >>> import numpy as np
         >>> from treeclone import ALIAS
-        >>> from treeclone._lift import Naming, Runner, flatten_call
-        >>> def bump(state):
-        ...     state["n"] = state["n"] + 1
-        ...     return "done"
-        >>> state = {"n": jnp.zeros(())}
-        >>> call = flatten_call(Naming(bump), (state,), {})
-        >>> runner = Runner(bump, ALIAS, Naming(bump))
-        >>> runner.outputs(runner.begin(call.sdef, call.leaves).call().diff().plan())
-        [Array(1., dtype=float32), 'done']
+        >>> from treeclone._lift import Naming, Runner, flatten_call, is_array
+        >>> def scale(x):
+        ...     return x * 2, "scaled"
+        >>> runner = Runner(scale, ALIAS, Naming(scale), traced=is_array)  # arrays are traced
+        >>> call = flatten_call(runner.naming, (np.ones(2),), {})
+        >>> plan = runner.begin(call.sdef, call.leaves).call().diff().plan()
+        >>> [type(x).__name__ for x in runner.outputs(plan)]
+        ['ndarray', 'StaticOut']
         """
         rule = self.traced
         if rule is None:
             return plan.outputs
         return [x if isinstance(x, Tracer) or rule(x) else StaticOut(x) for x in plan.outputs]
-
-    def trace(
-        self,
-        sdef: Any,
-        leaves: list,
-        statics: Statics | None = None,
-        static: StaticLeaves | None = None,
-    ) -> tuple[Any, list]:
-        """The whole trace, for a transformation that needs nothing between its steps:
-        ``(plan, outputs)``. Here eagerly, on the caller's values (a JAX transformation hands
-        in tracers).
-
-        >>> import jax.numpy as jnp
-        >>> from treeclone import ALIAS
-        >>> from treeclone._lift import Naming, Runner, flatten_call
-        >>> def bump(state):
-        ...     state["n"] = state["n"] + 1
-        ...     return "done"
-        >>> state = {"n": jnp.zeros(())}
-        >>> call = flatten_call(Naming(bump), (state,), {})
-        >>> runner = Runner(bump, ALIAS, Naming(bump))
-        >>> plan, outputs = runner.trace(call.sdef, call.leaves)
-        >>> plan.apply(call.leaves, call.objects, outputs), state
-        ('done', {'n': Array(1., dtype=float32)})
-        """
-        plan = self.begin(sdef, leaves, statics, static).call().diff().plan()
-        return plan.plan, self.outputs(plan)
 
 
 def with_static(leaves: Sequence[Any], static: StaticLeaves | None) -> list:
