@@ -34,14 +34,7 @@ from jax.sharding import PartitionSpec
 from treeclone import _lift
 from treeclone._docs import see
 from treeclone._jax_compat import flatten_one_level_with_keys, prefix_errors
-from treeclone._lift import (
-    Naming,
-    StaticLeaves,
-    StaticOut,
-    jit_keystr,
-    leaf_rule,
-    reporting,
-)
+from treeclone._lift import Naming, StaticLeaves, StaticOut, jit_keystr, leaf_rule, reporting
 from treeclone.policies import (
     CLONE,
     ArgPolicies,
