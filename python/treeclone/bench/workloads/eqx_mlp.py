@@ -20,12 +20,12 @@ from ..contenders import (
     TC_PARTIAL,
     TC_PARTIAL_TRACED,
 )
-from .base import NotApplicable, Runner, Workload
-from .params import MlpAdam, mlp_data
+from .base import NotApplicable, Runner
+from .params import MlpDataWorkload
 from .runners import functional_runner, inplace_form, unjitted_losses
 
 
-class EqxMlpAdam(Workload):
+class EqxMlpAdam(MlpDataWorkload):
     name = "eqx_mlp_adam"
     group = EQUINOX
     title = "an equinox MLP with a function field, Adam"
@@ -47,11 +47,6 @@ class EqxMlpAdam(Workload):
         "of the functional step, and its final arrays (the model's and Adam's state) against "
         "`jax.jit`'s."
     )
-    sizes, batch = MlpAdam.sizes, MlpAdam.batch
-
-    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
-        super().__init__(device, preserving)
-        self.x, self.y = (self.put(a) for a in mlp_data(self.sizes, self.batch))
 
     def fresh(self) -> tuple[Any, Any]:
         import equinox as eqx
