@@ -20,7 +20,7 @@ from ..contenders import (
     TC_PARTIAL,
     TC_PARTIAL_TRACED,
 )
-from .base import NotApplicable, Runner
+from .base import AGAINST_UNJITTED, NotApplicable, Runner
 from .params import MlpDataWorkload
 from .runners import functional_runner, inplace_form, unjitted_losses
 
@@ -42,8 +42,7 @@ class EqxMlpAdam(MlpDataWorkload):
         "`eqx.partition(model, eqx.is_array)`'s arrays, the rest (the activation) closed over "
         "and combined inside."
     )
-    compared = (
-        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+    compared = AGAINST_UNJITTED + (
         "of the functional step, and its final arrays (the model's and Adam's state) against "
         "`jax.jit`'s."
     )

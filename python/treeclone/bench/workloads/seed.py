@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import models as M
 from ..contenders import FLOOR, NNX, NNX_PARTIAL, NNX_TREE, TC_PARTIAL
-from .base import NotApplicable, Runner, TraceCounter
+from .base import AGAINST_UNJITTED, NotApplicable, Runner, TraceCounter
 from .params import MlpDataWorkload
 from .runners import nnx_arrays
 
@@ -55,8 +55,7 @@ class SeedPattern(MlpDataWorkload):
         "with the model and the loss. The same function runs under every jit wrapper; "
         "flax.nnx.jit runs the nnx version (`nnx.Optimizer.update`, in place, loss returned)."
     )
-    compared = (
-        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+    compared = AGAINST_UNJITTED + (
         "of the same `train_step` (where the mutation hits the caller's optimizer). The "
         "notes say whether the optimizer a call returns is the object that was passed in."
     )
