@@ -24,14 +24,20 @@ import jax
 import numpy as np
 from jit_cases import CASES, CONTENDERS, build_case, jitted
 from tree_table import DEFAULT_OUT, INTRO
-from treeclone.bench.timing import Call, machine_info, measure_cell, script_command, write_section
+from treeclone.bench.timing import (
+    BoundCall,
+    machine_info,
+    measure_cell,
+    script_command,
+    write_section,
+)
 
 BEGIN = "<!-- jit-table:begin -->"
 END = "<!-- jit-table:end -->"
 
 
-def _blocking(fun, args) -> Call:
-    return Call(lambda: jax.block_until_ready(fun(*args)))
+def _blocking(fun, args) -> BoundCall:
+    return BoundCall(lambda: jax.block_until_ready(fun(*args)))
 
 
 def _check(case: str) -> None:

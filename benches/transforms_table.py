@@ -30,7 +30,13 @@ import numpy as np
 import treeclone as tc
 from tree_table import DEFAULT_OUT, INTRO
 from treeclone.bench import models as M
-from treeclone.bench.timing import Call, machine_info, measure_cell, script_command, write_section
+from treeclone.bench.timing import (
+    BoundCall,
+    machine_info,
+    measure_cell,
+    script_command,
+    write_section,
+)
 from treeclone.bench.workloads import mlp_data, overhead_model_class
 
 BEGIN = "<!-- transforms-table:begin -->"
@@ -390,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         case = cls()
         _check(case)
         calls = {
-            name: Call(lambda run=run: jax.block_until_ready(run()))
+            name: BoundCall(lambda run=run: jax.block_until_ready(run()))
             for name, (run, _) in case.contenders().items()
         }
         results[case.name] = measure_cell(calls, rounds, batch_ns)

@@ -1,4 +1,4 @@
-"""The tree operations benchmarked: one bound ``Call`` per (contender, operation, tree).
+"""The tree operations benchmarked: one ``BoundCall`` per (contender, operation, tree).
 
 Shared by ``test_tree_bench.py`` and ``tree_table.py`` so both measure exactly the same calls.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from treeclone.bench.timing import Call
+from treeclone.bench.timing import BoundCall
 
 OPS = ("flatten", "unflatten", "tree_map", "repeated_flatten")
 CONTENDERS = ("treeclone", "jax", "jax-flatten_up_to", "optree", "floor")
@@ -61,7 +61,7 @@ def applies(contender: str, op: str) -> bool:
     return contender != "jax-flatten_up_to" or op == "repeated_flatten"
 
 
-def make_call(contender: str, op: str, tree: Any, mod: Any = None) -> Call:
+def make_call(contender: str, op: str, tree: Any, mod: Any = None) -> BoundCall:
     """The bound call that benchmarks ``op`` on ``tree`` for ``contender``."""
     if not applies(contender, op):
         raise ValueError(f"{contender} has no {op} benchmark")
@@ -71,20 +71,20 @@ def make_call(contender: str, op: str, tree: Any, mod: Any = None) -> Call:
     kw = _OPTREE_KW if contender == "optree" else {}
 
     if op == "flatten":
-        return Call(mod.tree_flatten, (tree,), kw)
+        return BoundCall(mod.tree_flatten, (tree,), kw)
     if contender == "floor":
         leaves, treedef = module_for("treeclone").tree_flatten(tree)
-        return Call(mod.unflatten_floor, (treedef, leaves))
+        return BoundCall(mod.unflatten_floor, (treedef, leaves))
     if op == "unflatten":
         leaves, treedef = mod.tree_flatten(tree, **kw)
-        return Call(mod.tree_unflatten, (treedef, leaves))
+        return BoundCall(mod.tree_unflatten, (treedef, leaves))
     if op == "tree_map":
-        return Call(mod.tree_map, (identity, tree), kw)
+        return BoundCall(mod.tree_map, (identity, tree), kw)
     # repeated_flatten
     if contender in ("treeclone", "jax-flatten_up_to"):
         treedef = mod.tree_structure(tree)
-        return Call(treedef.flatten_up_to, (tree,))
-    return Call(mod.tree_flatten, (tree,), kw)
+        return BoundCall(treedef.flatten_up_to, (tree,))
+    return BoundCall(mod.tree_flatten, (tree,), kw)
 
 
 def _same_objects(got: list, want: list) -> bool:

@@ -3,18 +3,18 @@
 Read from the source with ``ast`` (nothing is imported): every ``import treeclone...`` and
 ``from treeclone... import ...``, at the top of a module or inside a function, is an edge from
 the module to the one it imports. The modules must form no cycle, so each can be read (and
-imported) after the ones below it: the trace (``_trace``) below the call machinery the
+imported) after the ones below it: what a call did (``_effects``) below the call machinery the
 transformations share (``_lift``), that below ``_jit`` and the lifted transformations,
 ``policies`` below them all.
 
 A name with a leading underscore is private to the module that defines it: no module imports
 one from another treeclone module (``from treeclone._jit.jitted import _FunSignature``),
-reaches for one through a module it imported (``_trace.enclosing._Structure``) or reads one
+reaches for one through a module it imported (``_effects.enclosing._Structure``) or reads one
 of another module's classes on an object (``jitted._fun``). What modules share has a public
-name in the module that owns it; a private *module* (``_native``, ``_trace``, ``_lift``) is
+name in the module that owns it; a private *module* (``_native``, ``_effects``, ``_lift``) is
 imported as any other, its public names being its API inside the package.
 
-Each transformation stands on the shared lift (``_lift`` and the trace it runs, ``_trace``)
+Each transformation stands on the shared lift (``_lift``, and ``_effects``: what a call did)
 and holds its own machinery, in its package (``_jit``, ``vmap``, ``loops``, ...) or module:
 no transformation imports another's machinery (its API at most), nothing reaches past a
 package's API into its modules, and every module of the shared lift is used by two
@@ -43,7 +43,7 @@ WHOLE = {"bench"}
 def module_names(package: Path, prefix: str = "treeclone") -> set[str]:
     """The package's modules, as imported: ``treeclone``, ``treeclone.jit``, the native
     ``treeclone._native`` (a compiled module, with its ``.pyi``), a subpackage's modules
-    (``treeclone._trace``, ``treeclone._trace.steps``), the ``bench`` subpackage as one."""
+    (``treeclone._effects``, ``treeclone._effects.steps``), the ``bench`` subpackage as one."""
     names = {prefix}
     for path in package.iterdir():
         stem = path.name.split(".")[0]
@@ -234,7 +234,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "treeclone.jaxlib_tree_util",
         },
     ),
-    ("trace", {"treeclone._trace", "treeclone._trace.*", "treeclone._retrace"}),
+    ("effects", {"treeclone._effects", "treeclone._effects.*", "treeclone._retrace"}),
     ("lift", {"treeclone._lift", "treeclone._lift.*"}),
     (
         "transformations",
@@ -359,7 +359,7 @@ TRANSFORMATIONS = {
 
 # The shared lift: the lift (the call every transformation makes) and the trace it runs (also
 # what ``call`` runs eagerly). What one transformation alone uses lives in its own package.
-SHARED = ("treeclone._lift", "treeclone._trace")
+SHARED = ("treeclone._lift", "treeclone._effects")
 
 # A module of the shared lift used by fewer than two transformations -> why. Empty: keep it so.
 SHARED_BY_ONE: Mapping[str, str] = {}
@@ -455,7 +455,7 @@ def test_the_transformations_are_those_of_their_layer() -> None:
 
 
 def test_every_module_of_the_shared_lift_is_used_by_two_transformations() -> None:
-    """A module of ``_lift`` or ``_trace`` used by one transformation alone is that
+    """A module of ``_lift`` or ``_effects`` used by one transformation alone is that
     transformation's machinery: it belongs in the transformation's package (issue 58)."""
     found = [
         f"{module}: used by {', '.join(sorted(users)) or 'no transformation'}"
@@ -619,7 +619,7 @@ def test_the_attribute_scan(source: str, found: list[str]) -> None:
 
 # --- the checker itself -------------------------------------------------------------------------
 
-MODULES = {"treeclone", "treeclone.jit", "treeclone._native", "treeclone._trace", "treeclone.a"}
+MODULES = {"treeclone", "treeclone.jit", "treeclone._native", "treeclone._effects", "treeclone.a"}
 
 
 @pytest.mark.parametrize(
@@ -627,12 +627,16 @@ MODULES = {"treeclone", "treeclone.jit", "treeclone._native", "treeclone._trace"
     [
         ("from treeclone.jit import _Naming", {"treeclone.jit"}, ["treeclone.jit._Naming"]),
         ("from treeclone.jit import Jitted as _J", {"treeclone.jit"}, []),
-        ("from treeclone import _native, _trace", {"treeclone._native", "treeclone._trace"}, []),
+        (
+            "from treeclone import _native, _effects",
+            {"treeclone._native", "treeclone._effects"},
+            [],
+        ),
         ("from treeclone import jit\njit._take([])", {"treeclone.jit"}, ["treeclone.jit._take"]),
         (
-            "import treeclone._trace as t\nt._Paths",
-            {"treeclone._trace"},
-            ["treeclone._trace._Paths"],
+            "import treeclone._effects as t\nt._Paths",
+            {"treeclone._effects"},
+            ["treeclone._effects._Paths"],
         ),
         (
             "import treeclone.jit\ntreeclone.jit._Naming",

@@ -1,7 +1,7 @@
 """The Layout section (README's until the documentation site, now the site's Development page,
 ``docs/site/development.md``) names every module of the Python package, so that a reader who
 starts there finds the code: a top-level module by its file name (`` `call.py` ``), a module of a
-subpackage by its file name in the bullet that names the subpackage (`` `_trace/` ``). The
+subpackage by its file name in the bullet that names the subpackage (`` `_effects/` ``). The
 benchmark harness (``bench/``) is named as a whole."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ What counts as naming something of treeclone's:
   elsewhere (``jax/_src/core.py``, flax's ``benchmarks/...``) is not treeclone's; one with a
   placeholder in capitals (``examples/NAME.py``) names no file;
 - a dotted name in backticks that starts at the package, ``treeclone`` or one of its private
-  modules: ``treeclone._trace.steps``, ``_jit.placement``, ``_native.running_call``. Each module
+  modules: ``treeclone._effects.steps``, ``_jit.placement``, ``_native.running_call``. Each module
   on the way must exist, the name after the last one must be bound there, and where that is a
   class, the name after it must be one of the class's;
 - a private class name in backticks (``_TraceInfo``, also inside a dotted name: ``jit._Inner``)
@@ -266,7 +266,7 @@ def own_classes() -> dict[str, set[str]]:
 
 @cache
 def private_modules() -> frozenset[str]:
-    """The package's private top-level modules and subpackages (``_trace``, ``_native``)."""
+    """The package's private top-level modules and subpackages (``_effects``, ``_native``)."""
     return frozenset(
         p.name.split(".")[0]
         for p in PACKAGE.iterdir()
@@ -454,7 +454,7 @@ def test_every_allowed_external_name_is_still_named() -> None:
 @pytest.mark.parametrize(
     ("text", "naming", "expected"),
     [
-        ("`_lift/naming.py`, `treeclone._trace.steps`, `_native.running_call`", "x.py", []),
+        ("`_lift/naming.py`, `treeclone._effects.steps`, `_native.running_call`", "x.py", []),
         (
             "`rust/call/partial.rs`, `call/lean/key.rs`, `tests/support/`, ../semantics.md",
             "docs/site/x.md",
@@ -467,7 +467,7 @@ def test_every_allowed_external_name_is_still_named() -> None:
         ("`rust/member.rs`", "x.py", ["rust/member.rs is no file"]),
         ("`_lift/gone.py`", "x.py", ["_lift/gone.py is no file"]),
         ("(`partial.py`)", "rust/x.rs", ["partial.py is a Python file named from Rust"]),
-        ("`treeclone._trace.gone`", "x.py", ["treeclone._trace.gone: no such name"]),
+        ("`treeclone._effects.gone`", "x.py", ["treeclone._effects.gone: no such name"]),
         ("`_jit.inner.Inner.gone`", "x.py", ["_jit.inner.Inner.gone: no such name"]),
         ("`_TraceInfo`, `jit._Inner`", "x.py", ["_TraceInfo: no such class", "_Inner: no such"]),
         ("a `_Call`", "rust/x.rs", ["_Call: no such class"]),

@@ -189,7 +189,7 @@ class PartialCore:
 
 @final
 class ResultBox:
-    """The inner jit's result: its outputs, with the trace's ``TraceInfo`` as static data."""
+    """The inner jit's result: its outputs, with the trace's ``JitRecord`` as static data."""
 
     def __new__(cls, info: Any, leaves: Any) -> ResultBox: ...
     @property

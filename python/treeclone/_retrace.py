@@ -34,8 +34,8 @@ import jax
 
 from treeclone import _jax_compat, _native
 from treeclone._docs import see
+from treeclone._effects import Layout, Paths, holds_tracer, same_data
 from treeclone._native import EntryInfo
-from treeclone._trace import Layout, Paths, holds_tracer, same_data
 
 # Traces in a row, each following from the previous call's write-back, that make the warning.
 RETRACE_STREAK = 5

@@ -1,7 +1,7 @@
 """Writing a call's results back into the caller's custom nodes, in place (policy ``alias``).
 
 The native write-back (``CallPlan.apply``) updates lists and dicts itself; for custom nodes and
-namedtuples it calls :func:`write_custom`, which ``_trace`` hands to ``CallPlan``. Tracing asks
+namedtuples it calls :func:`write_custom`, which ``_effects`` hands to ``CallPlan``. Tracing asks
 :func:`writable` whether a custom node can be updated in place or must be rebuilt and re-set.
 Hooks for particular classes come from ``treeclone.register_inplace``.
 """
@@ -20,7 +20,7 @@ _UPDATERS: dict[type, Callable[[Any, Any], None]] = {}
 
 class InPlace(str):
     """An attribute name for :func:`write_custom` whose plain dict or list the function changed
-    in place (it held the same container after the call, ``_trace.writes``): write-back
+    in place (it held the same container after the call, ``_effects.writes``): write-back
     updates the caller's container there, entry by entry, instead of setting the attribute to
     a new one, so that another reference to that container (``ref = obj.d``) sees the change,
     as in plain Python."""

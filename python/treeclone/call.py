@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from treeclone import _lift, _trace, tree_util
+from treeclone import _effects, _lift, tree_util
 from treeclone._jax_compat import keystr
 from treeclone._lift import Naming, reporting
 from treeclone.policies import ArgPolicies, PolicySpec, as_policy_spec, for_call
@@ -43,7 +43,7 @@ def call(
     """
     spec = as_policy_spec(policy, fun)
     naming = Naming(fun)
-    _lift.check_call(naming, args, kwargs)  # a cycle: the same text as jit's, naming it
+    _lift.check_cycles(naming, args, kwargs)  # a cycle: the same text as jit's, naming it
     names = sorted(kwargs)
     # A policy per argument: the call runs under their combination (the lift's), each
     # argument's containers and arrays under its own.
@@ -63,7 +63,7 @@ def call(
     called = prepared.call()
     # strict hands a changed array back as the function's copy; alias writes it into the
     # caller's array below, so the caller's own array is handed back.
-    traced = called.diff().plan(keep_inputs=changed if chosen.mutations == "error" else None)
+    planned = called.diff().plan(keep_inputs=changed if chosen.mutations == "error" else None)
     slot_mutations = _slot_mutations(sdef, len(args), arg_policies, chosen.mutations)
     strict = [s for s in changed.slots() if slot_mutations(s) == "error"]
     if strict:  # checked before anything is written back
@@ -71,7 +71,7 @@ def call(
         lost = [s for s in strict if id(work[s]) not in returned]
         if lost:
             _raise_array_mutation(fun, root, leaves, lost, prepared.req.layout)
-    result = traced.plan.apply(leaves, objects, traced.outputs)
+    result = planned.plan.apply(leaves, objects, planned.outputs)
     if chosen.mutations == "propagate":
         for s in changed.slots():
             if slot_mutations(s) == "propagate":
@@ -110,7 +110,7 @@ def _copy_if_mutable(x: Any) -> Any:
 
 class _Changed(Sequence):
     """Per leaf slot, whether it may be handed back as it came in: False for an array the
-    function changed in place. Read by ``Traced.plan`` after the function has run."""
+    function changed in place. Read by ``Diffed.plan`` after the function has run."""
 
     def __init__(self, originals: list, copies: list):
         self.originals, self.copies = originals, copies
@@ -142,7 +142,7 @@ def _raise_array_mutation(fun, root, leaves, lost, layout) -> None:
                 name = str(path[1].key) + keystr(path[2:])
             paths[id(leaf)] = name
     lines = [f"{paths.get(id(leaves[s]), '?')}: array changed in place" for s in lost]
-    raise _trace.mutation_error(fun, lines)
+    raise _effects.mutation_error(fun, lines)
 
 
 __all__ = ["call"]

@@ -12,7 +12,7 @@ value_and_grad and checkpoint") states the rules and names their tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any
 
 import jax
 
@@ -40,8 +40,8 @@ class _CheckpointRunner(_lift.Runner):
 
     def __call__(self, box: ArgsBox) -> _lift.Out:
         sdef, statics, static = box.key
-        plan, outputs = self.trace(sdef, list(box.leaves), statics, static=static)
-        return _lift.Out(_lift.Record(plan), outputs)
+        plan = self.begin(sdef, list(box.leaves), statics, static).call().diff().plan()
+        return _lift.Out(_lift.LiftRecord(plan.plan), self.outputs(plan))
 
 
 class _Checkpoint(_lift.Wrapper):
@@ -84,7 +84,7 @@ class _Checkpoint(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
         if policy is CLONE and self._traced is None:  # jax.checkpoint cannot leave leaves static
-            _lift.check_call(self._naming, args, kwargs, *self._statics)
+            _lift.check_cycles(self._naming, args, kwargs, *self._statics)
             return self._jax(*args, **kwargs)
         for d in self._static_nums:
             if not -len(args) <= d < len(args):
@@ -129,28 +129,7 @@ class _Checkpoint(_lift.Wrapper):
         return jax.checkpoint(runner, **options)
 
 
-@overload
-def checkpoint(
-    fun: Callable[..., Any],
-    *,
-    prevent_cse: bool | Sequence[bool] = True,
-    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
-    static_argnums: int | tuple[int, ...] = (),
-    static_argnames: str | Sequence[str] = (),
-    remat_policy: Callable[..., bool] | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any]: ...
-@overload
-def checkpoint(
-    fun: None = None,
-    *,
-    prevent_cse: bool | Sequence[bool] = True,
-    policy: PolicySpec | ArgPolicies | Callable[..., bool] | None = "clone",
-    static_argnums: int | tuple[int, ...] = (),
-    static_argnames: str | Sequence[str] = (),
-    remat_policy: Callable[..., bool] | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@_lift.fun_or_decorator
 def checkpoint(
     fun: Callable[..., Any] | None = None,
     *,
@@ -160,7 +139,7 @@ def checkpoint(
     static_argnames: str | Sequence[str] = (),
     remat_policy: Callable[..., bool] | None = None,
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.checkpoint(fun, ...)`` (also ``treeclone.remat``) with a policy.
 
     ``policy`` is treeclone's, as for every treeclone transformation; JAX's rematerialization
@@ -214,7 +193,7 @@ def checkpoint(
     nums, names = tuple(static_argnums), tuple(static_argnames)
     rule = leaf_rule(traced)
     if fun is None:
-        return lambda f: _Checkpoint(f, chosen, options, nums, names, rule)
+        return _lift.Decorator(_Checkpoint, chosen, options, nums, names, rule)
     return _Checkpoint(fun, chosen, options, nums, names, rule)
 
 

@@ -472,7 +472,7 @@ def for_call(
 ) -> tuple[Policy, tuple[Policy, ...] | None]:
     """What one call runs under: its arguments at ``positions`` (their places in the
     function's signature) and its keyword arguments ``names``. Returns the policy of the call
-    as a whole and, when its arguments' policies differ, each one's (``_trace.Request``'s
+    as a whole and, when its arguments' policies differ, each one's (``_effects.Request``'s
     ``arg_policies``; None: the one policy for all). Every transformation that takes a dict
     resolves a call here, so a dict means the same to each.
 

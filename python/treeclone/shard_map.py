@@ -24,7 +24,7 @@ import inspect
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Set
-from typing import Any, cast, overload
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -189,8 +189,8 @@ class _Body:
         containers = _containers(prepared.args)
         called = prepared.call()
         out = called.out
-        traced_plan = called.diff().plan()
-        plan, outputs = traced_plan.plan, self.runner.outputs(traced_plan)
+        planned = called.diff().plan()
+        plan, outputs = planned.plan, self.runner.outputs(planned)
         rule = self.runner.traced
         if rule is not None:  # the result jax.shard_map maps: its static leaves left out
             flat, out_def = jax.tree_util.tree_flatten(out)
@@ -348,7 +348,7 @@ class _ShardMap(_lift.Wrapper):
         policy = self._policy_now()
         lifted = policy is not CLONE or self._traced is not None
         if not lifted or kwargs:  # jax.shard_map takes no keyword arguments: its error
-            _lift.check_call(self._naming, args, kwargs)
+            _lift.check_cycles(self._naming, args, kwargs)
             return self._jax(*args, **kwargs)
         in_specs = self._options["in_specs"]
         if in_specs is _IN_SPECS_DEFAULT or in_specs is None:
@@ -467,32 +467,7 @@ class _ShardMap(_lift.Wrapper):
             raise err from None
 
 
-@overload
-def shard_map(
-    f: Callable[..., Any],
-    /,
-    *,
-    out_specs: Any,
-    in_specs: Any = _IN_SPECS_DEFAULT,
-    mesh: Any = None,
-    axis_names: Set[Any] = frozenset(),
-    check_vma: bool = True,
-    policy: PolicySpec | ArgPolicies = "clone",
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any]: ...
-@overload
-def shard_map(
-    f: None = None,
-    /,
-    *,
-    out_specs: Any,
-    in_specs: Any = _IN_SPECS_DEFAULT,
-    mesh: Any = None,
-    axis_names: Set[Any] = frozenset(),
-    check_vma: bool = True,
-    policy: PolicySpec | ArgPolicies = "clone",
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@_lift.fun_or_decorator
 def shard_map(
     f: Callable[..., Any] | None = None,
     /,
@@ -504,7 +479,7 @@ def shard_map(
     check_vma: bool = True,
     policy: PolicySpec | ArgPolicies = "clone",
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)`` with a policy.
 
     The arguments are ``jax.shard_map``'s, with its meanings (``in_specs`` a prefix of the
@@ -565,5 +540,5 @@ def shard_map(
     if not isinstance(policy, (Mapping, ArgPolicies)):
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     if f is None:
-        return lambda g: _ShardMap(g, policy, options, traced)
+        return _lift.Decorator(_ShardMap, policy, options, traced)
     return _ShardMap(f, policy, options, traced)

@@ -54,7 +54,7 @@ fn replace_last<T>(last: &Mutex<Option<T>>, value: T) {
 }
 
 /// What the inner `jax.jit` returns: the computation's outputs (`leaves`) with the trace's
-/// `TraceInfo` (`info`) as static data, a pytree node (registered in `_jit/inner.py`). JAX makes one
+/// `JitRecord` (`info`) as static data, a pytree node (registered in `_jit/inner.py`). JAX makes one
 /// at every call from the output's treedef, calling the type: a native type builds it with no
 /// Python frame.
 #[pyclass(frozen, module = "treeclone._native")]

@@ -130,7 +130,7 @@ def test_at_the_top_level_nothing_changes() -> None:
 
 # --- Every lifted transformation, inside every enclosing JAX transformation ------------------
 # Rule J31 is one check in the write-back every lifted transformation shares (the native
-# CallPlan.apply calls _trace.enclosing.EnclosingWrites), so each of them is held to it: an
+# CallPlan.apply calls _effects.enclosing.EnclosingWrites), so each of them is held to it: an
 # object from outside the enclosing transformation is refused, naming the key path, and one
 # made inside it, or passed to it as its own argument, is written as plain Python writes it.
 

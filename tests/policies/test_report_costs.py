@@ -3,7 +3,7 @@
 Naming child ``j`` of a node rebuilt the node's whole list of keys, once per named child: the
 MutationWarning (clone, the default), strict's MutationError and vmap's placement of N changed
 entries of one dict of N took O(N^2) (4,000 keys: 8.8 s against jax.jit's 0.28 s). The keys
-of each node are now made once per report (``treeclone._trace.tree.ChildKeys``). These tests
+of each node are now made once per report (``treeclone._effects.tree.ChildKeys``). These tests
 count that work and check the report's contents for a large N; they time nothing
 (benches/mutation_report_scaling.py prints the times at several sizes).
 """
@@ -40,7 +40,7 @@ def state(n: int = N) -> dict:
 def _count_child_keys(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts each call of ``child_keys`` (the keys of one node's children) from any of
     treeclone's modules."""
-    from treeclone._trace import tree
+    from treeclone._effects import tree
 
     original, calls = tree.child_keys, [0]
 

@@ -1,6 +1,6 @@
 """How static leaves (``traced=``) and static arguments are compared: by identity first, then
 with ``==`` where a NaN equals a NaN (``float("nan")``, NumPy's NaN scalars), in every place
-that compares them (``_trace.same_static`` / ``same_data``): the branches of ``cond`` and
+that compares them (``_effects.same_static`` / ``same_data``): the branches of ``cond`` and
 ``switch``, a loop's carry, the cache keys of ``jit``, the loops and ``checkpoint``'s static
 arguments, and the ahead-of-time stages. And where the equinox equivalent accepts a static leaf
 that cannot be hashed (``eqx.partition`` around ``jax.lax.scan`` / ``cond``, ``eqx.filter_vmap``,

@@ -27,6 +27,7 @@ MODULES = {
         "treeclone._lift.kept",
         "treeclone._lift.naming",
         "treeclone._lift.runner",
+        "treeclone._lift.wrapper",
         "treeclone._policy_keys",
         "treeclone.call",
         "treeclone.cond.branches",

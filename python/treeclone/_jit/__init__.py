@@ -11,7 +11,7 @@ The map, in the order a call meets it:
 - ``call.py``: one call as the inner jit takes it: its key (structure, static arguments,
   donation, static leaves, placements) and the order of its leaves.
 - ``inner.py``: the function the inner ``jax.jit`` traces (:class:`~treeclone._jit.inner.Inner`)
-  and what its trace records (``TraceInfo``: the write-back plan and the rest).
+  and what its trace records (``JitRecord``: the write-back plan and the rest).
 - ``stages.py``: the end of a call, and the ahead-of-time stages (``trace``, ``lower``,
   ``compile``).
 - ``placement.py``: where the arrays go: ``in_shardings``, ``out_shardings`` and the shardings

@@ -1,8 +1,9 @@
 """The function ``treeclone.jit``'s inner ``jax.jit`` traces under a policy (:class:`Inner`):
 it rebuilds a call's arguments from its distinct leaves, runs the user's function through the
-lift (:func:`~treeclone._lift.begin` and ``_trace``'s steps) and returns the outputs boxed with
-what the trace recorded (:class:`TraceInfo`, the static data of a :class:`ResultBox`); and the
-end of every such call (:func:`end_of_call`), on the Python path and the lean native one.
+lift (:func:`~treeclone._lift.begin` and ``_effects``'s steps) and returns the outputs boxed with
+what the trace recorded (:class:`JitRecord`, the static data of a :class:`ResultBox`); and the
+end of a call whose result needs Python (:func:`finish_lean`: an input handed back that is not
+a ``jax.Array``, a write inside a JAX transformation).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from treeclone import _native, _retrace, _trace
+from treeclone import _effects, _native, _retrace
 from treeclone._jit.call import (
     JitCall,
     from_jit_order,
@@ -58,7 +59,7 @@ HOLD_INPUT_PLATFORMS = frozenset({"tpu"})
 HOLD_INPUT_BYTES = 16 << 20
 
 
-class TraceInfo:
+class JitRecord:
     """What one trace under a policy recorded; the static data of its ``ResultBox``.
 
     ``plan``: the ``CallPlan``. ``paths``: for each output of the computation, where the user
@@ -66,12 +67,12 @@ class TraceInfo:
     key JAX's messages about outputs print. ``out_tree`` and ``out_sources``: the function's
     own result rebuilt from the inputs (``("in", slot)``) and outputs (``("out", index)``), for
     ``lower``/``trace``/``eval_shape``; ``out_sources`` is None when it could not be worked out.
-    ``next_inputs``: where the arguments' leaves are after a call (``_trace.writes.next_inputs``),
+    ``next_inputs``: where the arguments' leaves are after a call (``_effects.writes.next_inputs``),
     for ``jit_partial``. ``returned_inputs``: under a policy that gives ``jax.jit``'s results
     (strict), the input slots the result hands back as they came in, each to be returned as
     the ``jax.Array`` ``jax.jit`` would return for it (see :func:`as_jit_outputs`); empty
     under alias, whose result is plain Python's (its plan checks rule J31 itself, as every
-    lifted transformation's does: ``_trace.enclosing``). ``hold_inputs``: whether the lean
+    lifted transformation's does: ``_effects.enclosing``). ``hold_inputs``: whether the lean
     path holds a call's leaves until the next call (their arrays are on a platform of
     ``HOLD_INPUT_PLATFORMS`` and total at most ``HOLD_INPUT_BYTES``). Compared by identity,
     as the plan is.
@@ -106,11 +107,11 @@ class TraceInfo:
         self.hold_inputs = False
 
 
-# The inner jit's result: the outputs, with the trace's TraceInfo as static data.
+# The inner jit's result: the outputs, with the trace's JitRecord as static data.
 ResultBox = _native.ResultBox
 
 
-def _result_keys(box: ResultBox) -> tuple[list, TraceInfo]:
+def _result_keys(box: ResultBox) -> tuple[list, JitRecord]:
     # The key of each output is its path as the user sees it (a string: keystr prints it as is).
     return list(zip(box.info.paths, box.leaves, strict=True)), box.info
 
@@ -126,21 +127,17 @@ jax.tree_util.register_pytree_with_keys(
 _native.invalidate_registry_cache()
 
 
-def end_of_call(info: TraceInfo, leaves: list, objects: list, outputs: list) -> Any:
-    """The result of a call and its write-back: the plan (which checks rule J31), with the
-    inputs strict hands back as ``jax.jit``'s arrays."""
-    return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
-
-
-def finish_lean(call: tuple, info: TraceInfo, outputs: list) -> Any:
-    """The end of a call on the lean path whose result needs Python (``_native.LeanCall``)."""
+def finish_lean(call: tuple, info: JitRecord, outputs: list) -> Any:
+    """The end of a native call (``_native.LeanCall``) whose result needs Python: the plan's
+    write-back (which checks rule J31), with the inputs strict hands back made ``jax.jit``'s
+    arrays."""
     _, _, _, leaves, objects, *_ = call
-    return end_of_call(info, leaves, objects, outputs)
+    return info.plan.apply(as_jit_outputs(leaves, info.returned_inputs), objects, outputs)
 
 
 class Inner(Runner):
     """The function the inner ``jax.jit`` traces under a policy: it rebuilds the arguments from
-    the call's distinct leaves, runs ``fun`` on them (the lift's ``begin``, then ``_trace``'s
+    the call's distinct leaves, runs ``fun`` on them (the lift's ``begin``, then ``_effects``'s
     steps) and returns the outputs boxed with what the trace recorded.
 
     It is called as ``jitted(key, donated, *kept)``: ``key``, static, is the call's
@@ -249,13 +246,13 @@ class Inner(Runner):
         called = prepared.call()
         by_leaf = self.placement.outputs(called.out)
         keep_inputs = self._keep_inputs(leaves, keep, static, called.out, by_leaf)
-        traced = called.diff()
-        traced_plan = traced.plan(keep_inputs=keep_inputs)
-        plan, outputs = traced_plan.plan, traced_plan.outputs
+        diffed = called.diff()
+        planned = diffed.plan(keep_inputs=keep_inputs)
+        plan, outputs = planned.plan, planned.outputs
         # Why this trace happened, in the user's words (trace time only: _retrace).
         self.retraces.traced(key, leaves, prepared.req.layout, (prepared.args, prepared.kwargs))
-        info = self._trace_info(plan, outputs, traced)
-        info.next_inputs = traced.next_inputs(traced_plan)
+        info = self._jit_record(plan, outputs, diffed)
+        info.next_inputs = diffed.next_inputs(planned)
         info.hold_inputs = (
             call is not None
             and platform(call.leaves) in HOLD_INPUT_PLATFORMS
@@ -293,7 +290,7 @@ class Inner(Runner):
         req = prepared.req
         return argument_leaves(prepared.args, prepared.kwargs, names, req.policy, req.arg_policies)
 
-    def _static_outputs(self, info: TraceInfo, outputs: list) -> list:
+    def _static_outputs(self, info: JitRecord, outputs: list) -> list:
         """What the function made that the ``traced=`` rule leaves static (a new string, a
         function, a Python number) is not an output of the computation: it comes back as it
         is, as from equinox's filter_jit (recorded in ``info``); a traced value always is
@@ -343,15 +340,15 @@ class Inner(Runner):
             keep_inputs[s] = id(leaves[s]) not in returned
         return keep_inputs
 
-    def _trace_info(self, plan: Any, outputs: list, traced: _trace.Traced) -> TraceInfo:
-        """The trace's ``TraceInfo``: where each output is, and how ``fun``'s result is made."""
+    def _jit_record(self, plan: Any, outputs: list, diffed: _effects.Diffed) -> JitRecord:
+        """The trace's ``JitRecord``: where each output is, and how ``fun``'s result is made."""
         paths = [""] * len(outputs)
         out_tree, out_sources = None, None
-        prepared = traced.prepared
+        prepared = diffed.prepared
         leaves = prepared.req.leaves
         try:
             where: dict[int, str] = {}
-            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(traced.out)
+            out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(diffed.out)
             for path, leaf in out_leaves:
                 where.setdefault(id(leaf), jit_keystr(path))
             args, kwargs = prepared.args, prepared.kwargs
@@ -366,7 +363,7 @@ class Inner(Runner):
             out_sources = tuple(index[id(leaf)] for _, leaf in out_leaves)
         except Exception:  # noqa: BLE001 - descriptions only; the plan is what matters
             out_sources = None
-        return TraceInfo(plan, tuple(paths), out_tree, out_sources)
+        return JitRecord(plan, tuple(paths), out_tree, out_sources)
 
 
 def returned_inputs(

@@ -27,7 +27,7 @@ from typing import Any, NoReturn, overload
 import jax
 from jax.core import Tracer
 
-from treeclone import _native, _trace
+from treeclone import _effects, _lift, _native
 from treeclone._jit.bound import BoundArguments, JitInterface
 from treeclone._jit.call import CallShape
 from treeclone._jit.inner import Inner, finish_lean, make_inner
@@ -215,7 +215,7 @@ class Jitted(_native.JitCore):
         found = self._shape.not_a_jax_type(args, kwargs)
         if found is None:
             return exc
-        return _trace.traced_remedy(exc, *found)
+        return _effects.traced_remedy(exc, *found)
 
     def _lean_call(self, policy: Policy | ArgPolicies) -> _native.LeanCall:
         """The native call (``_native.LeanCall``) of ``policy``'s inner jit; ``JitCore`` makes
@@ -392,50 +392,7 @@ class Jitted(_native.JitCore):
 # --- the inner function -------------------------------------------------------------------------
 
 
-@overload
-def jit(
-    fun: Callable[..., Any],
-    /,
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    in_shardings: Any = ...,
-    out_shardings: Any = ...,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Iterable[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Iterable[str] | None = None,
-    keep_unused: bool = False,
-    device: Any | None = None,
-    backend: str | None = None,
-    inline: bool = False,
-    abstracted_axes: Any | None = None,
-    compiler_options: dict[str, Any] | None = None,
-    discarded_mutations: str | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-    keep_shardings: bool = True,
-) -> Jitted: ...
-@overload
-def jit(
-    fun: None = None,
-    /,
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    in_shardings: Any = ...,
-    out_shardings: Any = ...,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Iterable[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Iterable[str] | None = None,
-    keep_unused: bool = False,
-    device: Any | None = None,
-    backend: str | None = None,
-    inline: bool = False,
-    abstracted_axes: Any | None = None,
-    compiler_options: dict[str, Any] | None = None,
-    discarded_mutations: str | None = None,
-    traced: str | Callable[[Any], bool] | None = None,
-    keep_shardings: bool = True,
-) -> Callable[[Callable[..., Any]], Jitted]: ...
+@_lift.fun_or_decorator
 def jit(
     fun: Callable[..., Any] | None = None,
     /,
@@ -456,7 +413,7 @@ def jit(
     discarded_mutations: str | None = None,
     traced: str | Callable[[Any], bool] | None = None,
     keep_shardings: bool = True,
-) -> Jitted | Callable[[Callable[..., Any]], Jitted]:
+) -> Jitted | _lift.Decorator[Jitted]:
     """``jax.jit(fun, ...)`` with an explicit policy (``"clone"``, ``"alias"``, ``"strict"``
     or a :class:`treeclone.Policy`): see :mod:`treeclone.policies`.
 
@@ -513,7 +470,7 @@ def jit(
     # Here the locals are the parameters: jax.jit's keywords are picked out by name.
     given = given_options(locals())
     if fun is None:
-        return lambda f: Jitted(f, policy, given, discarded_mutations, traced, keep_shardings)
+        return _lift.Decorator(Jitted, policy, given, discarded_mutations, traced, keep_shardings)
     return Jitted(fun, policy, given, discarded_mutations, traced, keep_shardings)
 
 

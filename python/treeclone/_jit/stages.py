@@ -26,11 +26,11 @@ from typing import Any, NoReturn
 
 import jax
 
-from treeclone import _jax_compat, _native, _retrace, _trace
+from treeclone import _effects, _jax_compat, _native, _retrace
 from treeclone._docs import see
 from treeclone._jit.bound import BoundArguments
 from treeclone._jit.call import CallShape, JitCall, from_jit_order, lean_call_record
-from treeclone._jit.inner import Inner, TraceInfo, fun_name
+from treeclone._jit.inner import Inner, JitRecord, fun_name
 from treeclone._native import FlattenFailed
 from treeclone.policies import ArgPolicies, Policy, policy_override
 
@@ -94,12 +94,12 @@ def trace(source: StageSource, args: tuple, kwargs: dict) -> Traced:
     finally:
         _native.swap_running_call(saved)
     info = _jax_compat.traced_out_tree(traced).node_data()[1]
-    assert isinstance(info, TraceInfo)
+    assert isinstance(info, JitRecord)
     return Traced(StagedCall(source, call, info), traced)
 
 
-def _layout(call: JitCall, naming: Any) -> _trace.Layout:
-    return _trace.Layout(len(call.args), [naming.name(i) for i in call.positions], call.positions)
+def _layout(call: JitCall, naming: Any) -> _effects.Layout:
+    return _effects.Layout(len(call.args), [naming.name(i) for i in call.positions], call.positions)
 
 
 class StagedCall:
@@ -110,7 +110,7 @@ class StagedCall:
 
     __slots__ = ("info", "key", "num_args", "num_bound", "record", "source")
 
-    def __init__(self, source: StageSource, call: JitCall, info: TraceInfo):
+    def __init__(self, source: StageSource, call: JitCall, info: JitRecord):
         self.source, self.key, self.info = source, call.key, info
         self.num_args = len(call.args)
         self.num_bound = 0 if source.bound is None else len(source.bound.args)
@@ -183,7 +183,7 @@ class StagedCall:
             changes += [
                 (new.slot_paths[s], f"static leaf changed from {before.get(s)!r} to {v!r}")
                 for s, v in after.items()
-                if s not in before or not _trace.same_data(before[s], v)
+                if s not in before or not _effects.same_data(before[s], v)
             ]
         lines = [
             f"{fun_name(self.source.fun)} was traced, lowered and compiled ahead of time for "

@@ -5,9 +5,9 @@ A transformation under a policy other than ``clone`` does three things, each don
 1. **flatten the call** (``arguments``: :func:`flatten_call` -> :class:`Call`): the arguments,
    with identity (the same array passed twice is one input, a shared container one object),
    static arguments taken out and kept, hashed, as part of the call's structure; a cycle is
-   the ``ValueError`` of every policy, naming the argument (also :func:`check_call`, all a
+   the ``ValueError`` of every policy, naming the argument (also :func:`check_cycles`, all a
    call adds under ``clone``);
-2. **run the function at trace time** (``runner``: :func:`begin`, then ``_trace``'s steps):
+2. **run the function at trace time** (``runner``: :func:`begin`, then ``_effects``'s steps):
    rebuild the arguments from the leaves the JAX transformation hands in (tracers), run the
    user's function on them and record what it did as a native ``CallPlan``. The plan leaves
    the transformed function as the static data of an :class:`Out` node (``boxes``), so it is
@@ -30,27 +30,27 @@ from treeclone._lift.arguments import (
     Static,
     StaticLeaves,
     Statics,
-    check_arguments,
-    check_call,
     check_cycles,
     flatten_call,
     is_array,
     leaf_rule,
     normalize,
 )
-from treeclone._lift.boxes import ArgsBox, Out, Record, StaticOut, as_jit_outputs, take
+from treeclone._lift.boxes import ArgsBox, LiftRecord, Out, StaticOut, as_jit_outputs, take
 from treeclone._lift.kept import Kept
 from treeclone._lift.naming import Naming, argument_names, debug_info, jit_keystr, name_slots
 from treeclone._lift.runner import Runner, begin, current_policy, reporting, with_static
-from treeclone._lift.wrapper import Wrapper
+from treeclone._lift.wrapper import Decorator, FunOrDecorator, Wrapper, fun_or_decorator
 
 __all__ = [
     "ArgsBox",
     "Call",
+    "Decorator",
+    "FunOrDecorator",
     "Kept",
+    "LiftRecord",
     "Naming",
     "Out",
-    "Record",
     "Runner",
     "Static",
     "StaticLeaves",
@@ -60,12 +60,11 @@ __all__ = [
     "argument_names",
     "as_jit_outputs",
     "begin",
-    "check_arguments",
-    "check_call",
     "check_cycles",
     "current_policy",
     "debug_info",
     "flatten_call",
+    "fun_or_decorator",
     "is_array",
     "jit_keystr",
     "leaf_rule",

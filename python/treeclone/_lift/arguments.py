@@ -14,9 +14,9 @@ import numpy as np
 
 from treeclone import _jax_compat, _native, tree_util
 from treeclone._docs import see
+from treeclone._effects import NAN_TYPES, same_static, static_hash, static_key
 from treeclone._jax_compat import DebugInfo
 from treeclone._lift.naming import Naming, jit_keystr, name_slots
-from treeclone._trace import NAN_TYPES, same_static, static_hash, static_key
 
 
 def normalize(indices: frozenset[int], n: int) -> frozenset[int]:
@@ -31,38 +31,6 @@ def normalize(indices: frozenset[int], n: int) -> frozenset[int]:
     return frozenset(i + n if i < 0 else i for i in indices)
 
 
-def check_arguments(
-    naming: Naming,
-    args: tuple,
-    kwargs: dict,
-    static_nums: frozenset[int] = frozenset(),
-    static_names: frozenset[str] = frozenset(),
-) -> None:
-    """Raise the ``ValueError`` of :func:`check_cycles`, naming the argument, before a JAX
-    transformation's own flatten meets a cycle (jaxlib's, met with one, leaves the interpreter's
-    recursion counter exhausted: every later call raises RecursionError). One native look
-    through the arguments the transformation flattens (the static ones, positions
-    ``static_nums``, a negative one counted from the end, and keywords ``static_names``, left
-    out), at a fraction of a flatten's cost: under ``clone`` this is all a call adds.
-
-    >>> from treeclone._lift import Naming, check_arguments
-    >>> def f(xs, opt):
-    ...     pass
-    >>> loop = []
-    >>> loop.append(loop)
-    >>> check_arguments(Naming(f), ([1], loop), {}, frozenset({1}))  # opt is static: not looked at
-    >>> check_arguments(Naming(f), (loop, "fast"), {}, frozenset({-1}))
-    Traceback (most recent call last):
-    ...
-    ValueError: cycle detected in pytree: the list at xs contains itself at relative key path ...
-    """
-    try:
-        _native.check_arguments(args, kwargs, static_nums, static_names)
-    except ValueError:
-        check_cycles(naming, args, kwargs, static_nums, static_names)  # names the argument
-        raise
-
-
 def check_cycles(
     naming: Naming,
     args: tuple,
@@ -70,22 +38,27 @@ def check_cycles(
     static_nums: frozenset[int] = frozenset(),
     static_names: frozenset[str] = frozenset(),
 ) -> None:
-    """Raise a ValueError naming the argument and key path of a container that contains
-    itself, among the arguments that are flattened (static ones are hashed instead: a negative
-    position counts from the end), with the same text under every policy. Other errors a
-    flatten of them would raise are raised too.
+    """Raise the ``ValueError`` every policy raises for a cyclic argument (docs/semantics.md,
+    rule J17), naming the argument and the key path of the container that contains itself,
+    before a JAX transformation's own flatten meets the cycle (jaxlib's, met with one, leaves
+    the interpreter's recursion counter exhausted: every later call raises RecursionError).
+    Other errors a flatten of the arguments would raise are raised too. One native look
+    through the arguments the transformation flattens (the static ones, positions
+    ``static_nums``, a negative one counted from the end, and keywords ``static_names``, are
+    hashed instead: left out), at a fraction of a flatten's cost: under ``clone`` this is all
+    a call adds; the arguments are named only once a cycle is found.
 
     >>> from treeclone._lift import Naming, check_cycles
     >>> def f(xs, *rest):
     ...     pass
     >>> loop = []
     >>> loop.append(loop)
+    >>> check_cycles(Naming(f), ([1], loop), {}, frozenset({1}))  # rest[0] is static: not looked at
     >>> check_cycles(Naming(f), ([], {"a": loop}), {})
     Traceback (most recent call last):
     ...
     ValueError: cycle detected in pytree: the list at rest[0]['a'] contains itself at ...
     """
-    static_nums, static_names = frozenset(static_nums), frozenset(static_names)
     try:
         _native.check_arguments(args, kwargs, static_nums, static_names)
         return
@@ -99,13 +72,6 @@ def check_cycles(
         if k not in static_names:
             _native.check(arg, k)
     raise found  # what was found above, if no argument alone has it
-
-
-# Raise the ``ValueError`` every policy raises for a cyclic argument, naming it, before a JAX
-# transformation's own flatten meets the cycle (docs/semantics.md, rule J17): one native look
-# through the arguments it flattens (static positions and keywords, frozensets, left out).
-# Under ``clone`` this is all a call adds. The same check as ``jit``'s clone path.
-check_call = check_arguments
 
 
 class Static:
@@ -185,7 +151,7 @@ class StaticLeaves(tuple):
     with its type (as jax.jit keys a static argument: ``2`` and ``2.0`` trace apart). Part of
     the cache key of the call's trace, so a static leaf that changes is a new trace: compared
     as equinox compares them, with ``==``, the same object first and a NaN equal to a NaN
-    (``_trace.static_key``).
+    (``_effects.static_key``).
 
     A tuple of the entries as keyed, ``(slot, type, value)`` with a NaN value keyed as every
     NaN of its type, hashed and compared in C: JAX hashes the key at every call, and a

@@ -1,6 +1,6 @@
 """The pytree nodes a lifted call travels in through a JAX transformation: :class:`ArgsBox`
 (the distinct leaves in, the call's key as static data) and :class:`Out` (the outputs, the
-trace's :class:`Record` as static data); and what ``strict`` hands back as ``jax.jit`` would
+trace's :class:`LiftRecord` as static data); and what ``strict`` hands back as ``jax.jit`` would
 (:func:`as_jit_outputs`).
 """
 
@@ -93,7 +93,7 @@ def as_jit_outputs(leaves: list, slots: Sequence[int]) -> list:
     return leaves if converted is None else converted
 
 
-class Record:
+class LiftRecord:
     """What one trace recorded: the ``CallPlan``, what the transformation adds (``extra``,
     such as where the gradients go) and, under a ``traced=`` rule, the outputs the rule left
     static (``static_outputs``: position and value). The static data of an :class:`Out`,
@@ -117,13 +117,13 @@ class StaticOut:
 
 
 class Out:
-    """The outputs of a lifted function, with its :class:`Record` as static data. Outputs
+    """The outputs of a lifted function, with its :class:`LiftRecord` as static data. Outputs
     given as :class:`StaticOut` are kept in the record: JAX sees None (an empty pytree) in
     their place, and every ``Out`` rebuilt from JAX's leaves has them back."""
 
     __slots__ = ("leaves", "record")
 
-    def __init__(self, record: Record, leaves: Sequence[Any]):
+    def __init__(self, record: LiftRecord, leaves: Sequence[Any]):
         self.record, self.leaves = record, list(leaves)
         static = tuple((i, x.value) for i, x in enumerate(self.leaves) if type(x) is StaticOut)
         if static:
@@ -132,7 +132,7 @@ class Out:
                 self.leaves[i] = value
 
 
-def _flatten_out(out: Out) -> tuple[list, Record]:
+def _flatten_out(out: Out) -> tuple[list, LiftRecord]:
     static = () if out.record is None else out.record.static_outputs
     if not static:
         return out.leaves, out.record
@@ -142,7 +142,7 @@ def _flatten_out(out: Out) -> tuple[list, Record]:
     return leaves, out.record
 
 
-def _unflatten_out(record: Record, leaves: Sequence[Any]) -> Out:
+def _unflatten_out(record: LiftRecord, leaves: Sequence[Any]) -> Out:
     out = object.__new__(Out)
     out.record, out.leaves = record, list(leaves)
     if record is not None:

@@ -1,5 +1,5 @@
 """The user's function run at trace time under a policy: :func:`begin` starts every
-transformation's trace (``_trace``'s steps follow), :class:`Runner` is what a JAX
+transformation's trace (``_effects``'s steps follow), :class:`Runner` is what a JAX
 transformation is handed, and :func:`reporting` is the function ``clone`` hands it.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from jax.core import Tracer
 
-from treeclone import _trace
+from treeclone import _effects
 from treeclone._jax_compat import DebugInfo, fun_sourceinfo
 from treeclone._lift.arguments import StaticLeaves, Statics
 from treeclone._lift.boxes import StaticOut
@@ -39,7 +39,7 @@ def reporting(
     mode: str | None = None,
 ) -> Any:
     """``fun`` as the clone policy hands it to a JAX transformation: reporting, each time it is
-    traced, the changes it makes in place and does not return (``_trace.ReportingDiscards``;
+    traced, the changes it makes in place and does not return (``_effects.ReportingDiscards``;
     the same object for the same function and options, so JAX's caches find it again).
 
     >>> import jax, jax.numpy as jnp, warnings
@@ -54,7 +54,7 @@ def reporting(
     >>> caught[0].category.__name__
     'MutationWarning'
     """
-    return _trace.reporting_discards(
+    return _effects.reporting_discards(
         fun, lambda f: Naming(f).name, frozenset(static_nums), frozenset(static_names), mode
     )
 
@@ -63,7 +63,7 @@ class Runner:
     """``fun`` under a policy, run on a call's rebuilt arguments at trace time.
 
     Per thread, for the call being traced (set with :meth:`calling`): ``objects``, the
-    caller's object at each node, watched while the function runs (``_trace.Request``'s
+    caller's object at each node, watched while the function runs (``_effects.Request``'s
     ``caller_objects``), ``names``, where each input of the traced function is in the
     call, which jax's messages (a traced value used as a bool, ...) print through
     ``__fun_debug_info__`` with ``fun``'s source, as they do for ``fun`` itself, and
@@ -158,23 +158,17 @@ class Runner:
         leaves: list,
         statics: Statics | None = None,
         static: StaticLeaves | None = None,
-    ) -> _trace.Prepared:
+    ) -> _effects.Prepared:
         """Start a trace of ``fun`` on the arguments rebuilt from ``leaves`` (see :func:`begin`),
         with the leaves ``traced=`` left static (``static``) put back in their slots; the caller
         takes the next steps (``.call()``, ``.diff()``, ``.plan()``) and hands the plan to
         :meth:`outputs`.
 
-        >>> import jax.numpy as jnp
         >>> from treeclone import ALIAS
         >>> from treeclone._lift import Naming, Runner, flatten_call
-        >>> def bump(state):
-        ...     state["n"] = state["n"] + 1
-        ...     return "done"
-        >>> state = {"n": jnp.zeros(())}
-        >>> call = flatten_call(Naming(bump), (state,), {})
-        >>> runner = Runner(bump, ALIAS, Naming(bump))
-        >>> runner.begin(call.sdef, call.leaves).args
-        ({'n': Array(0., dtype=float32)},)
+        >>> call = flatten_call(Naming(max), ([3, 1], "key"), {})
+        >>> Runner(max, ALIAS, Naming(max)).begin(call.sdef, call.leaves).args
+        ([3, 1], 'key')
         """
         static_args = None
         if statics is not None:
@@ -194,53 +188,25 @@ class Runner:
             caller_objects=getattr(self.local, "objects", None),
         )
 
-    def outputs(self, plan: _trace.Plan) -> list:
+    def outputs(self, plan: _effects.Plan) -> list:
         """The outputs of a trace's plan, those its ``traced=`` rule leaves static given as
         :class:`StaticOut`.
 
-        >>> import jax.numpy as jnp
+        >>> import numpy as np
         >>> from treeclone import ALIAS
-        >>> from treeclone._lift import Naming, Runner, flatten_call
-        >>> def bump(state):
-        ...     state["n"] = state["n"] + 1
-        ...     return "done"
-        >>> state = {"n": jnp.zeros(())}
-        >>> call = flatten_call(Naming(bump), (state,), {})
-        >>> runner = Runner(bump, ALIAS, Naming(bump))
-        >>> runner.outputs(runner.begin(call.sdef, call.leaves).call().diff().plan())
-        [Array(1., dtype=float32), 'done']
+        >>> from treeclone._lift import Naming, Runner, flatten_call, is_array
+        >>> def scale(x):
+        ...     return x * 2, "scaled"
+        >>> runner = Runner(scale, ALIAS, Naming(scale), traced=is_array)  # arrays are traced
+        >>> call = flatten_call(runner.naming, (np.ones(2),), {})
+        >>> plan = runner.begin(call.sdef, call.leaves).call().diff().plan()
+        >>> [type(x).__name__ for x in runner.outputs(plan)]
+        ['ndarray', 'StaticOut']
         """
         rule = self.traced
         if rule is None:
             return plan.outputs
         return [x if isinstance(x, Tracer) or rule(x) else StaticOut(x) for x in plan.outputs]
-
-    def trace(
-        self,
-        sdef: Any,
-        leaves: list,
-        statics: Statics | None = None,
-        static: StaticLeaves | None = None,
-    ) -> tuple[Any, list]:
-        """The whole trace, for a transformation that needs nothing between its steps:
-        ``(plan, outputs)``. Here eagerly, on the caller's values (a JAX transformation hands
-        in tracers).
-
-        >>> import jax.numpy as jnp
-        >>> from treeclone import ALIAS
-        >>> from treeclone._lift import Naming, Runner, flatten_call
-        >>> def bump(state):
-        ...     state["n"] = state["n"] + 1
-        ...     return "done"
-        >>> state = {"n": jnp.zeros(())}
-        >>> call = flatten_call(Naming(bump), (state,), {})
-        >>> runner = Runner(bump, ALIAS, Naming(bump))
-        >>> plan, outputs = runner.trace(call.sdef, call.leaves)
-        >>> plan.apply(call.leaves, call.objects, outputs), state
-        ('done', {'n': Array(1., dtype=float32)})
-        """
-        plan = self.begin(sdef, leaves, statics, static).call().diff().plan()
-        return plan.plan, self.outputs(plan)
 
 
 def with_static(leaves: Sequence[Any], static: StaticLeaves | None) -> list:
@@ -286,19 +252,19 @@ def begin(
     naming: Naming,
     sdef: Any,
     leaves: list,
-    static_args: _trace.StaticArgs | None,
+    static_args: _effects.StaticArgs | None,
     *,
     caller_objects: Sequence[Any] | None = None,
     eager: bool = False,
-) -> _trace.Prepared:
+) -> _effects.Prepared:
     """Start a trace: rebuild a call from ``leaves`` (structure ``sdef``, static arguments
-    ``static_args``) to run ``fun`` on it under ``policy`` (``_trace``'s first step). A policy per
+    ``static_args``) to run ``fun`` on it under ``policy`` (``_effects``'s first step). A policy per
     argument is resolved for this call's arguments (``policies.for_call``): each argument's
     containers follow their own policy. ``caller_objects``: the caller's object at each node,
     watched while ``fun`` runs. ``eager``: ``fun`` runs in the caller's own JAX trace
     (``treeclone.call``), not in one a JAX transformation made for it. Every transformation's
     trace starts here; the next steps are
-    ``_trace``'s (``Prepared.call``, ``Called.diff``, ``Traced.plan``), and the plan's
+    ``_effects``'s (``Prepared.call``, ``Called.diff``, ``Diffed.plan``), and the plan's
     ``plan.apply(caller_leaves, caller_objects, outputs)`` gives the call's result.
 
     >>> from treeclone import STRICT
@@ -322,8 +288,8 @@ def begin(
     named = None
     if arg_policies is not None and isinstance(policy, ArgPolicies):
         named = policy.named(positions, keywords)
-    layout = _trace.Layout(num_args, [naming.name(i) for i in positions], positions)
-    request = _trace.Request(
+    layout = _effects.Layout(num_args, [naming.name(i) for i in positions], positions)
+    request = _effects.Request(
         fun,
         sdef,
         leaves,
@@ -335,4 +301,4 @@ def begin(
         static_args=static_args,
         eager=eager,
     )
-    return _trace.prepare(request)
+    return _effects.prepare(request)

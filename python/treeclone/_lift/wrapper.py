@@ -1,11 +1,12 @@
-"""What every lifted transformation's wrapper shares."""
+"""What every lifted transformation's wrapper shares, and the two forms of every
+transformation's function: with ``fun``, and without it the decorator that takes it."""
 
 from __future__ import annotations
 
 import functools
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from treeclone._lift.naming import Naming
 from treeclone._lift.runner import current_policy
@@ -81,3 +82,59 @@ class Wrapper:
 
     def __repr__(self) -> str:
         return f"<treeclone.{self.name} of {self._fun!r} (policy {self._policy!r})>"
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Decorator(Generic[T]):
+    """A transformation called without its function (``@treeclone.vmap(in_axes=1)``): the
+    decorator that makes ``make(fun, *args, **kwargs)`` of the function it is given.
+
+    >>> from treeclone._lift import Decorator
+    >>> scaled = Decorator(lambda fun, k: lambda x: k * fun(x), 3)
+    >>> scaled(abs)(-2)
+    6
+    """
+
+    __slots__ = ("args", "kwargs", "make")
+
+    def __init__(self, make: Callable[..., T], *args: Any, **kwargs: Any):
+        self.make, self.args, self.kwargs = make, args, kwargs
+
+    def __call__(self, fun: Callable[..., Any], /) -> T:
+        return self.make(fun, *self.args, **self.kwargs)
+
+
+class FunOrDecorator(Protocol[P, T_co]):
+    """What type checkers see of a transformation made with :func:`fun_or_decorator`: its
+    parameters after ``fun`` (``P``), and what it makes of ``fun`` (``T_co``), or without it,
+    the decorator that makes that."""
+
+    @overload
+    def __call__(self, fun: Callable[..., Any], *args: P.args, **kwargs: P.kwargs) -> T_co: ...
+    @overload
+    def __call__(
+        self, fun: None = None, *args: P.args, **kwargs: P.kwargs
+    ) -> Callable[[Callable[..., Any]], T_co]: ...
+
+
+def fun_or_decorator(
+    transformation: Callable[Concatenate[Any, P], T | Decorator[T]],
+) -> FunOrDecorator[P, T]:
+    """``transformation`` itself, typed as its two forms: called with ``fun`` it gives a ``T``;
+    with ``fun`` None (or left out) the :class:`Decorator` that makes one. One signature
+    serves both forms, where ``@typing.overload`` would repeat it twice over.
+
+    >>> from treeclone._lift import Decorator, fun_or_decorator
+    >>> @fun_or_decorator
+    ... def twice(fun=None, *, times: int = 2):
+    ...     if fun is None:
+    ...         return Decorator(twice, times=times)
+    ...     return lambda x: [fun(x)] * times
+    >>> twice(abs)(-1), twice(times=3)(abs)(-1)
+    ([1, 1], [1, 1, 1])
+    """
+    return cast(FunOrDecorator[P, T], transformation)

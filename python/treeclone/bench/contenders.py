@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 BASELINE = "jax.jit"
@@ -83,7 +83,6 @@ TC_POLICY = {name: policy for name, (_, policy, _) in TC_SPECS.items()}
 # The other libraries' wrappers, each in its fastest documented modes: the "fastest peer" of a
 # workload is the fastest of these there. (FLOOR is a reference, not a peer: see FLOOR_IS.)
 PEERS = (BASELINE, NNX, NNX_TREE, NNX_PARTIAL, EQX)
-PEERS_DON = (BASELINE_DON, NNX_DON, NNX_TREE_DON, NNX_PARTIAL_DON)
 # How many calls the floor's loop keeps each call's arrays after it, per platform
 # (workloads.floor_runner): the fastest hold measured there by benches/floor_probe.py. On a TPU
 # v5e mlp_adam's floor took 457 µs a step letting go of them at once, 416 keeping them one
@@ -116,6 +115,8 @@ FLOOR_DON_IS = (
     "ahead), in a loop that holds nothing (a donated array is gone after the call): the "
     "least a wrapper that donates can do."
 )
+# Each floor's description, for the reports.
+FLOOR_DESCRIPTIONS = {FLOOR: FLOOR_IS, FLOOR_DON: FLOOR_DON_IS}
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,24 @@ class Group:
     peers: tuple[str, ...]
     headline: tuple[str, ...]  # the ratios in the headline table's cells
     section: str
-    floor_is: str
+
+    @property
+    def floor_is(self) -> str:
+        """What the group's floor does, in the words of the reports."""
+        return FLOOR_DESCRIPTIONS[self.floor]
+
+    def donated(self, **changes: Any) -> Group:
+        """This group with each contender in its donated form (``DONATED_FORM``; those
+        without one left out), and ``changes``."""
+        form = {plain: donated for donated, plain in DONATED_FORM.items()}
+        return replace(
+            self,
+            contenders=tuple(form[c] for c in self.contenders if c in form),
+            baseline=form[self.baseline],
+            floor=form[self.floor],
+            peers=tuple(form[c] for c in self.peers if c in form),
+            **changes,
+        )
 
 
 TRAINING = Group(
@@ -145,9 +163,8 @@ TRAINING = Group(
     peers=PEERS,
     headline=("jax_jit", "peer"),
     section="bench-harness",
-    floor_is=FLOOR_IS,
 )
-DONATED = Group(
+DONATED = TRAINING.donated(
     name="donated",
     title="Training loops with donation",
     about=(
@@ -158,13 +175,8 @@ DONATED = Group(
         "half is its own argument, not donated). Ratios are to `jax.jit[donate]` and to "
         "`floor[donate]`."
     ),
-    contenders=tuple(DONATED_FORM),
-    baseline=BASELINE_DON,
-    floor=FLOOR_DON,
-    peers=PEERS_DON,
     headline=("jax_jit", "floor"),
     section="bench-donated",
-    floor_is=FLOOR_DON_IS,
 )
 EQUINOX = Group(
     name="equinox",
@@ -190,7 +202,6 @@ EQUINOX = Group(
     peers=(EQX,),
     headline=("jax_jit", "peer", "floor"),
     section="bench-equinox",
-    floor_is=FLOOR_IS,
 )
 GROUPS = {g.name: g for g in (TRAINING, DONATED, EQUINOX)}
 

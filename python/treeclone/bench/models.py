@@ -178,27 +178,27 @@ def _nnx_layers() -> dict[str, Any]:
     class Frozen(nnx.Variable):
         """A parameter that fine-tuning leaves alone (not an ``nnx.Param``, so not trained)."""
 
-    class Dense(nnx.Module):
+    class Layer(nnx.Module):
+        """A layer of the parameters ``names`` (each a ``kind`` of Variable), applied to ``x``
+        as ``apply(x, *parameters)``: the functional model's layer, made a Module."""
+
+        names: tuple[str, ...] = ()
+
         def __init__(self, p: dict[str, Any], kind: type = nnx.Param):
-            self.w = kind(jnp.asarray(p["w"]))
-            self.b = kind(jnp.asarray(p["b"]))
+            for name in self.names:
+                setattr(self, name, kind(jnp.asarray(p[name])))
 
         def __call__(self, x):
-            return dense(x, self.w[...], self.b[...])
+            return type(self).apply(x, *(getattr(self, name)[...] for name in self.names))
 
         def params(self):
-            return {"w": self.w[...], "b": self.b[...]}
+            return {name: getattr(self, name)[...] for name in self.names}
 
-    class LayerNorm(nnx.Module):
-        def __init__(self, p: dict[str, Any], kind: type = nnx.Param):
-            self.scale = kind(jnp.asarray(p["scale"]))
-            self.bias = kind(jnp.asarray(p["bias"]))
+    class Dense(Layer):
+        names, apply = ("w", "b"), staticmethod(dense)
 
-        def __call__(self, x):
-            return layer_norm(x, self.scale[...], self.bias[...])
-
-        def params(self):
-            return {"scale": self.scale[...], "bias": self.bias[...]}
+    class LayerNorm(Layer):
+        names, apply = ("scale", "bias"), staticmethod(layer_norm)
 
     return {"Frozen": Frozen, "Dense": Dense, "LayerNorm": LayerNorm}
 

@@ -126,7 +126,7 @@ def machine_info(
 
 
 @dataclass(frozen=True)
-class Call:
+class BoundCall:
     """A call bound beforehand, made as ``fn(*args, **kwargs)`` (no wrapper frame)."""
 
     fn: Any
@@ -165,7 +165,7 @@ def interleaved(names: Sequence[str], rounds: int) -> Iterator[str]:
         yield from (names[k] for k in square[r % len(square)])
 
 
-def time_batch(call: Call, n: int) -> int:
+def time_batch(call: BoundCall, n: int) -> int:
     """Nanoseconds for ``n`` back-to-back calls."""
     fn, args, kwargs = call.fn, call.args, call.kwargs
     loop = itertools.repeat(None, n)
@@ -175,7 +175,7 @@ def time_batch(call: Call, n: int) -> int:
     return time.perf_counter_ns() - t0
 
 
-def calls_per_batch(call: Call, batch_ns: int) -> int:
+def calls_per_batch(call: BoundCall, batch_ns: int) -> int:
     """How many calls make one batch of about ``batch_ns`` (after a short warm-up)."""
     time_batch(call, 3)
     n = 1
@@ -187,7 +187,7 @@ def calls_per_batch(call: Call, batch_ns: int) -> int:
     return max(1, round(n * batch_ns / max(t, 1)))
 
 
-def measure_cell(calls: dict[str, Call], rounds: int, batch_ns: int) -> dict[str, dict]:
+def measure_cell(calls: dict[str, BoundCall], rounds: int, batch_ns: int) -> dict[str, dict]:
     """Interleaved rounds over all contenders of one cell; per-call times in microseconds.
 
     The garbage collector runs once before and is off throughout.

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from treeclone import _lift, _trace
+from treeclone import _effects, _lift
 from treeclone._docs import see
 from treeclone._jax_compat import is_ref
 from treeclone._lift import Naming, as_jit_outputs, leaf_rule, reporting, with_static
@@ -173,7 +173,7 @@ def cond(
     operands = _operands(operands, operand)
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
-        _lift.check_call(Naming(true_fun), operands, {})  # a cycle: rule J17's ValueError
+        _lift.check_cycles(Naming(true_fun), operands, {})  # a cycle: rule J17's ValueError
         return jax.lax.cond(pred, reporting(true_fun), reporting(false_fun), *operands)
     if _disabled_and_concrete(pred):
         jax.lax.cond(pred, _noop, _noop)  # jax's checks of pred, its messages
@@ -181,7 +181,7 @@ def cond(
     call = _lift.flatten_call(Naming(true_fun), operands, {}, traced=rule, hashed=False)
     names = ["false_fun", "true_fun"]
     lifted = _lifted("cond", [false_fun, true_fun], names, call, chosen, rule)
-    return lifted.run(
+    return lifted.call_branches(
         call,
         lambda ws, leaves: jax.lax.cond(pred, ws[1], ws[0], *leaves),
         lambda: None if isinstance(pred, jax.core.Tracer) else int(bool(pred)),
@@ -244,7 +244,7 @@ def switch(
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
         if all(callable(b) for b in branches) and len(branches):
-            _lift.check_call(Naming(branches[0]), operands, {})
+            _lift.check_cycles(Naming(branches[0]), operands, {})
         # ``branches`` stays bound: the reporting functions hold the branches weakly.
         given = branches
         if isinstance(branches, (list, tuple)):
@@ -260,7 +260,7 @@ def switch(
     names = [f"branch {i}" for i in range(len(branches))]
     call = _lift.flatten_call(Naming(branches[0]), operands, {}, traced=rule, hashed=False)
     lifted = _lifted("switch", list(branches), names, call, chosen, rule)
-    return lifted.run(
+    return lifted.call_branches(
         call,
         lambda ws, leaves: jax.lax.switch(index, ws, *leaves),
         lambda: (
@@ -307,14 +307,14 @@ class _Branch(_lift.Runner):
     def __call__(self, *given: Any) -> list:
         lifted, call = self.lifted, self.current_call()
         leaves = with_static(given, call.static)  # the static ones (traced=) back
-        traced = self.begin(call.sdef, leaves).call().diff()
-        result_leaves = traced.result_leaves
-        info = traced.result_def.node_info()
+        diffed = self.begin(call.sdef, leaves).call().diff()
+        result_leaves = diffed.result_leaves
+        info = diffed.result_def.node_info()
         columns = [result_leaves[e.slot] for e in info if isinstance(e, EntryInfo.Leaf)]
         slot_of = {id(x): s for s, x in enumerate(leaves)}
         inputs = [slot_of.get(id(x)) for x in columns]
         refs = tuple(p for p, x in enumerate(columns) if is_ref(x))
-        record = BranchRecord(traced, inputs, [aval_of(x) for x in columns], refs)
+        record = BranchRecord(diffed, inputs, [aval_of(x) for x in columns], refs)
         rule = self.traced
         if rule is not None:
             record.statics = {
@@ -369,7 +369,7 @@ class _Lifted:
         # combination, as for jit).
         self.policy, self.arg_policies = for_call(policy, range(num_operands), [])
         naming = Naming(branches[-1] if api == "cond" else branches[0])  # true_fun's names
-        self.layout = _trace.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
+        self.layout = _effects.Layout(num_operands, [naming.name(i) for i in range(num_operands)])
         self.records: list[BranchRecord | None] = [None] * len(branches)
         self.plans: dict[int | None, Any] = {}
         self.lock = threading.Lock()
@@ -393,7 +393,7 @@ class _Lifted:
         if complete:
             self.check()
 
-    def run(
+    def call_branches(
         self,
         call: _lift.Call,
         bind: Callable[[list, list], Any],

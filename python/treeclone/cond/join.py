@@ -17,9 +17,9 @@ import numpy as np
 
 from treeclone import _native
 from treeclone._docs import see
+from treeclone._effects import Diffed, Layout, Paths, child_keys, same_data, same_static
 from treeclone._jax_compat import DictKey, is_ref, keystr, unflatten_node
 from treeclone._native import EntryInfo, Origin, Source
-from treeclone._trace import Layout, Paths, Traced, child_keys, same_data, same_static
 from treeclone._writeback import write_custom as _write_custom
 
 # CallPlan's stub types the write-back hook; the function is the same.
@@ -49,12 +49,12 @@ class BranchRecord:
         "statics",
     )
 
-    def __init__(self, traced: Traced, inputs: list, avals: list, refs: tuple):
-        self.def_: Any = traced.result_def
-        self.origins: list[Any] = traced.origins
-        self.result_child: int | None = traced.result_child
-        # Rule J31's check of what its plan writes (``Traced.enclosing_writes``).
-        self.enclosing: Any = traced.enclosing_writes()
+    def __init__(self, diffed: Diffed, inputs: list, avals: list, refs: tuple):
+        self.def_: Any = diffed.result_def
+        self.origins: list[Any] = diffed.origins
+        self.result_child: int | None = diffed.result_child
+        # Rule J31's check of what its plan writes (``Diffed.enclosing_writes``).
+        self.enclosing: Any = diffed.enclosing_writes()
         self.info: list[Any] = self.def_.node_info()
         self.slots: list[int] = [e.slot for e in self.info if isinstance(e, EntryInfo.Leaf)]
         self.inputs: list[int | None] = inputs
@@ -63,7 +63,7 @@ class BranchRecord:
         # not output by the branch (JAX never returns a Ref).
         self.refs: tuple[int, ...] = refs
         self.statics: dict[int, Any] = {}
-        out_leaves, out_def = jax.tree_util.tree_flatten(traced.out)
+        out_leaves, out_def = jax.tree_util.tree_flatten(diffed.out)
         self.out_def: Any = out_def
         self.out_avals: list[Any] = [aval_of(x) for x in out_leaves]
 

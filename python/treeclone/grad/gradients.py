@@ -18,7 +18,7 @@ rules and names their tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any
 
 import jax
 import numpy as np
@@ -130,7 +130,7 @@ class _GradRunner(_lift.Runner):
             )
         plan = called.diff().plan()
         value = out[0] if self.has_aux else out
-        return value, _lift.Out(_lift.Record(plan.plan, tuple(structure)), self.outputs(plan))
+        return value, _lift.Out(_lift.LiftRecord(plan.plan, tuple(structure)), self.outputs(plan))
 
 
 def _grad_options(
@@ -191,7 +191,7 @@ class _Grad(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
         if policy is CLONE and self._wrt is None:  # jax.grad cannot filter: wrt= lifts
-            _lift.check_call(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
+            _lift.check_cycles(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
             try:
                 return self._jax(*args, **kwargs)
             except TypeError:
@@ -278,30 +278,7 @@ class _Grad(_lift.Wrapper):
         return self._argnums[0] if self._single else self._argnums
 
 
-@overload
-def grad(
-    fun: Callable[..., Any],
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[..., Any]: ...
-@overload
-def grad(
-    fun: None = None,
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@_lift.fun_or_decorator
 def grad(
     fun: Callable[..., Any] | None = None,
     argnums: int | Sequence[int] = 0,
@@ -312,7 +289,7 @@ def grad(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     wrt: Any = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.grad(fun, argnums, has_aux, holomorphic, allow_int)`` with a policy.
 
     The arguments are ``jax.grad``'s, with its meanings; without ``fun``, the decorator that
@@ -376,37 +353,14 @@ def grad(
     ...
     """
     if fun is None:
-        return lambda f: grad(
-            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
+        return _lift.Decorator(
+            grad, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
         )
     options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
     return _Grad(fun, options, policy, False, wrt)
 
 
-@overload
-def value_and_grad(
-    fun: Callable[..., Any],
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[..., tuple[Any, Any]]: ...
-@overload
-def value_and_grad(
-    fun: None = None,
-    argnums: int | Sequence[int] = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    wrt: Any = None,
-) -> Callable[[Callable[..., Any]], Callable[..., tuple[Any, Any]]]: ...
+@_lift.fun_or_decorator
 def value_and_grad(
     fun: Callable[..., Any] | None = None,
     argnums: int | Sequence[int] = 0,
@@ -417,7 +371,7 @@ def value_and_grad(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     wrt: Any = None,
-) -> Callable[..., tuple[Any, Any]] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., tuple[Any, Any]] | _lift.Decorator[Callable[..., tuple[Any, Any]]]:
     """``jax.value_and_grad(fun, ...)`` with a policy: a call returns ``(value, grads)``, or
     ``((value, aux), grads)`` with ``has_aux``, where ``value`` and ``aux`` are the function's
     result rebuilt as under ``treeclone.jit`` (under ``alias`` a returned input is the
@@ -437,8 +391,15 @@ def value_and_grad(
     (Array(9., dtype=float32), Array([6.], dtype=float32), True, [0])
     """
     if fun is None:
-        return lambda f: value_and_grad(
-            f, argnums, has_aux, holomorphic, allow_int, reduce_axes, policy=policy, wrt=wrt
+        return _lift.Decorator(
+            value_and_grad,
+            argnums,
+            has_aux,
+            holomorphic,
+            allow_int,
+            reduce_axes,
+            policy=policy,
+            wrt=wrt,
         )
     options = _grad_options(argnums, has_aux, holomorphic, allow_int, reduce_axes)
     return _Grad(fun, options, policy, True, wrt)

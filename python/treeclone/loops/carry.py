@@ -20,12 +20,12 @@ from typing import Any
 
 import jax
 
-from treeclone import _trace
+from treeclone import _effects
 from treeclone._docs import see
+from treeclone._effects import qualname
 from treeclone._jax_compat import unflatten_node
 from treeclone._lift import Naming, begin, flatten_call
 from treeclone._native import EntryInfo
-from treeclone._trace import qualname
 from treeclone.loops.rules import (
     CONDITION_REMEDY,
     NAMINGS,
@@ -93,11 +93,11 @@ class LoopCall:
         static = self.call.static
         self.static: frozenset[int] = frozenset() if static is None else static.slots
         self.names = [self.naming.name(i) for i in range(len(args))]
-        self.layout = _trace.Layout(len(args), self.names)
+        self.layout = _effects.Layout(len(args), self.names)
         self.info: list[Any] = self.call.sdef.node_info()
         self.tops: list[int] = self.info[-1].children[: len(args)]
         self.skip = {len(self.info) - 1, self.info[-1].children[-1]}
-        self.unstable = _trace.unstable_static_data((*args, {}), self.info)
+        self.unstable = _effects.unstable_static_data((*args, {}), self.info)
         arg_slots = self.call.arg_slots()
         self.carried, self.scanned = arg_slots[0], arg_slots[1] if len(args) > 1 else []
         self.record: LoopPlan | None = None  # this call's trace, when JAX did not reuse one
@@ -123,7 +123,7 @@ class LoopCall:
 
     def path(self, n: int) -> str:
         if self._paths is None:
-            self._paths = _trace.Paths(self.call.sdef, self.call.objects, self.layout).paths
+            self._paths = _effects.Paths(self.call.sdef, self.call.objects, self.layout).paths
         return self._paths.get(n, "?") or self.names[0]
 
     def slot_path(self, s: int) -> str:
@@ -169,19 +169,19 @@ class LoopCall:
         watched = snapshot(objs, self.info, self.skip)
         # The caller's containers, which the body may reach through a global or a closure
         # (rule J30; checked first, as it puts them back).
-        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+        callers = _effects.watch_callers(self.call.objects, objs, self.info, self.skip)
         called = prepared.call()
-        _trace.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
+        _effects.check_callers(self.fun, self.call.objects, callers, sdef, objs, self.layout)
         # A carry container the body consumed (equinox's State once set) and replaced by its
         # successor: a new object at its place, the input as it was (rule L3).
         index = {id(objs[k]): k for k in containers(self.info, self.skip)}
-        _trace.take_successors(prepared, found["new"], index, before=watched)
+        _effects.take_successors(prepared, found["new"], index, before=watched)
         if watch is not None:
             watch.check(self.fun, (found["new"], found["others"]))
         kept_static: dict[int, int] = {}  # the body's static leaf (by id) -> the slot it keeps
         new_slots = self._check(in_leaves, objs, watched, found["new"], kept_static)
-        traced = called.diff()
-        plan = traced.plan(forced=_forced(traced, in_leaves, new_slots))
+        diffed = called.diff()
+        plan = diffed.plan(forced=_forced(diffed, in_leaves, new_slots))
         where = {id(v): len(new_slots) + s for s, v in enumerate(in_leaves)}
         where.update({id(v): s for s, v in reversed(list(enumerate(new_slots)))})
         where.update({k: len(new_slots) + s for k, s in kept_static.items()})
@@ -303,7 +303,7 @@ class LoopCall:
     def _check_static(self, s: int, old: Any, new: Any) -> None:
         """A static leaf of the call (``traced=``) that the body changed: a ValueError naming
         its key path (a JAX loop's constants are the same at every iteration)."""
-        if not _trace.same_static(old, new):
+        if not _effects.same_static(old, new):
             raise ValueError(
                 see(
                     "loop-carry",
@@ -333,23 +333,23 @@ class LoopCall:
             for name in new_names:
                 if not hasattr(after, name):
                     sdef = self.call.sdef
-                    _trace.raise_outside_attribute(self.fun, k, name, sdef, objs, self.layout)
+                    _effects.raise_outside_attribute(self.fun, k, name, sdef, objs, self.layout)
 
     def check_untouched(self, fun: Any, slots: Any) -> Any:
         """Run ``fun`` (while_loop's condition) on the carry rebuilt from ``slots``, which it
         may not change."""
         root, objs = self.call.sdef.unflatten_nodes(self._in_leaves(slots, []))
         watched = snapshot(objs, self.info, self.skip)
-        callers = _trace.watch_callers(self.call.objects, objs, self.info, self.skip)
+        callers = _effects.watch_callers(self.call.objects, objs, self.info, self.skip)
         out = fun(root[0])
-        _trace.check_callers(fun, self.call.objects, callers, self.call.sdef, objs, self.layout)
+        _effects.check_callers(fun, self.call.objects, callers, self.call.sdef, objs, self.layout)
         bad = changed(objs, watched)
         if bad:
             lines = [x for k in bad for x in shallow_changes(self.path(k), objs[k], watched[k])]
             if self.policies[0].mutations == "error":
-                raise _trace.mutation_error(fun, lines, CONDITION_REMEDY)
+                raise _effects.mutation_error(fun, lines, CONDITION_REMEDY)
             if self.policies[0].mutations == "discard":  # clone (with traced=): reported
-                _trace.report_discarded(fun, lines, None, "'clone'")
+                _effects.report_discarded(fun, lines, None, "'clone'")
                 return out
             raise ValueError(
                 see(
@@ -403,7 +403,7 @@ class LoopCall:
                 continue  # init left alone while xs is not: the lift reports the lost change
             if policy.mutations == "error":
                 # Not alias's remedy: under alias this is the ValueError below.
-                raise _trace.mutation_error(self.fun, lines, UNRETURNED_REMEDY)
+                raise _effects.mutation_error(self.fun, lines, UNRETURNED_REMEDY)
             if a:
                 raise ValueError(
                     see(
@@ -451,7 +451,7 @@ class LoopCall:
         return out if len(self.call.args) == 1 else out[0]
 
 
-def _forced(traced: _trace.Traced, in_leaves: list, new_slots: list) -> list[bool]:
+def _forced(diffed: _effects.Diffed, in_leaves: list, new_slots: list) -> list[bool]:
     """Which result leaves the loop's plan takes from the computation's outputs. The plan is
     applied once, after the loop, to the final leaves, so an input leaf (a tracer the body was
     given) in the result is the caller's own leaf only if the body hands it back at its own
@@ -460,11 +460,11 @@ def _forced(traced: _trace.Traced, in_leaves: list, new_slots: list) -> list[boo
     leaves: written by no plan, it loses its origin where it holds such an output. (The rest of
     what the body does not hand back keeps its input leaves: the caller's, unchanged.)"""
     moving = {id(v) for v, new in zip(in_leaves, new_slots, strict=True) if new is not v}
-    rdef, rleaves, origins = traced.result_def, traced.result_leaves, traced.origins
-    if traced.result_child is None:  # nothing is written: the result is the body's alone
+    rdef, rleaves, origins = diffed.result_def, diffed.result_leaves, diffed.origins
+    if diffed.result_child is None:  # nothing is written: the result is the body's alone
         return [id(leaf) in moving for leaf in rleaves]
     info = rdef.node_info()
-    returned = _reachable(info, info[-1].children[traced.result_child])
+    returned = _reachable(info, info[-1].children[diffed.result_child])
     handed_back = {e.slot for n in returned if isinstance(e := info[n], LeafInfo)}
     forced = [s in handed_back and id(x) in moving for s, x in enumerate(rleaves)]
     if any(forced):

@@ -40,8 +40,8 @@ import jax
 
 from treeclone import _lift
 from treeclone._docs import see
+from treeclone._effects import qualname
 from treeclone._lift import Naming, leaf_rule, reporting
-from treeclone._trace import qualname
 from treeclone.loops.carry import LoopCall, LoopPlan
 from treeclone.loops.rules import (
     NAMINGS,
@@ -267,7 +267,7 @@ def scan(
     mixed = chosen is not xs_policy
     extra = {"_split_transpose": True} if _split_transpose else {}
     if chosen is CLONE and not mixed and rule is None:
-        _lift.check_call(NAMINGS["scan"], (init, xs), {})
+        _lift.check_cycles(NAMINGS["scan"], (init, xs), {})
         return _clone(
             lambda: jax.lax.scan(reporting(f), init, xs, length, reverse, unroll, **extra),
             ("init", "xs"),
@@ -304,7 +304,7 @@ def _scan_carry(
     length, reverse, unroll, split = options
     extra = {"_split_transpose": True} if split else {}
     loop = LoopCall("scan", f, (init,), chosen, (chosen,), rule)
-    _lift.check_call(XS_NAMING, (xs,), {})
+    _lift.check_cycles(XS_NAMING, (xs,), {})
     if chosen is not xs_policy:
         check_shared(f, init, xs, policies)
     boxed = rule is not None and xs is not None  # xs's static leaves are not scanned
@@ -416,7 +416,7 @@ def fori_loop(
     _, (chosen,) = _loop_policies(policy, "fori_loop")
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
-        _lift.check_call(NAMINGS["fori_loop"], (init_val,), {})
+        _lift.check_cycles(NAMINGS["fori_loop"], (init_val,), {})
         return _clone(
             lambda: jax.lax.fori_loop(lower, upper, reporting(body_fun), init_val, unroll=unroll),
             ("init_val",),
@@ -471,7 +471,7 @@ def while_loop(
     _, (chosen,) = _loop_policies(policy, "while_loop")
     rule = leaf_rule(traced)
     if chosen is CLONE and rule is None:
-        _lift.check_call(NAMINGS["while_loop"], (init_val,), {})
+        _lift.check_cycles(NAMINGS["while_loop"], (init_val,), {})
         return _clone(
             lambda: jax.lax.while_loop(reporting(cond_fun), reporting(body_fun), init_val),
             ("init_val",),

@@ -14,20 +14,20 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from treeclone import _trace
+from treeclone import _effects
 from treeclone._docs import see
+from treeclone._effects import qualname
 from treeclone._lift import (
     ArgsBox,
+    LiftRecord,
     Naming,
     Out,
-    Record,
     StaticLeaves,
     StaticOut,
     flatten_call,
     with_static,
 )
 from treeclone._native import EntryInfo
-from treeclone._trace import qualname
 from treeclone.policies import Policy
 
 __all__ = [
@@ -89,10 +89,10 @@ XS_NAMING = Naming(stand_in("scan", ("xs",)))
 def _state(obj: Any) -> tuple:
     """What a container holds one level down, by identity: its attributes and items, and the
     children its pytree flatten gives (an nnx Variable's value, which is in no ``__dict__``)."""
-    attrs, items = _trace.shallow_state(obj)
+    attrs, items = _effects.shallow_state(obj)
     try:
         children = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)[0]
-        flat: Any = [_trace.Same(c) for c in children]
+        flat: Any = [_effects.Same(c) for c in children]
     except Exception:  # noqa: BLE001 - what the shallow state shows is all there is to compare
         flat = None
     return attrs, items, flat
@@ -101,7 +101,7 @@ def _state(obj: Any) -> tuple:
 def shallow_changes(path: str, obj: Any, before: tuple) -> list[str]:
     """``path: what`` lines for what changed in ``obj`` since its shallow state ``before``."""
     attrs, items = before[:2]
-    now_attrs, now_items = _trace.shallow_state(obj)
+    now_attrs, now_items = _effects.shallow_state(obj)
     lines = []
     if isinstance(obj, dict):
         old, new = dict(items), dict(now_items)
@@ -182,7 +182,7 @@ class SliceWatch:
             reached = {id(o) for o in flatten_call(XS_NAMING, (returned,), {}).objects}
             bad = [k for k in bad if id(objs[k]) not in reached]
         if bad:
-            paths = _trace.Paths(self.call.sdef, objs, _trace.Layout(1, ["xs"])).paths
+            paths = _effects.Paths(self.call.sdef, objs, _effects.Layout(1, ["xs"])).paths
             lines = [
                 x
                 for k in bad
@@ -199,9 +199,9 @@ class SliceWatch:
                     )
                 )
             if self.mutations == "discard":  # xs left alone (a policy per argument)
-                _trace.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
+                _effects.report_discarded(fun, lines, None, "'clone' (chosen for xs)")
                 return
-            raise _trace.mutation_error(fun, lines, SLICE_REMEDY)
+            raise _effects.mutation_error(fun, lines, SLICE_REMEDY)
 
 
 def same_structure(a: list, b: list, unstable: set[int]) -> bool:
@@ -218,8 +218,8 @@ def same_structure(a: list, b: list, unstable: set[int]) -> bool:
         elif isinstance(x, NodeInfo):
             if x.node_type is not y.node_type or x.arity != y.arity:
                 return False
-            if k not in unstable and not _trace.same_data(x.data, y.data):
-                if not _trace.equal_empty_nodes(x, y):
+            if k not in unstable and not _effects.same_data(x.data, y.data):
+                if not _effects.equal_empty_nodes(x, y):
                     return False
     return True
 
@@ -261,8 +261,8 @@ def check_shared(f: Any, init: Any, xs: Any, policies: tuple[Policy, Policy]) ->
         if isinstance(e, RefInfo) and first < e.target <= init_top:
             target = info[e.target]
             if isinstance(target, NodeInfo) and target.node_type is not _NoneType:
-                paths = _trace.Paths(both.sdef, both.objects, _trace.Layout(2, ["init", "xs"]))
-                a, b = (_trace.policy_name(p) for p in policies)
+                paths = _effects.Paths(both.sdef, both.objects, _effects.Layout(2, ["init", "xs"]))
+                a, b = (_effects.policy_name(p) for p in policies)
                 raise ValueError(
                     see(
                         "one-container-two-policies",
@@ -317,7 +317,7 @@ def split_static(tree: Any, traced: Any) -> Out:
     ``eqx.filter_vmap`` returns a static output); :func:`join_static` rebuilds the tree."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     kept = [x if isinstance(x, Tracer) or traced(x) else StaticOut(x) for x in leaves]
-    return Out(Record(None, treedef), kept)
+    return Out(LiftRecord(None, treedef), kept)
 
 
 def join_static(out: Out) -> Any:

@@ -1,6 +1,6 @@
 """``treeclone.vmap``'s batch axes under a policy: of each distinct input leaf, from
 ``in_axes`` (:class:`InAxes`), and of each leaf of the call's result, from where it ends up
-once the function has run (:class:`Places`): state written into an input takes that input's
+once the function has run (:class:`ResultAxes`): state written into an input takes that input's
 axis, a value the function returns takes ``out_axes``, and a batched value written where the
 batch has one value is a ``ValueError`` naming the key path (:class:`PlaceError`).
 """
@@ -16,12 +16,12 @@ import numpy as np
 
 from treeclone import _jax_compat, _native
 from treeclone._docs import see
+from treeclone._effects import ChildKeys, Diffed, Layout, Paths
 from treeclone._jax_compat import BatchTracer as _BatchTracer
 from treeclone._jax_compat import flatten_axes as _flatten_axes
 from treeclone._jax_compat import keystr, require
 from treeclone._lift import Call, Naming, jit_keystr
 from treeclone._native import EntryInfo
-from treeclone._trace import ChildKeys, Layout, Paths, Traced
 
 Node = EntryInfo.Node
 
@@ -211,9 +211,9 @@ def batched(x: Any, traces: set[int]) -> bool:
     return id(getattr(x, "_trace", None)) in traces and x.batch_dim is not None
 
 
-class Places:
+class ResultAxes:
     """The batch axis of each leaf of a call's result, worked out from where it ends up
-    (given to ``Traced.plan`` as ``forced``): in a caller's container, the axis ``in_axes``
+    (given to ``Diffed.plan`` as ``forced``): in a caller's container, the axis ``in_axes``
     gave that place (a container moved elsewhere keeps its own); in the function's result,
     ``out_axes``. It also says which input leaves must be produced by the computation (their
     place has another axis than they came in with), and raises, naming the place, for a batched
@@ -234,11 +234,11 @@ class Places:
 
     # -- the result ------------------------------------------------------------------------
 
-    def forced(self, traced: Traced) -> list[bool]:
-        """Per leaf of ``traced``'s result, whether the computation must output it (an input
+    def forced(self, diffed: Diffed) -> list[bool]:
+        """Per leaf of ``diffed``'s result, whether the computation must output it (an input
         leaf whose place has another axis than it came in with)."""
-        origins, rleaves = traced.origins, traced.result_leaves
-        self.info, self.objs = traced.result_def.node_info(), traced.result_objs
+        origins, rleaves = diffed.origins, diffed.result_leaves
+        self.info, self.objs = diffed.result_def.node_info(), diffed.result_objs
         self.keys = ChildKeys(self.objs, self.info)
         self.origins, self.rleaves = origins, rleaves
         self.place: list[Any] = [_UNSET] * len(rleaves)
@@ -542,7 +542,7 @@ def copy_returned_inputs(
 
     try:
         jax.tree_util.tree_map(find, out_axes, out, is_leaf=lambda x: x is None)
-    except ValueError:  # out_axes is not a prefix of out: said, with the place, by Places
+    except ValueError:  # out_axes is not a prefix of out: said, with the place, by ResultAxes
         return out
     if not any(decisions):
         return out  # as the function built it

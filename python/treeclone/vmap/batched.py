@@ -13,14 +13,14 @@ Under a policy other than ``clone`` the call runs through the shared lift
 (``treeclone._lift``): the arguments are flattened with identity (an array at two places is one
 input, so it has one batch axis), ``jax.vmap`` maps the distinct leaves, and the function runs
 on the arguments rebuilt from its tracers. The batch axis of every value the call produces is
-worked out from where the value ends up (``Places``), once the function has run: state
+worked out from where the value ends up (``ResultAxes``), once the function has run: state
 written into an input takes that input's axis, results take ``out_axes``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, overload
+from typing import Any
 
 import jax
 from jax.core import Tracer
@@ -41,7 +41,7 @@ from treeclone.policies import (
 from treeclone.vmap.axes import (
     InAxes,
     PlaceError,
-    Places,
+    ResultAxes,
     check_sizes,
     container_ids,
     copy_returned_inputs,
@@ -74,23 +74,23 @@ class _VmapRunner(_lift.Runner):
         def static(x: Any) -> bool:
             return rule is not None and not isinstance(x, Tracer) and not rule(x)
 
-        places = Places(self.fun, axes, out_axes, leaves, traces, static)
+        result_axes = ResultAxes(self.fun, axes, out_axes, leaves, traces, static)
 
         prepared = self.begin(call.sdef, list(leaves))
         # The containers the function gets: a returned one moved to another axis is copied.
         inputs = container_ids((prepared.args, prepared.kwargs))
         called = prepared.call()
         called.out = copy_returned_inputs(called.out, out_axes, leaves, axes, inputs, static)
-        traced = called.diff()
-        plan = traced.plan(forced=places.forced(traced))
+        diffed = called.diff()
+        plan = diffed.plan(forced=result_axes.forced(diffed))
         outputs = self.outputs(plan)
-        if len(places.out_list) != len(outputs):  # Places mirrors the plan's choice
+        if len(result_axes.out_list) != len(outputs):  # ResultAxes mirrors the plan's choice
             raise RuntimeError(
-                f"treeclone.vmap: {len(outputs)} outputs but {len(places.out_list)} axes for "
+                f"treeclone.vmap: {len(outputs)} outputs but {len(result_axes.out_list)} axes for "
                 "them (an internal error: please report it)"
             )
-        record = _lift.Record(plan.plan)
-        late.record, late.leaves = record, places.out_list  # the out_axes, now known
+        record = _lift.LiftRecord(plan.plan)
+        late.record, late.leaves = record, result_axes.out_list  # the out_axes, now known
         return _lift.Out(record, outputs)
 
 
@@ -133,7 +133,7 @@ class _Vmap(_lift.Wrapper):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         policy = self._policy_now()
         if policy is CLONE and self._traced is None:  # jax.vmap cannot leave leaves static
-            _lift.check_call(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
+            _lift.check_cycles(self._naming, args, kwargs)  # a cycle: rule J17's ValueError
             return self._jax(*args, **kwargs)
         if isinstance(self._in_axes, tuple) and len(self._in_axes) != len(args):
             raise ValueError(
@@ -169,30 +169,7 @@ class _Vmap(_lift.Wrapper):
         return out.record.plan.apply(call.leaves, call.objects, out.leaves)
 
 
-@overload
-def vmap(
-    fun: Callable[..., Any],
-    in_axes: Any = 0,
-    out_axes: Any = 0,
-    axis_name: Any = None,
-    axis_size: int | None = None,
-    spmd_axis_name: Any = None,
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any]: ...
-@overload
-def vmap(
-    fun: None = None,
-    in_axes: Any = 0,
-    out_axes: Any = 0,
-    axis_name: Any = None,
-    axis_size: int | None = None,
-    spmd_axis_name: Any = None,
-    *,
-    policy: PolicySpec | ArgPolicies = "clone",
-    traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@_lift.fun_or_decorator
 def vmap(
     fun: Callable[..., Any] | None = None,
     in_axes: Any = 0,
@@ -203,7 +180,7 @@ def vmap(
     *,
     policy: PolicySpec | ArgPolicies = "clone",
     traced: str | Callable[[Any], bool] | None = None,
-) -> Callable[..., Any] | Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[..., Any] | _lift.Decorator[Callable[..., Any]]:
     """``jax.vmap(fun, in_axes, out_axes, axis_name, axis_size, spmd_axis_name)`` with a
     policy.
 
@@ -250,5 +227,5 @@ def vmap(
         as_policy(policy)  # an unknown name: an error now, not when the decorator is applied
     options = (in_axes, out_axes, axis_name, axis_size, spmd_axis_name, policy, leaf_rule(traced))
     if fun is None:
-        return lambda f: _Vmap(f, *options)
+        return _lift.Decorator(_Vmap, *options)
     return _Vmap(fun, *options)

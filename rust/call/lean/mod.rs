@@ -61,14 +61,14 @@ pub struct LeanCall {
     /// `in_shardings` was given: a call with keyword arguments is jax.jit's error, said by the
     /// general path.
     no_keywords: bool,
-    /// What `call_inner_jit` reads of the last trace's `TraceInfo` (set at trace time, not changed
+    /// What `call_inner_jit` reads of the last trace's `JitRecord` (set at trace time, not changed
     /// after): read again only when another trace's comes back.
     last_info: Mutex<Option<InfoParts>>,
     /// The last flatten's entries and distinct leaves: the next one's buffers start that
     /// large (`flatten_shared_sized`).
     last_entries: AtomicUsize,
     last_leaves: AtomicUsize,
-    /// The last `HELD_CALLS` calls' leaves, when their trace says so (`TraceInfo.hold_inputs`,
+    /// The last `HELD_CALLS` calls' leaves, when their trace says so (`JitRecord.hold_inputs`,
     /// see `HOLD_INPUT_PLATFORMS` in _jit/inner.py) and they ran outside any JAX
     /// transformation: on a TPU an array whose last reference goes while a computation still
     /// reads it costs the host time, and a training loop lets go of its old state right after
@@ -83,7 +83,7 @@ pub struct LeanCall {
     keyed: AtomicBool,
 }
 
-/// Of a `TraceInfo`: itself, the input slots its result hands back as `jax.jit`'s arrays
+/// Of a `JitRecord`: itself, the input slots its result hands back as `jax.jit`'s arrays
 /// (`returned_inputs`, strict's), whether the call's leaves are held (`hold_inputs`), the
 /// outputs `traced=` left static (`static_outputs`, None when none) and its plan (whose
 /// `apply` checks rule J31 itself).
@@ -228,7 +228,7 @@ impl LeanCall {
 
 impl LeanCall {
     /// `fun(*args, **kwargs)` under the policy, returning the result and the trace's
-    /// `TraceInfo`. `kwargs` is the caller's: the call makes its own dict. With `bound`
+    /// `JitRecord`. `kwargs` is the caller's: the call makes its own dict. With `bound`
     /// (`jit_partial`'s `BoundArguments`, the first of `args`), the bound leaves are joined
     /// (`bound_join`) and followed through the write-back (`bound_advance`); with `stage`, a
     /// traced or compiled stage computes in place of the inner jit, for calls of its key

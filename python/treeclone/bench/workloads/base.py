@@ -71,6 +71,12 @@ class Runner:
         return self
 
 
+# How most workloads check a contender, the start of their ``compared``.
+AGAINST_UNJITTED = (
+    "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+)
+
+
 class Workload:
     """Base class: data, initial parameters, reference run and per-contender runners."""
 
@@ -81,10 +87,7 @@ class Workload:
     # The class attributes a --tiny run (CI's smoke test) sets: the smallest sizes that run
     # the same code paths.
     tiny: dict[str, Any] = {}
-    compared = (
-        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
-        "of the functional step from the same initial parameters."
-    )
+    compared = AGAINST_UNJITTED + "of the functional step from the same initial parameters."
     lr = 1e-3
 
     def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:

@@ -20,12 +20,12 @@ from ..contenders import (
     TC_PARTIAL,
     TC_PARTIAL_TRACED,
 )
-from .base import NotApplicable, Runner, Workload
-from .params import MlpAdam, mlp_data
+from .base import AGAINST_UNJITTED, NotApplicable, Runner
+from .params import MlpDataWorkload
 from .runners import functional_runner, inplace_form, unjitted_losses
 
 
-class EqxMlpAdam(Workload):
+class EqxMlpAdam(MlpDataWorkload):
     name = "eqx_mlp_adam"
     group = EQUINOX
     title = "an equinox MLP with a function field, Adam"
@@ -42,16 +42,10 @@ class EqxMlpAdam(Workload):
         "`eqx.partition(model, eqx.is_array)`'s arrays, the rest (the activation) closed over "
         "and combined inside."
     )
-    compared = (
-        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+    compared = AGAINST_UNJITTED + (
         "of the functional step, and its final arrays (the model's and Adam's state) against "
         "`jax.jit`'s."
     )
-    sizes, batch = MlpAdam.sizes, MlpAdam.batch
-
-    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
-        super().__init__(device, preserving)
-        self.x, self.y = (self.put(a) for a in mlp_data(self.sizes, self.batch))
 
     def fresh(self) -> tuple[Any, Any]:
         import equinox as eqx

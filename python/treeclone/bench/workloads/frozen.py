@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import models as M
 from ..contenders import FLOOR, TC_PARTIAL, donated_form
-from .base import INPLACE, NNX_FORMS, Runner, TraceCounter, Workload
+from .base import AGAINST_UNJITTED, INPLACE, NNX_FORMS, Runner, TraceCounter, Workload
 from .runners import (
     inplace_form,
     inplace_runner,
@@ -39,8 +39,7 @@ class FrozenHalf(Workload):
         "trained with Adam (lr 1e-3; 66 leaves, 133 in Adam's state). The functional step "
         "takes and returns the frozen half unchanged (pass-through leaves)."
     )
-    compared = (
-        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+    compared = AGAINST_UNJITTED + (
         "of the functional step. `treeclone.jit[alias]` leaves the frozen half alone (neither "
         "mutated nor returned); `flax.nnx.jit` holds it in a non-`Param` variable type that "
         "`nnx.value_and_grad` and `nnx.Optimizer` do not touch."

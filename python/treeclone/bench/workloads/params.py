@@ -107,6 +107,16 @@ def mlp_data(sizes: tuple[int, ...], batch: int) -> tuple[np.ndarray, np.ndarray
     return x, y
 
 
+class MlpDataWorkload(Workload):
+    """A workload with a step of its own on mlp_adam's MLP sizes and data (``x``, ``y``)."""
+
+    sizes, batch = MlpAdam.sizes, MlpAdam.batch
+
+    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
+        super().__init__(device, preserving)
+        self.x, self.y = (self.put(a) for a in mlp_data(self.sizes, self.batch))
+
+
 class TransformerAdam(ParamsWorkload):
     name = "transformer_adam"
     title = "12-layer transformer, Adam"

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import models as M
 from ..contenders import FLOOR, NNX, NNX_PARTIAL, NNX_TREE, TC_PARTIAL
-from .base import NotApplicable, Runner, TraceCounter, Workload
-from .params import MlpAdam, mlp_data
+from .base import AGAINST_UNJITTED, NotApplicable, Runner, TraceCounter
+from .params import MlpDataWorkload
 from .runners import nnx_arrays
 
 
@@ -45,7 +45,7 @@ def seed_train_step(model, x, y, optimizer):
     return model, loss, optimizer
 
 
-class SeedPattern(Workload):
+class SeedPattern(MlpDataWorkload):
     name = "seed_pattern"
     title = "the seed pattern: an optimizer mutated in place and returned"
     description = (
@@ -55,16 +55,10 @@ class SeedPattern(Workload):
         "with the model and the loss. The same function runs under every jit wrapper; "
         "flax.nnx.jit runs the nnx version (`nnx.Optimizer.update`, in place, loss returned)."
     )
-    compared = (
-        "Each contender's losses over the check steps against a plain-Python (un-jitted) run "
+    compared = AGAINST_UNJITTED + (
         "of the same `train_step` (where the mutation hits the caller's optimizer). The "
         "notes say whether the optimizer a call returns is the object that was passed in."
     )
-    sizes, batch = MlpAdam.sizes, MlpAdam.batch
-
-    def __init__(self, device: Any, preserving: frozenset[str] = frozenset()) -> None:
-        super().__init__(device, preserving)
-        self.x, self.y = (self.put(a) for a in mlp_data(self.sizes, self.batch))
 
     def fresh(self) -> tuple[Any, Optimizer]:
         model = self.put(M.mlp_init(0, self.sizes))

@@ -17,11 +17,9 @@ from typing import Any
 
 from treeclone import _native
 from treeclone._docs import see
-from treeclone._jax_compat import unflatten_node
-from treeclone._native import EntryInfo, Origin
-from treeclone._trace.diff import reordered
-from treeclone._trace.messages import policy_name, qualname
-from treeclone._trace.tree import (
+from treeclone._effects.diff import reordered
+from treeclone._effects.messages import policy_name, qualname
+from treeclone._effects.tree import (
     Layout,
     NodeInfo,
     Paths,
@@ -30,6 +28,8 @@ from treeclone._trace.tree import (
     holds_tracer,
     same_data,
 )
+from treeclone._jax_compat import unflatten_node
+from treeclone._native import EntryInfo, Origin
 from treeclone._writeback import (
     InPlace,
     attribute_names,
@@ -336,7 +336,7 @@ def container_writes(
             if written_by_attributes(ty, obj) and holds_tracer(entry.data):
                 traced_static(k)
             origin, keys, outside, held = _custom_write(
-                k, pre, entry, obj, (objs, post_objs), own_attributes.get(k, {}), pre_info
+                k, n, before, after, own_attributes.get(k, {})
             )
             writes.custom[n] = (keys, outside)
             if held is not None:
@@ -359,33 +359,33 @@ def container_writes(
 
 def _custom_write(
     k: int,
-    pre: NodeInfo,
-    post: NodeInfo,
-    obj: Any,
-    objects: tuple[list, list],
+    n: int,
+    before: tuple[list, list],
+    after: tuple[list, list],
     own: Mapping[str, Any],
-    pre_info: list,
 ) -> tuple[Any, tuple[Any, Any] | None, list[str], HeldLeaves | None]:
-    """``container_writes`` for a node other than a plain list or dict: ``(origin, keys,
-    outside, held)``. ``objects``: the objects of the flattens before and after the call;
-    ``own``: the attributes ``obj`` had before the call, with their values; ``pre_info``: the
-    node info before it. ``held``: the attributes holding input leaves left as they came
-    (:class:`HeldLeaves`; None: none, or the node is not written by its attributes).
+    """``container_writes`` for input node ``k`` at node ``n`` of the result, a node other than
+    a plain list or dict: ``(origin, keys, outside, held)``. ``before`` and ``after``: the
+    node info and the objects of the flattens before and after the call; ``own``: the
+    attributes the node's object had before the call, with their values. ``held``: the
+    attributes holding input leaves left as they came (:class:`HeldLeaves`; None: none, or
+    the node is not written by its attributes).
 
     A changed attribute that holds the same plain dict or list as before the call (a flatten
     that reads its children from ``self.d``, whose entries the function set) is named as
     ``InPlace``: write-back updates the caller's container there entry by entry, as plain
     Python did, instead of setting the attribute to a new one."""
-    objs, post_objs = objects
+    (pre_info, objs), (post_info, post_objs) = before, after
+    pre, post, obj = pre_info[k], post_info[n], post_objs[n]
     ty = post.node_type
     attrs, keys, outside, direct = None, None, [], None
     by_entry, old_keys = False, None
     held_leaves: list[tuple[int, str]] = []
-    after = None
+    rebuilt = None
     if written_by_attributes(ty, obj):
-        attrs, keys, after = custom_changes(pre, post, objs, post_objs)
+        attrs, keys, rebuilt = custom_changes(pre, post, objs, post_objs)
         if attrs is not None:
-            held_leaves = _held_leaves(pre, (pre_info, objs), after, attrs)
+            held_leaves = _held_leaves(pre, before, rebuilt, attrs)
         if attrs:
             attrs = tuple(
                 InPlace(name) if kept_container(own, name, getattr(obj, name, None)) else name
@@ -394,11 +394,11 @@ def _custom_write(
         # Rule J20: a dict or list subclass whose unflatten keeps its children is written entry
         # by entry too.
         by_entry, old_keys = entrywise(pre, objs)
-        direct = direct_writes(attrs, after, [post_objs[c] for c in post.children])
+        direct = direct_writes(attrs, rebuilt, [post_objs[c] for c in post.children])
         outside = [
             name
             for name in getattr(obj, "__dict__", ())
-            if name not in own and not hasattr(after, name)
+            if name not in own and not hasattr(rebuilt, name)
         ]
     key_order = tuple(obj) if isinstance(obj, dict) else None
     # A defaultdict was seen with its keys sorted (rule J9); other dict kinds in their own
@@ -420,5 +420,5 @@ def _custom_write(
     held = None
     if held_leaves:
         children = [post_objs[c] for c in post.children]
-        held = HeldLeaves(held_leaves, options, after, children)
+        held = HeldLeaves(held_leaves, options, rebuilt, children)
     return Origin(**options), keys, outside, held

@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 import jax
 
 from treeclone._docs import see
+from treeclone._effects.tree import Layout, NodeInfo, Paths, argument_tops
 from treeclone._jax_compat import keystr, traced_by
-from treeclone._trace.tree import Layout, NodeInfo, Paths, argument_tops
 from treeclone.policies import MutationError, MutationWarning, Policy, discarded_mode
 
 
@@ -199,23 +199,22 @@ def report_discarded(
         )
 
 
-# JAX's name of a transformation (what its tracers were ``traced_for``) -> how users call it,
-# and treeclone's transformation that keeps in-place changes inside an alias step.
-_INSTEAD = {
-    "jit": ("jax.jit", "treeclone.jit"),
-    "grad": ("jax.grad (or value_and_grad, vjp)", "treeclone.grad/value_and_grad"),
-    "vmap": ("jax.vmap", "treeclone.vmap"),
-    "scan": ("jax.lax.scan", "treeclone.scan"),
-    "fori_loop": ("jax.lax.fori_loop", "treeclone.fori_loop"),
-    "while_body": ("jax.lax.while_loop", "treeclone.while_loop"),
-    "while_cond": ("jax.lax.while_loop", "treeclone.while_loop"),
-    "cond": ("jax.lax.cond", "treeclone.cond"),
-    "switch": ("jax.lax.switch", "treeclone.switch"),
-    "remat": ("jax.checkpoint", "treeclone.checkpoint"),
-    "checkpoint": ("jax.checkpoint", "treeclone.checkpoint"),
-    "checkpoint / remat": ("jax.checkpoint", "treeclone.checkpoint"),
-    "shard_map": ("jax.shard_map", "treeclone.shard_map"),
-}
+# Each JAX transformation, as users call it, with treeclone's that keeps in-place changes
+# inside an alias step, and the names JAX gives its traces (what its tracers were
+# ``traced_for``).
+_TRANSFORMATIONS = (
+    ("jax.jit", "treeclone.jit", ("jit",)),
+    ("jax.grad (or value_and_grad, vjp)", "treeclone.grad/value_and_grad", ("grad",)),
+    ("jax.vmap", "treeclone.vmap", ("vmap",)),
+    ("jax.lax.scan", "treeclone.scan", ("scan",)),
+    ("jax.lax.fori_loop", "treeclone.fori_loop", ("fori_loop",)),
+    ("jax.lax.while_loop", "treeclone.while_loop", ("while_body", "while_cond")),
+    ("jax.lax.cond", "treeclone.cond", ("cond",)),
+    ("jax.lax.switch", "treeclone.switch", ("switch",)),
+    ("jax.checkpoint", "treeclone.checkpoint", ("remat", "checkpoint", "checkpoint / remat")),
+    ("jax.shard_map", "treeclone.shard_map", ("shard_map",)),
+)
+_INSTEAD = {name: (jax_name, ours) for jax_name, ours, names in _TRANSFORMATIONS for name in names}
 
 # checkify closes over its function's arguments and keeps only its result: no treeclone
 # transformation replaces it, the way that works is checkify inside the step.

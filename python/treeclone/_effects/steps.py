@@ -8,10 +8,10 @@ starts them), reading what it needs from the record each step returns:
    watch of static objects, the caller's containers the function must not reach);
 2. :meth:`Prepared.call` (-> :class:`Called`): the function runs on them; a transformation
    may check or change ``Called.out`` (``out_shardings``, ``has_aux``) before the next step;
-3. :meth:`Called.diff` (-> :class:`Traced`): what changed in each input container, strict's
+3. :meth:`Called.diff` (-> :class:`Diffed`): what changed in each input container, strict's
    ``MutationError`` and clone's report, the result's structure with the ``Origin`` of each
-   container written back (``_trace.writes``);
-4. :meth:`Traced.plan` (-> :class:`Plan`): the native ``CallPlan`` that rebuilds the result
+   container written back (``_effects.writes``);
+4. :meth:`Diffed.plan` (-> :class:`Plan`): the native ``CallPlan`` that rebuilds the result
    and writes back at every call, and the leaves the computation must output.
 """
 
@@ -25,12 +25,10 @@ from jax.errors import UnexpectedTracerError
 
 from treeclone import _native
 from treeclone._docs import see
-from treeclone._jax_compat import current_trace, first_escaped
-from treeclone._native import Source
-from treeclone._trace.consumed import take_successors
-from treeclone._trace.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
-from treeclone._trace.enclosing import EnclosingWrites
-from treeclone._trace.messages import (
+from treeclone._effects.consumed import take_successors
+from treeclone._effects.diff import cyclic_part, describe_changes, flatten_after, returned_nodes
+from treeclone._effects.enclosing import EnclosingWrites
+from treeclone._effects.messages import (
     leaf_path,
     mutation_lines,
     per_argument_remedy,
@@ -44,12 +42,12 @@ from treeclone._trace.messages import (
     report_discarded,
     report_off,
 )
-from treeclone._trace.tree import (
+from treeclone._effects.tree import (
     Layout,
     NodeInfo,
     unstable_static_data,
 )
-from treeclone._trace.watch import (
+from treeclone._effects.watch import (
     check_callers,
     restore_static_state,
     running_on,
@@ -57,13 +55,15 @@ from treeclone._trace.watch import (
     static_snapshot,
     watch_callers,
 )
-from treeclone._trace.writes import (
+from treeclone._effects.writes import (
     HeldLeaves,
     Writes,
     container_writes,
     next_inputs,
     node_policies,
 )
+from treeclone._jax_compat import current_trace, first_escaped
+from treeclone._native import Source
 from treeclone._writeback import write_custom
 from treeclone.policies import Policy
 
@@ -87,7 +87,7 @@ class Request:
     was chosen); a container of an argument it does not name that a named one also holds
     follows the named one (rule P5). ``eager``: the function runs in the caller's own JAX
     trace (``treeclone.call``), not in one a JAX transformation made for it (rule J31,
-    ``_trace.enclosing``)."""
+    ``_effects.enclosing``)."""
 
     __slots__ = (
         "arg_named",
@@ -213,7 +213,7 @@ class Called:
     def __init__(self, prepared: Prepared, out: Any):
         self.prepared, self.out = prepared, out
 
-    def diff(self) -> Traced:
+    def diff(self) -> Diffed:
         """Step 3: what the function did to each input container, checked by its policy."""
         p, req = self.prepared, self.prepared.req
         if p.watched and req.caller_objects is not None:
@@ -248,7 +248,7 @@ class Called:
             for n in [n for n, k in origin_node.items() if p.policy_of(k).mutations != "propagate"]:
                 del origin_of[n]  # fresh containers, as under their own policy
         held = {n: h for n, h in writes.held.items() if n in origin_of}
-        return Traced(self, post, origin_of, mutated, held)
+        return Diffed(self, post, origin_of, mutated, held)
 
     def _check_cycles(self, exc: Exception, container_index: dict[int, int]) -> None:
         """The error for a container the function left containing itself (``exc``: the
@@ -352,7 +352,7 @@ class Called:
                 report_discarded(req.fun, lines, None, chosen, remedy)
 
 
-class Traced:
+class Diffed:
     """What a run did, ready to become a plan: the result's structure (``result_def``), its
     leaves and objects, the ``Origin`` of each result node written back (``origins``; None:
     a fresh container) and ``result_child`` (under alias the result is the pair ``(inputs,
@@ -472,8 +472,3 @@ class Plan:
 
     def __init__(self, plan: Any, outputs: list, pool_index: dict[int, int]):
         self.plan, self.outputs, self.pool_index = plan, outputs, pool_index
-
-
-def run(req: Request) -> Plan:
-    """All four steps, for a transformation that needs nothing between them."""
-    return prepare(req).call().diff().plan()

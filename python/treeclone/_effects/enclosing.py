@@ -1,7 +1,7 @@
 """Rule J31 (docs/semantics.md): inside an enclosing JAX transformation an alias call never
 leaves a tracer of it in an object from outside that transformation.
 
-Every plan that writes back carries an :class:`EnclosingWrites` (``Traced.plan``, and cond's
+Every plan that writes back carries an :class:`EnclosingWrites` (``Diffed.plan``, and cond's
 joined plans), and the native ``CallPlan.apply`` calls it before anything is written, when
 the call runs inside a JAX transformation and one of the outputs is a tracer: one check, in
 the write-back every lifted transformation shares (jit, jit_partial, call, grad, vmap,
@@ -17,10 +17,10 @@ from typing import Any
 from jax.core import Tracer
 
 from treeclone import _native, tree_util
+from treeclone._effects.messages import enclosing_write_error
+from treeclone._effects.tree import Layout, NodeInfo, Paths, argument_tops
+from treeclone._effects.watch import made_for_a_call, traced_by_a_call
 from treeclone._jax_compat import keystr, stages_constants, trace_of
-from treeclone._trace.messages import enclosing_write_error
-from treeclone._trace.tree import Layout, NodeInfo, Paths, argument_tops
-from treeclone._trace.watch import made_for_a_call, traced_by_a_call
 
 
 class EnclosingWrites:

@@ -1,4 +1,4 @@
-"""Running a function on rebuilt inputs and working out what it did to them.
+"""A call's effects: the function run on rebuilt inputs, and what it did to them.
 
 Used at trace time by every transformation through the lift (``treeclone._lift``; the leaves
 are tracers) and eagerly by ``treeclone.call`` (the leaves are the caller's values). The
@@ -22,9 +22,9 @@ computation must output. One module per concern:
 This module is the package's API for the rest of treeclone.
 """
 
-from treeclone._trace.consumed import take_successors
-from treeclone._trace.discards import ReportingDiscards, reporting_discards
-from treeclone._trace.messages import (
+from treeclone._effects.consumed import take_successors
+from treeclone._effects.discards import ReportingDiscards, reporting_discards
+from treeclone._effects.messages import (
     enclosing_write_error,
     mutation_error,
     policy_name,
@@ -33,8 +33,16 @@ from treeclone._trace.messages import (
     report_discarded,
     traced_remedy,
 )
-from treeclone._trace.steps import Called, Plan, Prepared, Request, StaticArgs, Traced, prepare, run
-from treeclone._trace.tree import (
+from treeclone._effects.steps import (
+    Called,
+    Diffed,
+    Plan,
+    Prepared,
+    Request,
+    StaticArgs,
+    prepare,
+)
+from treeclone._effects.tree import (
     NAN_TYPES,
     ChildKeys,
     Layout,
@@ -49,7 +57,7 @@ from treeclone._trace.tree import (
     static_key,
     unstable_static_data,
 )
-from treeclone._trace.watch import (
+from treeclone._effects.watch import (
     Same,
     check_callers,
     made_for_a_call,
@@ -60,8 +68,9 @@ from treeclone._trace.watch import (
 __all__ = [
     "NAN_TYPES",
     "Called",
-    "Layout",
     "ChildKeys",
+    "Diffed",
+    "Layout",
     "Paths",
     "Plan",
     "Prepared",
@@ -69,7 +78,6 @@ __all__ = [
     "Request",
     "Same",
     "StaticArgs",
-    "Traced",
     "check_callers",
     "child_keys",
     "enclosing_write_error",
@@ -84,7 +92,6 @@ __all__ = [
     "raise_outside_attribute",
     "report_discarded",
     "reporting_discards",
-    "run",
     "same_data",
     "same_static",
     "shallow_state",

@@ -1,6 +1,6 @@
 """The flattened structure a trace works on: nodes, their key paths, and what tells two apart.
 
-Shared by every step of a trace (``treeclone._trace.steps``) and by the transformations that
+Shared by every step of a trace (``treeclone._effects.steps``) and by the transformations that
 check a structure of their own (the loops' carry).
 """
 
@@ -67,7 +67,7 @@ def argument_tops(info: list, layout: Layout) -> list[tuple[int, int | str]]:
 def is_nan(x: Any) -> bool:
     """Whether ``x`` is a NaN scalar: a Python float's or complex's, or a NumPy one's.
 
-    >>> from treeclone._trace import is_nan
+    >>> from treeclone._effects import is_nan
     >>> import numpy as np
     >>> [is_nan(x) for x in (float("nan"), np.float32("nan"), complex(0, float("nan")), 1.0)]
     [True, True, True, False]
@@ -82,7 +82,7 @@ def same_data(a: Any, b: Any) -> bool:
     lists and dicts of one type (NaN-equality, as ``jax.tree_util`` compares aux data with
     ``==`` and a Python tuple compares its items by identity first).
 
-    >>> from treeclone._trace import same_data
+    >>> from treeclone._effects import same_data
     >>> nan = float("nan")
     >>> same_data(nan, nan), same_data(nan, float("nan")), same_data((1, nan), (1, float("nan")))
     (True, True, True)
@@ -117,7 +117,7 @@ def same_static(a: Any, b: Any) -> bool:
     object, or of one type (``2`` and ``2.0`` are two, as ``jax.jit`` keys a static argument
     with its type) and :func:`same_data`, so a NaN is the same value as a NaN.
 
-    >>> from treeclone._trace import same_static
+    >>> from treeclone._effects import same_static
     >>> same_static(float("nan"), float("nan")), same_static(2, 2.0), same_static("a", "a")
     (True, False, True)
     """
@@ -140,7 +140,7 @@ def static_key(x: Any) -> Any:
     standing for it, which no leaf can equal: a tuple is a pytree node), a tuple by its items'
     keys, anything else as it is.
 
-    >>> from treeclone._trace import static_key
+    >>> from treeclone._effects import static_key
     >>> static_key(float("nan")) == static_key(float("nan")), static_key("relu")
     (True, 'relu')
     """
@@ -156,7 +156,7 @@ def static_hash(x: Any) -> int:
     every NaN of its type (Python hashes a float NaN by its identity), and a tuple by its
     items' static hashes; a TypeError for an unhashable value, as ``hash``.
 
-    >>> from treeclone._trace import static_hash
+    >>> from treeclone._effects import static_hash
     >>> static_hash(float("nan")) == static_hash(float("nan")), static_hash(2) == hash(2)
     (True, True)
     """

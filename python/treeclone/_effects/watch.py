@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Sequence
 from types import NoneType
 from typing import Any
 
+from treeclone._effects.messages import raise_changed_elsewhere
+from treeclone._effects.tree import Layout, NodeInfo
 from treeclone._jax_compat import flatten_one_level_with_keys as keyed_children
 from treeclone._jax_compat import registry
-from treeclone._trace.messages import raise_changed_elsewhere
-from treeclone._trace.tree import Layout, NodeInfo
 
 # .stack: per function running here now (``Prepared.call``), its rebuilt objects' ids and the
 # trace it runs under (None: the caller's own, treeclone.call's)

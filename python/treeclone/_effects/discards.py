@@ -11,9 +11,9 @@ from types import NoneType
 from typing import Any
 
 from treeclone import _native
-from treeclone._trace.diff import describe_changes, flatten_after, returned_nodes
-from treeclone._trace.messages import mutation_lines, report_discarded, report_off
-from treeclone._trace.tree import Layout, NodeInfo, unstable_static_data
+from treeclone._effects.diff import describe_changes, flatten_after, returned_nodes
+from treeclone._effects.messages import mutation_lines, report_discarded, report_off
+from treeclone._effects.tree import Layout, NodeInfo, unstable_static_data
 
 
 def run_reporting_discards(

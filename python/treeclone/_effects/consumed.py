@@ -29,10 +29,10 @@ import jax
 
 from treeclone import _native
 from treeclone._docs import see
+from treeclone._effects.messages import qualname, raise_mutation_error
+from treeclone._effects.tree import Paths, same_data
+from treeclone._effects.watch import restore_shallow_state
 from treeclone._jax_compat import unflatten_node
-from treeclone._trace.messages import qualname, raise_mutation_error
-from treeclone._trace.tree import Paths, same_data
-from treeclone._trace.watch import restore_shallow_state
 from treeclone._writeback import write_custom
 
 _PLAIN = (list, dict, tuple, type(None))

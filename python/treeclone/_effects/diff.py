@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from treeclone import _native
+from treeclone._effects.tree import NodeInfo, Paths, equal_empty_nodes, same_data
 from treeclone._native import EntryInfo
-from treeclone._trace.tree import NodeInfo, Paths, equal_empty_nodes, same_data
 
 
 def describe_changes(
