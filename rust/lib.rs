@@ -16,8 +16,8 @@
 //! 5. `sharing/`: the identity-tracking mode and `SharedTreeDef`;
 //! 6. `writeback/`: `CallPlan`, the all-or-nothing write into the caller's objects;
 //! 7. `bound/`: `Snapshot`, the by-identity record of `jit_partial`'s bound arguments;
-//! 8. `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, and
-//!    the native bases of `Jitted` and `JitPartial`, whose `__call__` they are; `api.rs`: the
+//! 8. `call/`: `LeanCall`, `treeclone.jit`'s whole call under a policy in one native call, the
+//!    native bases of `Jitted` and `JitPartial`, whose `__call__` they are, and a stage's call; `api.rs`: the
 //!    module's functions, converting arguments and delegating.
 //!
 //! This file only registers the module.

@@ -1,7 +1,7 @@
 //! The call of a jitted function: `JitCore` (`treeclone.Jitted`'s native base, its
-//! `__call__`), `PartialCore` (`treeclone.JitPartial`'s), and the one native call both make
-//! under a policy other than `clone`, `LeanCall` (`lean/`: the call, its key in `key.rs`),
-//! with what it shares: the static arguments taken out (`statics.rs`), the call running now
+//! `__call__`), `PartialCore` (`treeclone.JitPartial`'s), `StageCall` (a traced or compiled
+//! stage's call, `stage.rs`), and the one native call all three make under a policy other
+//! than `clone`, `LeanCall` (`lean/`: the call, its key in `key.rs`), with what it shares: the static arguments taken out (`statics.rs`), the call running now
 //! for the trace's debug info (`running.rs`), `jit_partial`'s bound arguments joined with a
 //! call's own and followed through its write-back (`bound_args.rs`), the inner jit's result
 //! box and the errors that hand a call back to Python.
