@@ -4,10 +4,12 @@
 //! with what it shares: the static arguments taken out (`statics.rs`), the call running now
 //! for the trace's debug info (`running.rs`), `jit_partial`'s bound arguments joined with a
 //! call's own and followed through its write-back (`bound_args.rs`), the inner jit's result
-//! box and the errors that hand a call back to Python.
+//! box and the errors that hand a call back to Python; and `treeclone.jit`'s cache of its
+//! leading arguments' flatten, the same machinery in weak mode (`kept.rs`).
 
 pub(crate) mod bound_args;
 mod core;
+mod kept;
 mod lean;
 mod partial;
 pub(crate) mod running;

@@ -242,6 +242,11 @@ impl LeanCall {
 }
 
 impl LeanCall {
+    /// Whether calls take static arguments out (`call_joined` takes none).
+    pub(crate) fn splits_statics(&self) -> bool {
+        self.statics.is_some()
+    }
+
     /// Whether a call with keyword arguments is refused (`in_shardings`: jax.jit's error,
     /// said by the general path).
     pub(crate) fn takes_no_keywords(&self) -> bool {
