@@ -6,11 +6,14 @@
 //!
 //! - Which arguments: the leading positional ones that are registered nodes (an nnx or equinox
 //!   Module, a dataclass, a registered class; never a leaf, a tuple, list or dict, which no
-//!   weak reference can refer to) when they are the very objects of the last call. Such a run
-//!   met twice in a row is flattened with its snapshot after the second call (`start`); a
-//!   later call whose leading arguments are those objects joins their flatten with its own
-//!   arguments' (`call_kept`), as `jit_partial` joins its bound ones, and the flatten is made
-//!   again only where their snapshot says they changed.
+//!   weak reference can refer to), as far as they are the very objects of the last call (a
+//!   model met again, not the new batch after it). Met twice in a row, they are flattened
+//!   with their snapshot after the second call (`start`); a later call whose leading
+//!   arguments are those objects joins their flatten with its other arguments'
+//!   (`call_kept`), as `jit_partial` joins its bound ones, and the flatten is made again only
+//!   where their snapshot says they changed. The last call's are remembered by plain weak
+//!   references, which keep nothing alive and never match a new object at a dead one's
+//!   address.
 //! - Memory: the cache refers to the arguments weakly (`BoundArguments(weak=True)`): the
 //!   snapshot holds them by weak references, the objects hold None in their places, and a
 //!   weak reference's callback (`Forget`) drops the whole record when one of them dies, so a
@@ -48,12 +51,11 @@ struct State {
     kept: Option<Kept>,
     /// Numbers the records made, so that a callback drops only its own.
     made: u64,
-    /// The addresses of the last call's leading node arguments, when it had no record for
-    /// them: met twice in a row, they are kept. An address reused by another object costs
-    /// at most a record made for nothing.
-    last: Vec<usize>,
-    /// The addresses of a run found not worth keeping (see the module comment).
-    refused: Vec<usize>,
+    /// The last call's leading node arguments (weakly), when it had no record for them: the
+    /// ones met again at the next call, in order from the first, are kept.
+    last: Vec<Py<PyWeakrefReference>>,
+    /// Arguments found not worth keeping (see the module comment), weakly.
+    refused: Vec<Py<PyWeakrefReference>>,
 }
 
 struct Kept {
@@ -134,36 +136,48 @@ impl KeptArguments {
             }
         }
         let found = (kept.number, kept.bound.bind(py).clone());
-        state.last.clear();
+        let last = std::mem::take(&mut state.last);
+        drop(state);
+        drop(last);
         Some(found)
     }
 
-    /// Note `run` (the addresses of this call's leading node arguments, no record for them):
-    /// whether it is the last call's (and not refused).
-    fn again(&self, run: Vec<usize>) -> bool {
+    /// Note `run` (this call's leading node arguments, no record for them): how many of them,
+    /// from the first, are the last call's (0 where those are refused).
+    fn again(&self, run: &[Bound<'_, PyAny>]) -> usize {
+        let refs = weak_refs(run);
         let Ok(mut state) = self.state.lock() else {
-            return false;
+            return 0;
         };
-        let again = state.last == run && state.refused != run;
-        state.last = run;
-        again
+        let same = leading_same(&state.last, run);
+        let refused =
+            same > 0 && state.refused.len() == same && leading_same(&state.refused, run) == same;
+        let last = std::mem::replace(&mut state.last, refs);
+        drop(state);
+        drop(last);
+        if refused {
+            0
+        } else {
+            same
+        }
     }
 
-    /// End record `number` after a call; `refuse`: do not keep these arguments again.
-    fn end(&self, number: u64, run: Vec<usize>, refuse: bool) {
+    /// End record `number` after a call of `run` (its kept arguments); `refuse`: do not keep
+    /// these arguments again.
+    fn end(&self, number: u64, run: &[Bound<'_, PyAny>], refuse: bool) {
+        let (refs, refused) = (weak_refs(run), weak_refs(run));
         let gone = {
             let Ok(mut state) = self.state.lock() else {
                 return;
             };
-            if refuse {
-                state.refused = run.clone();
-            }
-            state.last = run;
-            if state.kept.as_ref().is_some_and(|k| k.number == number) {
+            let refused = refuse.then(|| std::mem::replace(&mut state.refused, refused));
+            let last = std::mem::replace(&mut state.last, refs);
+            let kept = if state.kept.as_ref().is_some_and(|k| k.number == number) {
                 state.kept.take()
             } else {
                 None
-            }
+            };
+            (refused, last, kept)
         };
         drop(gone);
     }
@@ -174,7 +188,6 @@ impl KeptArguments {
     /// worth it; an error of the flatten is the next call's to raise.
     fn start<'py>(&self, jit: &Bound<'py, JitCore>, run: &[Bound<'py, PyAny>]) -> PyResult<()> {
         let py = jit.py();
-        let addresses: Vec<usize> = run.iter().map(|a| a.as_ptr() as usize).collect();
         let number = match self.state.lock() {
             Ok(mut state) => {
                 state.made += 1;
@@ -212,16 +225,31 @@ impl KeptArguments {
                 return Ok(());
             };
             match kept {
-                Some(kept) => state.kept.replace(kept),
-                None => {
-                    state.refused = addresses;
-                    None
-                }
+                Some(kept) => (state.kept.replace(kept), None),
+                None => (
+                    None,
+                    Some(std::mem::replace(&mut state.refused, weak_refs(run))),
+                ),
             }
         };
         drop(gone);
         Ok(())
     }
+}
+
+/// Plain weak references to `run`'s objects, as far as they can be made (the one the
+/// interpreter keeps for each object: nothing is allocated twice).
+fn weak_refs(run: &[Bound<'_, PyAny>]) -> Vec<Py<PyWeakrefReference>> {
+    (run.iter())
+        .map_while(|obj| PyWeakrefReference::new(obj).ok().map(Bound::unbind))
+        .collect()
+}
+
+/// How many of `run`'s objects, from the first, `refs` refer to, in order.
+fn leading_same(refs: &[Py<PyWeakrefReference>], run: &[Bound<'_, PyAny>]) -> usize {
+    (refs.iter().zip(run))
+        .take_while(|(r, obj)| r.bind(obj.py()).upgrade().is_some_and(|o| o.is(*obj)))
+        .count()
 }
 
 /// The leading positional arguments that are registered nodes (see the module comment).
@@ -259,11 +287,11 @@ pub(crate) fn call<'py>(
         return call.call(py, args, kwargs);
     }
     let (out, info, _) = call.call_traced(py, args, kwargs)?;
-    let addresses = run.iter().map(|a| a.as_ptr() as usize).collect();
-    if kept.again(addresses) {
+    let same = kept.again(&run);
+    if same > 0 {
         let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
         if !next_inputs.is(PyBool::new(py, false)) {
-            kept.start(jit, &run)?; // after the call: what the arguments hold now
+            kept.start(jit, &run[..same])?; // after the call: what the arguments hold now
         }
     }
     Ok(out)
@@ -286,16 +314,16 @@ fn call_kept<'py>(
         None => Vec::new(),
     };
     let kwargs = sorted_dict(py, items)?;
-    let run = || -> Vec<usize> {
+    let run = || -> Vec<Bound<'py, PyAny>> {
         let n = bound
             .getattr(intern!(py, "args"))
             .map_or(0, |a| a.len().unwrap_or(0));
-        (args.iter().take(n)).map(|a| a.as_ptr() as usize).collect()
+        args.iter().take(n).collect()
     };
     let (leaves, sdef, objects) = match bound_join(bound, args, &kwargs) {
         Ok(joined) => joined,
         Err(err) => {
-            kept.end(number, run(), false);
+            kept.end(number, &run(), false);
             if err.is_instance_of::<PyValueError>(py) {
                 // A cycle: the general path's error names the argument.
                 return Err(FlattenFailed::new_err(()));
@@ -308,15 +336,15 @@ fn call_kept<'py>(
     if bound.getattr(intern!(py, "stale"))?.is_truthy()? {
         // The call's other arguments share objects with the kept ones (`bound_join`):
         // kept, each call would flatten them twice.
-        kept.end(number, run(), true);
+        kept.end(number, &run(), true);
         return Ok(out);
     }
     let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
     bound_advance(bound, &next_inputs, &leaves, &outputs)?;
     if bound.getattr(intern!(py, "replaced"))?.is_truthy()? {
-        kept.end(number, run(), false); // the next call flattens everything, and starts again
+        kept.end(number, &run(), false); // the next call flattens everything, and starts again
     } else if !bound.getattr(intern!(py, "usable"))?.is_truthy()? {
-        kept.end(number, run(), true); // flattened again during the call, and not keepable
+        kept.end(number, &run(), true); // flattened again during the call, and not keepable
     }
     Ok(out)
 }

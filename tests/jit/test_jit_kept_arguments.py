@@ -9,6 +9,7 @@ Checked with CPython's internals on and, in a subprocess, switched off
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import importlib
 import os
@@ -36,6 +37,16 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+@dataclasses.dataclass
+class Batch:
+    """A registered dataclass: a node, made anew for each call."""
+
+    x: jax.Array
+
+
+jax.tree_util.register_dataclass(Batch, data_fields=["x"], meta_fields=[])
 
 
 def _values(tree) -> list[float]:
@@ -275,3 +286,38 @@ def test_threads_calling_with_one_model_leave_the_record_in_step():
     plain = jax.tree.map(np.array, model)  # writable copies
     assert float(step(model, x)) == pytest.approx(float(_nnx_step(plain, x)), rel=1e-5)
     assert _values(model) == pytest.approx(_values(plain), rel=1e-5)
+
+
+def _shared_step(model, linear, x):
+    linear.bias[...] = linear.bias[...] + x
+    return _nnx_step(model, x)
+
+
+def test_an_argument_shared_with_the_kept_ones_is_flattened_with_them(monkeypatch):
+    """``step(model, model.linear)``: the second argument is part of the first, so each call
+    flattens both together (one object, written once); the record of the model ends at the
+    first such call and is not made again for it."""
+    flattens = _flattens(monkeypatch)
+    model, plain = _nnx_model(), _nnx_model()
+    step = tc.jit(_shared_step, policy="alias")
+    x = jnp.ones(3)
+    for _ in range(6):
+        got = step(model, model.linear, x)
+        assert float(got) == pytest.approx(float(_shared_step(plain, plain.linear, x)))
+    assert _values(model) == pytest.approx(_values(plain))
+    assert step._kept() is None
+    assert flattens["kept"] <= 1
+
+
+def test_the_model_is_kept_when_a_new_registered_batch_follows_it(monkeypatch):
+    """``step(model, batch)`` with a new batch object (a registered dataclass) at each call:
+    the model, met again, is kept; the batch, new, is flattened at each call."""
+    flattens = _flattens(monkeypatch)
+    model, plain = _nnx_model(), _nnx_model()
+    step = tc.jit(lambda m, b: _nnx_step(m, b.x), policy="alias")
+    for i in range(5):
+        got = step(model, Batch(jnp.full(3, float(i))))
+        assert float(got) == pytest.approx(float(_nnx_step(plain, np.full(3, float(i)))))
+    assert _values(model) == pytest.approx(_values(plain))
+    if WATCHED:
+        assert flattens["kept"] == 1 and len(step._kept().args) == 1
