@@ -5,6 +5,7 @@ runs). No speed claim is made from it: the timed tables are the claims.
 
     python benches/call_instructions.py                  # rewrites its table in the docs
     python benches/call_instructions.py --out /tmp/instr.md --calls 300
+    python benches/call_instructions.py --nnx --calls 50   # flax's overhead model, printed
 
 Each case of ``jit_cases.py`` runs in one process under ``valgrind --tool=callgrind
 --instr-atstart=no``: every contender is compiled and warmed up uninstrumented, then, for each,
@@ -57,6 +58,52 @@ def child(case: str, calls: int) -> None:
             _control("--dump")
 
 
+# flax's own overhead benchmark (the harness's ``nnx_empty_<depth>``: an nnx model of ``depth``
+# Blocks with its ``nnx.Optimizer``, an empty step): ``--nnx`` counts these contenders on it.
+NNX_CONTENDERS = ("treeclone.jit[alias]", "flax.nnx.jit_partial", "treeclone.jit_partial[alias]")
+NNX_DEPTHS = (20, 100)
+
+
+def nnx_call(contender: str, depth: int):
+    """A call of ``contender`` on flax's overhead model at ``depth`` (``fun()``: one step)."""
+    import jax.numpy as jnp
+    import optax
+    import treeclone as tc
+    from flax import nnx
+    from treeclone.bench.workloads import overhead_model_class
+
+    model = overhead_model_class()(32, depth, nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.sgd(1e-3), wrt=nnx.Param)
+    x, y = jnp.ones((100, 1)), jnp.ones((100, 1))
+
+    def step(model, optimizer, x, y):  # the workload's empty body
+        return None
+
+    if contender == "treeclone.jit[alias]":
+        jitted = tc.jit(step, policy="alias")
+        return lambda: jitted(model, optimizer, x, y)
+    if contender == "flax.nnx.jit_partial":
+        partial = nnx.jit_partial(step, model, optimizer, graph=False)
+    else:
+        partial = tc.jit_partial(step, model, optimizer, policy="alias")
+    return lambda: partial(x, y)
+
+
+def nnx_child(depth: int, calls: int) -> None:
+    """Under callgrind: each nnx contender's two counted windows, dumped in order."""
+    for contender in NNX_CONTENDERS:
+        fun = nnx_call(contender, depth)
+        for _ in range(20):
+            jax.block_until_ready(fun())
+        for n in (calls, 3 * calls):
+            _control("--zero")
+            _control("--instr=on")
+            for _ in range(n):
+                jax.block_until_ready(fun())
+            _control("--instr=off")
+            _control("--dump")
+
+
 def _total(path: Path) -> int:
     """The count of a dump (its ``totals:`` line; ``summary:`` reads 0 in a dump on request)."""
     for line in path.read_text().splitlines():
@@ -66,7 +113,9 @@ def _total(path: Path) -> int:
 
 
 def measure(case: str, calls: int) -> dict[str, float]:
-    """Instructions per call of each contender on ``case``."""
+    """Instructions per call of each contender on ``case`` (``nnx_empty_<depth>``: the nnx
+    contenders on flax's overhead model)."""
+    contenders = NNX_CONTENDERS if case.startswith("nnx_empty_") else CONTENDERS
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         command = [
@@ -86,9 +135,9 @@ def measure(case: str, calls: int) -> dict[str, float]:
             raise SystemExit(f"{case}: valgrind failed:\n{run.stderr[-3000:]}")
         parts = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
         counts = [_total(p) for p in parts]
-    if len(counts) != 2 * len(CONTENDERS):
-        raise SystemExit(f"{case}: expected {2 * len(CONTENDERS)} dumps, got {len(counts)}")
-    return {c: (counts[2 * i + 1] - counts[2 * i]) / (2 * calls) for i, c in enumerate(CONTENDERS)}
+    if len(counts) != 2 * len(contenders):
+        raise SystemExit(f"{case}: expected {2 * len(contenders)} dumps, got {len(counts)}")
+    return {c: (counts[2 * i + 1] - counts[2 * i]) / (2 * calls) for i, c in enumerate(contenders)}
 
 
 def render(results: dict, info: dict[str, str], command: str, calls: int) -> str:
@@ -120,13 +169,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="calls in the first window")
     parser.add_argument("--out", type=Path, help="Markdown file to update (default: the docs)")
+    parser.add_argument(
+        "--nnx",
+        action="store_true",
+        help="count treeclone.jit[alias], nnx.jit_partial and treeclone.jit_partial on flax's "
+        "overhead model (nnx_empty_20 and nnx_empty_100) and print them; the docs are left alone",
+    )
     parser.add_argument("--child", metavar="CASE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.calls)
+        if args.child.startswith("nnx_empty_"):
+            nnx_child(int(args.child.rsplit("_", 1)[1]), args.calls)
+        else:
+            child(args.child, args.calls)
         return 0
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         raise SystemExit("valgrind (with callgrind_control) is needed: apt-get install valgrind")
+    if args.nnx:
+        cases = [f"nnx_empty_{depth}" for depth in NNX_DEPTHS]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            found = dict(zip(cases, pool.map(lambda c: measure(c, args.calls), cases), strict=True))
+        base = NNX_CONTENDERS[1]
+        for case, per_call in found.items():
+            cells = ", ".join(
+                f"{c} {n / 1e3:,.1f}k ({n / per_call[base]:.2f}x)" for c, n in per_call.items()
+            )
+            print(f"{case}: {cells}  (ratio: to {base})")
+        return 0
     with ThreadPoolExecutor(max_workers=2) as pool:  # one valgrind per core
         counts = dict(zip(CASES, pool.map(lambda c: measure(c, args.calls), CASES), strict=True))
     for case, per_call in counts.items():

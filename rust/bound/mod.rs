@@ -43,6 +43,10 @@
 //! containers during the call (another thread, while the computation ran) is then not in the
 //! record, and shows at the next `unchanged`.
 //!
+//! `treeclone.jit`'s cache of its leading arguments (`call/kept.rs`) takes the same snapshot
+//! and then lets go of the arguments themselves (`Snapshot::release`): the record refers to
+//! them weakly, and a check upgrades each reference (one whose object died says "changed").
+//!
 //! The files: `snapshot.rs` (`Snapshot` and its Python methods), `record.rs` (the take, node by
 //! node), `watched.rs` (each watch and its check), `items.rs` (items compared by identity),
 //! `slots.rs` (slots found and read), `plain.rs` (the plain containers attributes hold),

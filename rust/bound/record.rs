@@ -37,6 +37,7 @@ impl Snapshot {
                 registry_len,
                 written: None,
                 gate: None,
+                released: Vec::new(),
             });
         };
         let mut recording = Recording {
@@ -63,6 +64,7 @@ impl Snapshot {
             registry_len,
             written: None,
             gate: Some(gate),
+            released: Vec::new(),
         })
     }
 }

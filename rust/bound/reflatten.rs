@@ -178,11 +178,22 @@ impl Reflatten {
         (self.children.iter_mut()).for_each(|child| child.follow(leaves, dropped));
     }
 
+    /// Where the node's object is held (for `Snapshot::release`).
+    pub(super) fn owner_mut(&mut self) -> &mut Py<PyAny> {
+        &mut self.obj
+    }
+
     /// Whether the node's flatten, run now, gives the children recorded and equal aux data.
     /// Runs the flatten (Python code, for most): an error it raises means "flatten again",
-    /// and that flatten raises it where the user sees it.
-    pub(super) fn unchanged(&self, py: Python<'_>) -> bool {
-        let Ok((children, aux)) = call_custom_flatten(self.obj.bind(py), &self.custom) else {
+    /// and that flatten raises it where the user sees it. `owner`: the node's object, given
+    /// by the caller where the record let go of it (`Snapshot::release`).
+    pub(super) fn unchanged<'py>(
+        &self,
+        py: Python<'py>,
+        owner: Option<&Bound<'py, PyAny>>,
+    ) -> bool {
+        let obj = owner.unwrap_or_else(|| self.obj.bind(py));
+        let Ok((children, aux)) = call_custom_flatten(obj, &self.custom) else {
             return false;
         };
         children.len() == self.children.len()

@@ -3,12 +3,12 @@
 
 use super::follow::follow_at;
 use super::reflatten::Reflatten;
-use super::watched::{all_unchanged, Watched};
+use super::watched::Watched;
 use crate::cpython::{internals, Internals};
 use crate::registry::registry_size;
 use crate::sharing::SharedTreeDef;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use std::collections::HashSet;
 
 /// The contents, by identity, of the containers among some objects (see `bound/mod.rs`).
@@ -29,6 +29,10 @@ pub struct Snapshot {
     /// Leave to read CPython's internals the record was taken with (None: off, and nothing
     /// recorded; not checkable).
     pub(super) gate: Option<Internals>,
+    /// The watched entries whose object the record let go of (`release`), in order, each
+    /// with a weak reference to that object: a check finds it there, and one whose object
+    /// died says "changed".
+    pub(super) released: Vec<(usize, Py<PyWeakrefReference>)>,
 }
 
 #[pymethods]
@@ -120,19 +124,36 @@ impl Snapshot {
         // They run on a copy of their records, the snapshot not borrowed meanwhile: that code
         // may let another thread call the same `jit_partial`. A snapshot borrowed elsewhere
         // (a refresh under way in another thread) answers "changed": a flatten too many.
-        let flattens: Vec<Reflatten> = {
+        let (flattens, released) = {
             let Ok(this) = slf.try_borrow() else {
                 return Ok(false);
             };
-            (this.watched.iter())
-                .filter_map(|w| match w {
-                    Watched::Flatten(node) => Some(node.clone_ref(py)),
+            let flattens: Vec<(usize, Reflatten)> = (this.watched.iter().enumerate())
+                .filter_map(|(at, w)| match w {
+                    Watched::Flatten(node) => Some((at, node.clone_ref(py))),
                     _ => None,
                 })
-                .collect()
+                .collect();
+            let released: Vec<(usize, Py<PyWeakrefReference>)> = (this.released.iter())
+                .map(|(at, r)| (*at, r.clone_ref(py)))
+                .collect();
+            (flattens, released)
         };
-        for node in &flattens {
-            if !node.unchanged(py) {
+        // The objects let go of, alive (held here while the check runs), or "changed".
+        let mut owners = Vec::with_capacity(released.len());
+        for (at, weak) in &released {
+            let Some(owner) = weak.bind(py).upgrade() else {
+                return Ok(false);
+            };
+            owners.push((*at, owner));
+        }
+        let owner_at = |at: usize| {
+            (owners.iter())
+                .find(|(a, _)| *a == at)
+                .map(|(_, owner)| owner)
+        };
+        for (at, node) in &flattens {
+            if !node.unchanged(py, owner_at(*at)) {
                 return Ok(false);
             }
         }
@@ -146,7 +167,35 @@ impl Snapshot {
         if registry_size(py)? != this.registry_len {
             return Ok(false);
         }
-        all_unchanged(py, gate, &this.watched)
+        for (at, w) in this.watched.iter().enumerate() {
+            if !w.unchanged(py, gate, owner_at(at))? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Let go of the objects of these nodes (node indices, as `refresh` takes them): the
+    /// record holds each by a weak reference from now on, so that it keeps none of them
+    /// alive (`treeclone.jit`'s cache of its arguments, rule J32). A TypeError where
+    /// one cannot be referred to weakly (nothing is let go of then).
+    fn release(&mut self, py: Python<'_>, nodes: Vec<usize>) -> PyResult<()> {
+        let nodes: HashSet<usize> = nodes.into_iter().collect();
+        let mut released = Vec::new();
+        for (at, owner) in self.owners.iter().enumerate() {
+            if nodes.contains(owner) && !self.released.iter().any(|(a, _)| *a == at) {
+                let obj = self.watched[at].owner_mut().bind(py);
+                released.push((at, PyWeakrefReference::new(obj)?.unbind()));
+            }
+        }
+        // Every weak reference made: now let go (None in each place).
+        let gone: Vec<Py<PyAny>> = (released.iter())
+            .map(|(at, _)| std::mem::replace(self.watched[*at].owner_mut(), py.None()))
+            .collect();
+        self.released.extend(released);
+        self.released.sort_by_key(|(at, _)| *at);
+        drop(gone);
+        Ok(())
     }
 
     /// How many registered nodes each check flattens again (their flatten may read more than

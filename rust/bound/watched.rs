@@ -106,26 +106,32 @@ impl Watched {
         }
     }
 
-    pub(super) fn unchanged(&self, py: Python<'_>, gate: Internals) -> PyResult<bool> {
+    /// Whether the object still holds what was recorded. `owner`: the watched object itself,
+    /// given by the caller where the record let go of it (`Snapshot::release`).
+    pub(super) fn unchanged<'py>(
+        &self,
+        py: Python<'py>,
+        gate: Internals,
+        owner: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<bool> {
         Ok(match self {
-            Watched::List(obj, items, _) => obj
-                .bind(py)
+            Watched::List(obj, items, _) => owner_of(py, obj, owner)
                 .cast::<PyList>()
                 .is_ok_and(|l| same_list(l, items)),
             Watched::Dict(obj, items) => {
-                (obj.bind(py).cast::<PyDict>()).is_ok_and(|d| items.same(gate, d))
+                (owner_of(py, obj, owner).cast::<PyDict>()).is_ok_and(|d| items.same(gate, d))
             }
             Watched::Set(obj, items) | Watched::Order(obj, items) => {
-                same_items(obj.bind(py), items)?
+                same_items(owner_of(py, obj, owner), items)?
             }
-            Watched::Type(obj, layout) => layout.holds(obj.bind(py)),
-            Watched::Attributes(owner, attrs, items, plain) => {
-                stored_dict(owner.bind(py))?.is(attrs)
+            Watched::Type(obj, layout) => layout.holds(owner_of(py, obj, owner)),
+            Watched::Attributes(watched, attrs, items, plain) => {
+                stored_dict(owner_of(py, watched, owner))?.is(attrs)
                     && items.same(gate, attrs.bind(py))
                     && all_unchanged(py, gate, plain)?
             }
             Watched::Slots(obj, layout, slots, plain) => {
-                let obj = obj.bind(py);
+                let obj = owner_of(py, obj, owner);
                 for slot in slots {
                     if !slot.holds(gate, layout, obj)? {
                         return Ok(false); // the class or the slot changed
@@ -136,6 +142,20 @@ impl Watched {
             // Checked by `Snapshot::unchanged` before every other watch.
             Watched::Flatten(_) => true,
         })
+    }
+
+    /// Where the watched object is held (for `Snapshot::release`).
+    pub(super) fn owner_mut(&mut self) -> &mut Py<PyAny> {
+        match self {
+            Watched::List(obj, ..)
+            | Watched::Dict(obj, ..)
+            | Watched::Set(obj, ..)
+            | Watched::Order(obj, ..)
+            | Watched::Type(obj, ..)
+            | Watched::Attributes(obj, ..)
+            | Watched::Slots(obj, ..) => obj,
+            Watched::Flatten(node) => node.owner_mut(),
+        }
     }
 
     /// Whether an object's `__dict__`, or a dict its attributes or slots hold, had been
@@ -156,13 +176,22 @@ impl Watched {
     }
 }
 
+/// The watched object: `owner` where the caller gives it, else the one the record holds.
+fn owner_of<'a, 'py>(
+    py: Python<'py>,
+    stored: &'a Py<PyAny>,
+    owner: Option<&'a Bound<'py, PyAny>>,
+) -> &'a Bound<'py, PyAny> {
+    owner.unwrap_or_else(|| stored.bind(py))
+}
+
 pub(super) fn all_unchanged(
     py: Python<'_>,
     gate: Internals,
     watched: &[Watched],
 ) -> PyResult<bool> {
     for w in watched {
-        if !w.unchanged(py, gate)? {
+        if !w.unchanged(py, gate, None)? {
             return Ok(false);
         }
     }

@@ -7,7 +7,7 @@
 //! them), so a cached `jit_partial` call runs no Python frame of treeclone's.
 
 use crate::bound::{any_identical, Taker};
-use crate::sharing::{flatten_shared, SharedTreeDef};
+use crate::sharing::{flatten_shared, Entry, SharedTreeDef};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{
@@ -133,7 +133,24 @@ pub fn bound_join<'py>(
         .getattr(intern!(py, "bound_objects"))?
         .cast_into::<PyList>()?;
     let own_objects = objects.iter().take(objects.len().saturating_sub(1));
-    let all_objects: Vec<Bound<'py, PyAny>> = bound_objects.iter().chain(own_objects).collect();
+    let mut all_objects: Vec<Bound<'py, PyAny>> = bound_objects.iter().chain(own_objects).collect();
+    // The bound objects hold None at leaf entries (`BoundArguments.flatten`: they would keep
+    // the arrays the write-back replaced alive): the leaves are the bound ones, now.
+    let bound_def = bound.getattr(intern!(py, "sdef"))?;
+    let bound_def = bound_def.cast::<SharedTreeDef>()?.get();
+    for (at, entry) in bound_def.entries.iter().enumerate() {
+        if let (Entry::Leaf(slot), Some(place)) = (entry, all_objects.get_mut(at)) {
+            *place = bound_leaves.get_item(*slot)?;
+        }
+    }
+    // The arguments the bound state does not hold (`BoundArguments.roots`: weak ones, for
+    // `treeclone.jit`'s cache) are this call's, the same objects.
+    for root in bound.getattr(intern!(py, "roots"))?.try_iter()? {
+        let (at, arg): (usize, usize) = root?.extract()?;
+        if let Some(place) = all_objects.get_mut(at) {
+            *place = args.get_item(arg)?;
+        }
+    }
     let all_objects = PyList::new(py, all_objects)?;
     all_objects.append(root)?;
     Ok((all_leaves, joined, all_objects))

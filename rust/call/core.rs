@@ -7,6 +7,7 @@
 //! treeclone.policy(...)` block's). A failed check or flatten goes to the Python methods whose
 //! errors name the argument.
 
+use super::kept::{self, KeptArguments};
 use super::{FlattenFailed, LeanCall};
 use crate::traverse::plain::{check_arguments, static_positions};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -25,7 +26,7 @@ struct Core {
     /// `treeclone.policies.policy_override.get`: a `with treeclone.policy(...)` block's
     /// policy, or None (the bound method, called with no arguments: the cheapest read).
     policy_override: Py<PyAny>,
-    /// `jax.jit` of the function, for `clone`; None when `clone` takes the general path
+    /// `jax.jit` of the function, for `clone`; None when `clone` takes the native call too
     /// (`traced=`).
     jax_jitted: Option<Py<PyAny>>,
     /// `static_argnums`, as positions, and `static_argnames`.
@@ -34,6 +35,9 @@ struct Core {
     /// The native call of each policy met (the policy object, compared by identity), made by
     /// `_lean_call(policy)` at the first call under it.
     lean: Mutex<Vec<(Py<PyAny>, Py<LeanCall>)>>,
+    /// The flatten of the leading arguments, kept between calls while they are the same
+    /// objects (`kept.rs`).
+    kept: KeptArguments,
 }
 
 /// How many policies' native calls a wrapper keeps (a block's `ArgPolicies` made anew at each
@@ -76,6 +80,7 @@ impl JitCore {
             static_positions,
             static_names,
             lean: Mutex::new(Vec::new()),
+            kept: KeptArguments::default(),
         };
         set_up(&self.core, core, "treeclone.jit")
     }
@@ -88,12 +93,13 @@ impl JitCore {
         lean_of(slf, core_of(slf)?, policy)
     }
 
-    /// Let go of the leaves the native calls hold from their last calls
-    /// (`Jitted.clear_cache`).
+    /// Let go of the leaves the native calls hold from their last calls, and of the kept
+    /// flatten of the arguments (`Jitted.clear_cache`).
     fn _release_held(&self, py: Python<'_>) {
         let Some(core) = self.core.get() else {
             return;
         };
+        core.kept.forget();
         let calls: Vec<Py<LeanCall>> = match core.lean.lock() {
             Ok(lean) => lean.iter().map(|(_, call)| call.clone_ref(py)).collect(),
             Err(_) => return,
@@ -101,6 +107,12 @@ impl JitCore {
         for call in calls {
             call.get().hold(None);
         }
+    }
+
+    /// The `BoundArguments` (weak mode) of the leading arguments kept between calls, or None
+    /// (`kept.rs`; for tests and benches).
+    fn _kept(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.core.get().and_then(|core| core.kept.bound(py))
     }
 
     /// `fun(*args, **kwargs)`, compiled, under the policy (see `treeclone.jit`).
@@ -129,9 +141,7 @@ impl JitCore {
             }
         }
         let lean = lean_of(slf, core, &policy)?;
-        let result = lean.get().call_with(py, args, kwargs, None, None);
-        result
-            .map(|(out, _)| out)
+        kept::call(slf, &core.kept, &lean, args, kwargs)
             .map_err(|err| worded(slf, err, args, kwargs))
     }
 
@@ -152,7 +162,7 @@ impl JitCore {
                 visit.call(call)?;
             }
         }
-        Ok(())
+        core.kept.traverse(&visit)
     }
 }
 

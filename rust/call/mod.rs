@@ -4,10 +4,12 @@
 //! than `clone`, `LeanCall` (`lean/`: the call, its key in `key.rs`), with what it shares: the static arguments taken out (`statics.rs`), the call running now
 //! for the trace's debug info (`running.rs`), `jit_partial`'s bound arguments joined with a
 //! call's own and followed through its write-back (`bound_args.rs`), the inner jit's result
-//! box and the errors that hand a call back to Python.
+//! box and the errors that hand a call back to Python; and `treeclone.jit`'s cache of its
+//! leading arguments' flatten, the same machinery in weak mode (`kept.rs`).
 
 pub(crate) mod bound_args;
 mod core;
+mod kept;
 mod lean;
 mod partial;
 pub(crate) mod running;
@@ -30,8 +32,8 @@ pyo3::create_exception!(
     treeclone,
     FlattenFailed,
     PyValueError,
-    "The arguments of a lean call could not be flattened: the caller takes the general path, \
-     whose error names the argument."
+    "The arguments of a native call could not be flattened (or differ from a stage's): \
+     Python words the error, naming the argument."
 );
 
 pyo3::create_exception!(

@@ -331,6 +331,20 @@ def _nnx_step(model: Any, x: jax.Array) -> jax.Array:
     return model.linear(x).sum()
 
 
+@pytest.mark.parametrize("donate", [False, True])
+def test_a_cached_call_with_an_nnx_model_runs_no_python_frame_of_treeclone(donate: bool) -> None:
+    """The same nnx model call after call: its flatten is kept between calls (rule J32), and
+    a call that uses it (the snapshot checked, the leaves joined, the write-back followed)
+    runs no Python frame of treeclone's either."""
+    jitted = tc.jit(_nnx_step, policy="alias", donate_argnums=0 if donate else None)
+    model, x = _nnx_model(), jnp.ones(3)
+    for _ in range(3):  # traced, compiled; met again, so kept
+        jitted(model, x)
+    assert treeclone_frames(lambda: jitted(model, x)) == []
+    if tc._native.cpython_internals()[0] == "on":
+        assert jitted._kept() is not None
+
+
 PARTIAL_CONFIGURATIONS: dict[str, tuple[Callable, Callable[[], Any], dict, dict]] = {
     "alias": (_step, _state, {"policy": "alias"}, {}),
     "strict": (_returns_state, _state, {"policy": "strict"}, {}),

@@ -217,6 +217,12 @@ class Jitted(_native.JitCore):
             return exc
         return _effects.traced_remedy(exc, *found)
 
+    def _keep_arguments(self, refs: tuple) -> BoundArguments:
+        """The flatten of the leading arguments that ``refs`` refer to (weakly), which the
+        native call keeps between calls while they are the same objects
+        (``rust/call/kept.rs``); made once they are met twice in a row."""
+        return BoundArguments(refs, self._naming, weak=True)
+
     def _lean_call(self, policy: Policy | ArgPolicies) -> _native.LeanCall:
         """The native call (``_native.LeanCall``) of ``policy``'s inner jit; ``JitCore`` makes
         it with this at the first call under ``policy``."""

@@ -58,8 +58,8 @@ pub struct LeanCall {
     traced: Option<Py<PyAny>>,
     by_type: bool,
     traced_types: Mutex<Vec<(Py<PyType>, bool)>>,
-    /// `in_shardings` was given: a call with keyword arguments is jax.jit's error, said by the
-    /// general path.
+    /// `in_shardings` was given: a call with keyword arguments is jax.jit's error, said by
+    /// `CallShape.refuse`.
     no_keywords: bool,
     /// What `call_inner_jit` reads of the last trace's `JitRecord` (set at trace time, not changed
     /// after): read again only when another trace's comes back.
@@ -227,6 +227,40 @@ impl LeanCall {
 }
 
 impl LeanCall {
+    /// Whether calls take static arguments out (`call_joined` takes none).
+    pub(crate) fn splits_statics(&self) -> bool {
+        self.statics.is_some()
+    }
+
+    /// Whether a call with keyword arguments is refused (`in_shardings`: jax.jit's error,
+    /// said by `CallShape.refuse`).
+    pub(crate) fn takes_no_keywords(&self) -> bool {
+        self.no_keywords
+    }
+
+    /// The call of arguments flattened already (`rust/call/kept.rs` joins a kept flatten
+    /// with the others'): `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))`,
+    /// `kwargs` sorted and no static argument among them. Returns `(result, the trace's
+    /// JitRecord, the computation's outputs)`.
+    pub(crate) fn call_joined<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+        leaves: Bound<'py, PyList>,
+        sdef: Bound<'py, PyAny>,
+        objects: Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let flat = Flat {
+            record: (args.clone(), kwargs.clone(), py.None().into_bound(py)),
+            sdef,
+            statics: None,
+            leaves,
+            objects,
+        };
+        self.key_and_call(py, flat)
+    }
+
     /// `fun(*args, **kwargs)` under the policy, returning the result and the trace's
     /// `JitRecord`. `kwargs` is the caller's: the call makes its own dict. With `bound`
     /// (`jit_partial`'s `BoundArguments`, the first of `args`), the bound leaves are joined
