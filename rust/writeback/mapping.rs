@@ -61,6 +61,29 @@ pub(super) fn write_mapping_entries<'py>(
 ) -> PyResult<Undo<'py>> {
     let py = dict.py();
     let before: Vec<Bound<'py, PyAny>> = dict.try_iter()?.collect::<PyResult<_>>()?;
+    if old.len() == new.len() && same_keys(&new, key_order, old_keys) {
+        // The function kept every key and set values only (a training state's `state["params"]
+        // = ...`): entry `j` of `new` is `old_keys[j]`'s, so the two lookup dicts below are not
+        // needed; what is written, and in which order, is what they would give.
+        let mut ops = Vec::new();
+        let mut write = || -> PyResult<()> {
+            for ((k, v), o) in new.iter().zip(old) {
+                if v.is(o) {
+                    continue;
+                }
+                let value = raw_get(dict, k)?;
+                dict.set_item(k, v)?;
+                ops.push((k.clone(), value));
+            }
+            if reordered {
+                let order: Vec<Bound<'py, PyAny>> = new.iter().map(|(k, _)| k.clone()).collect();
+                put_in_order(dict, &order)?;
+            }
+            Ok(())
+        };
+        let written = write();
+        return Undo::MappingEntries(dict.clone(), ops, before).kept_or_applied(written);
+    }
     let lookup = PyDict::new(py);
     for (k, v) in &new {
         lookup.set_item(k, v)?;
@@ -101,6 +124,19 @@ pub(super) fn write_mapping_entries<'py>(
     };
     let written = write();
     Undo::MappingEntries(dict.clone(), ops, before).kept_or_applied(written)
+}
+
+/// Whether `new` has the keys `old_keys`, the very objects in the same order, and `key_order`
+/// (when given) lists them in that order too: then `write_mapping_entries` needs no lookup.
+fn same_keys(
+    new: &[(Bound<'_, PyAny>, Bound<'_, PyAny>)],
+    key_order: Option<&Bound<'_, PyTuple>>,
+    old_keys: &Bound<'_, PyTuple>,
+) -> bool {
+    let same = |keys: &Bound<'_, PyTuple>| {
+        keys.len() == new.len() && keys.iter_borrowed().zip(new).all(|(key, (k, _))| key.is(k))
+    };
+    same(old_keys) && key_order.is_none_or(same)
 }
 
 /// Make a dict (or dict subclass, through its own methods) hold exactly `items`, in order.
