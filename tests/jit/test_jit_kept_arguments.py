@@ -170,6 +170,9 @@ def test_the_cache_keeps_no_argument_alive():
         step(model, x)
     if WATCHED:
         assert step._kept() is not None
+    # On a TPU the native call holds the last calls' leaves a while, by design
+    # (tests/jit/test_lean_path.py): let go of them, as clear_cache does.
+    step._release_held()
     gc.collect()
     assert all(r() is None for r in replaced[:-1])  # replaced by the write-back: freed
     model_ref = weakref.ref(model)
