@@ -25,8 +25,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import jax
 from jit_cases import CASES, CONTENDERS, build_case, jitted
@@ -42,20 +44,27 @@ def _control(*flags: str) -> None:
     subprocess.run(["callgrind_control", *flags, str(os.getpid())], check=True, capture_output=True)
 
 
+def count_windows(call: Callable[[], Any], calls: int) -> None:
+    """Under callgrind: ``call()`` (a blocked call) 20 times uncounted (compiled, and at the
+    steady state of the native call's caches), then counted ``calls`` and ``3 * calls``
+    times, each count dumped (``total`` reads them)."""
+    for _ in range(20):
+        call()
+    for n in (calls, 3 * calls):
+        _control("--zero")
+        _control("--instr=on")
+        for _ in range(n):
+            call()
+        _control("--instr=off")
+        _control("--dump")
+
+
 def child(case: str, calls: int) -> None:
     """Under callgrind: each contender's two counted windows, dumped in order."""
     args = build_case(case)[1]
     for contender in CONTENDERS:
         fun = jitted(contender, case)
-        for _ in range(20):  # compile, and reach the steady state (the lean path's caches)
-            jax.block_until_ready(fun(*args))
-        for n in (calls, 3 * calls):
-            _control("--zero")
-            _control("--instr=on")
-            for _ in range(n):
-                jax.block_until_ready(fun(*args))
-            _control("--instr=off")
-            _control("--dump")
+        count_windows(lambda fun=fun: jax.block_until_ready(fun(*args)), calls)
 
 
 # flax's own overhead benchmark (the harness's ``nnx_empty_<depth>``: an nnx model of ``depth``
@@ -93,18 +102,10 @@ def nnx_child(depth: int, calls: int) -> None:
     """Under callgrind: each nnx contender's two counted windows, dumped in order."""
     for contender in NNX_CONTENDERS:
         fun = nnx_call(contender, depth)
-        for _ in range(20):
-            jax.block_until_ready(fun())
-        for n in (calls, 3 * calls):
-            _control("--zero")
-            _control("--instr=on")
-            for _ in range(n):
-                jax.block_until_ready(fun())
-            _control("--instr=off")
-            _control("--dump")
+        count_windows(lambda fun=fun: jax.block_until_ready(fun()), calls)
 
 
-def _total(path: Path) -> int:
+def total(path: Path) -> int:
     """The count of a dump (its ``totals:`` line; ``summary:`` reads 0 in a dump on request)."""
     for line in path.read_text().splitlines():
         if line.startswith("totals:"):
@@ -112,32 +113,41 @@ def _total(path: Path) -> int:
     raise SystemExit(f"{path}: no totals line (callgrind's dump format changed?)")
 
 
+def counted_dumps(script: str, child_args: list[str], tmp: Path, what: str) -> list[Path]:
+    """Run ``script --child *child_args`` under callgrind, counting nothing until the child
+    switches counting on (``count_windows``), and its dumps in ``tmp``, in order."""
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={tmp / 'callgrind.out'}",
+        sys.executable,
+        script,
+        "--child",
+        *child_args,
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
+    if run.returncode != 0:
+        raise SystemExit(f"{what}: valgrind failed:\n{run.stderr[-3000:]}")
+    return sorted(tmp.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+
+
+def per_call(counts: list[int], contenders: Sequence[str], calls: int, what: str) -> dict:
+    """Each contender's instructions per call: the difference of its two windows' counts
+    (``calls`` and ``3 * calls`` calls) over ``2 * calls``."""
+    if len(counts) != 2 * len(contenders):
+        raise SystemExit(f"{what}: expected {2 * len(contenders)} dumps, got {len(counts)}")
+    return {c: (counts[2 * i + 1] - counts[2 * i]) / (2 * calls) for i, c in enumerate(contenders)}
+
+
 def measure(case: str, calls: int) -> dict[str, float]:
     """Instructions per call of each contender on ``case`` (``nnx_empty_<depth>``: the nnx
     contenders on flax's overhead model)."""
     contenders = NNX_CONTENDERS if case.startswith("nnx_empty_") else CONTENDERS
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--child",
-            case,
-            "--calls",
-            str(calls),
-        ]
-        run = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
-        if run.returncode != 0:
-            raise SystemExit(f"{case}: valgrind failed:\n{run.stderr[-3000:]}")
-        parts = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
-        counts = [_total(p) for p in parts]
-    if len(counts) != 2 * len(contenders):
-        raise SystemExit(f"{case}: expected {2 * len(contenders)} dumps, got {len(counts)}")
-    return {c: (counts[2 * i + 1] - counts[2 * i]) / (2 * calls) for i, c in enumerate(contenders)}
+        parts = counted_dumps(__file__, [case, "--calls", str(calls)], Path(tmp), case)
+        counts = [total(p) for p in parts]
+    return per_call(counts, contenders, calls, case)
 
 
 def render(results: dict, info: dict[str, str], command: str, calls: int) -> str:

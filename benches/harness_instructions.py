@@ -22,16 +22,14 @@ the dumps stay in that folder, named ``<workload>.<contender>.<n>`` (n: 1 and 3)
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
+from call_instructions import count_windows, counted_dumps, per_call, total
 from treeclone.bench.contenders import probe
 from treeclone.bench.workloads import WORKLOADS as ALL_WORKLOADS
 
@@ -52,15 +50,10 @@ DONATED = (
     "treeclone.jit[strict,donate]",
     "treeclone.jit_partial[alias,donate]",
 )
-HERE = Path(__file__).resolve().parent
 
 
 def contenders_of(workload: str) -> tuple[str, ...]:
     return DONATED if workload.endswith("_donated") else TRAINING
-
-
-def _control(*flags: str) -> None:
-    subprocess.run(["callgrind_control", *flags, str(os.getpid())], check=True, capture_output=True)
 
 
 def child(workload: str, contenders: list[str], calls: int) -> None:
@@ -71,23 +64,7 @@ def child(workload: str, contenders: list[str], calls: int) -> None:
         wl = ALL_WORKLOADS[workload](device, av.preserving)
         for contender in contenders:
             runner = wl.runner(contender, av.wrappers[contender])
-            for _ in range(20):  # compile, and reach the steady state (the native call's caches)
-                jax.block_until_ready(runner.run(1)[0])
-            for n in (calls, 3 * calls):
-                _control("--zero")
-                _control("--instr=on")
-                for _ in range(n):
-                    jax.block_until_ready(runner.run(1)[0])
-                _control("--instr=off")
-                _control("--dump")
-
-
-def _total(path: Path) -> int:
-    """The count of a dump (its ``totals:`` line; ``summary:`` reads 0 in a dump on request)."""
-    for line in path.read_text().splitlines():
-        if line.startswith("totals:"):
-            return int(line.split()[1])
-    raise SystemExit(f"{path}: no totals line (callgrind's dump format changed?)")
+            count_windows(lambda r=runner: jax.block_until_ready(r.run(1)[0]), calls)
 
 
 def _file_name(contender: str) -> str:
@@ -96,35 +73,16 @@ def _file_name(contender: str) -> str:
 
 def measure(workload: str, contenders: list[str], calls: int, keep: Path | None) -> dict:
     """Instructions per step of each contender on ``workload``."""
+    args = [workload, "--calls", str(calls), "--contenders", *contenders]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--child",
-            workload,
-            "--calls",
-            str(calls),
-            "--contenders",
-            *contenders,
-        ]
-        run = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
-        if run.returncode != 0:
-            raise SystemExit(f"{workload}: valgrind failed:\n{run.stderr[-3000:]}")
-        parts = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
-        if len(parts) != 2 * len(contenders):
-            raise SystemExit(f"{workload}: expected {2 * len(contenders)} dumps, got {len(parts)}")
-        counts = [_total(p) for p in parts]
-        if keep is not None:
+        parts = counted_dumps(__file__, args, Path(tmp), workload)
+        counts = [total(p) for p in parts]
+        if keep is not None and len(parts) == 2 * len(contenders):
             keep.mkdir(parents=True, exist_ok=True)
             for i, p in enumerate(parts):
                 name = f"{workload}.{_file_name(contenders[i // 2])}.{1 + 2 * (i % 2)}"
                 shutil.copy(p, keep / name)
-    return {c: (counts[2 * i + 1] - counts[2 * i]) / (2 * calls) for i, c in enumerate(contenders)}
+    return per_call(counts, contenders, calls, workload)
 
 
 def main(argv: list[str] | None = None) -> int:
