@@ -26,12 +26,11 @@
 //!   without the cache, and starts it again when it replaces nothing (the former) or never
 //!   for those objects (the latter, which would flatten twice at every call).
 
-use super::bound_args::{bound_advance, bound_join};
+use super::bound_args::bound_advance;
 use super::core::JitCore;
-use super::statics::{keyword_items, sorted_dict};
-use super::{FlattenFailed, LeanCall};
+use super::LeanCall;
 use crate::registry::{classify, Kind};
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::PyException;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -265,7 +264,7 @@ fn leading_nodes<'py>(args: &Bound<'py, PyTuple>) -> PyResult<Vec<Bound<'py, PyA
 }
 
 /// `fun(*args, **kwargs)` under `lean`'s policy, with the leading arguments' flatten kept
-/// between calls where it can be (see the module comment); `FlattenFailed` as `LeanCall::call`.
+/// between calls where it can be (see the module comment); `FlattenFailed` as `LeanCall::call_with`.
 pub(crate) fn call<'py>(
     jit: &Bound<'py, JitCore>,
     kept: &KeptArguments,
@@ -300,9 +299,9 @@ pub(crate) fn call<'py>(
     Ok(out)
 }
 
-/// A call with record `number` of its leading arguments (`bound`): joined with the others'
-/// flatten (`bound_join`), the native call, and the write-back followed into the record
-/// (`bound_advance`), as a `jit_partial` call does.
+/// A call with record `number` of its leading arguments (`bound`): the native call joining
+/// their flatten with the others' (`LeanCall::call_joining`), then the write-back followed
+/// into the record (`bound_advance`), as a `jit_partial` call does, unless the record ends.
 fn call_kept<'py>(
     kept: &KeptArguments,
     number: u64,
@@ -312,30 +311,20 @@ fn call_kept<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = args.py();
-    let items = match kwargs {
-        Some(kwargs) => keyword_items(kwargs)?,
-        None => Vec::new(),
-    };
-    let kwargs = sorted_dict(py, items)?;
     let run = || -> Vec<Bound<'py, PyAny>> {
         let n = bound
             .getattr(intern!(py, "args"))
             .map_or(0, |a| a.len().unwrap_or(0));
         args.iter().take(n).collect()
     };
-    let (leaves, sdef, objects) = match bound_join(bound, args, &kwargs) {
-        Ok(joined) => joined,
-        Err(err) => {
-            kept.end(number, &run(), false);
-            if err.is_instance_of::<PyValueError>(py) {
-                // A cycle: `Jitted._refuse` names the argument.
-                return Err(FlattenFailed::new_err(()));
+    let (out, info, outputs, leaves) =
+        match (lean.get()).call_joining(py, args, kwargs, Some(bound), None) {
+            Ok(called) => called,
+            Err(err) => {
+                kept.end(number, &run(), false); // the next call flattens, and starts again
+                return Err(err);
             }
-            return Err(err);
-        }
-    };
-    let (out, info, outputs) =
-        (lean.get()).call_joined(py, args, &kwargs, leaves.clone(), sdef, objects)?;
+        };
     if bound.getattr(intern!(py, "stale"))?.is_truthy()? {
         // The call's other arguments share objects with the kept ones (`bound_join`):
         // kept, each call would flatten them twice.

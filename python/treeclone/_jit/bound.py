@@ -1,7 +1,7 @@
 """``jit_partial``'s bound arguments, flattened once (:class:`BoundArguments`): each call
 flattens only its own arguments and joins the two structures (``join``), flattening the bound
 ones again only when their snapshot (``rust/bound``) says they changed, and follows the call's
-write-back into them (``advance``). Both run natively (``rust/call/bound_args.rs``, in the
+write-back into them (``bound_advance``). Both run natively (``rust/call/bound_args.rs``, in the
 native call, ``LeanCall``, of every ``jit_partial`` call and stage, with no Python frame),
 reading and writing this object's attributes; ``flatten`` is Python, run when the bound
 arguments changed; ``treeclone.jit``'s native call keeps its leading arguments' flatten in one
@@ -110,12 +110,6 @@ class BoundArguments:
         flattening only the others (and the bound ones again if they were changed since):
         ``rust/call/bound_args.rs``, which reads and writes this object's attributes."""
         return _native.bound_join(self, args, kwargs)
-
-    def advance(self, next_inputs: Any, leaves: list, outputs: Any) -> None:
-        """Follow the call's write-back: ``next_inputs`` (the trace's record) says where the
-        bound leaves are now among ``leaves + outputs`` and which containers it wrote (False:
-        it replaced bound containers, and the next call flattens everything)."""
-        _native.bound_advance(self, next_inputs, leaves, outputs)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -118,6 +118,15 @@ struct Flat<'py> {
     objects: Bound<'py, PyList>,
 }
 
+/// What `call_joining` returns: the result, the trace's `JitRecord`, the computation's
+/// outputs and the call's leaves.
+pub(crate) type Joined<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyList>,
+);
+
 /// A traced or compiled stage called in place of the inner jit (`call_with`): the jax
 /// stage, the key it was made for, and whether that key holds the arguments' placements.
 pub(crate) struct StageTarget<'py> {
@@ -227,7 +236,7 @@ impl LeanCall {
 }
 
 impl LeanCall {
-    /// Whether calls take static arguments out (`call_joined` takes none).
+    /// Whether calls take static arguments out.
     pub(crate) fn splits_statics(&self) -> bool {
         self.statics.is_some()
     }
@@ -236,29 +245,6 @@ impl LeanCall {
     /// said by `CallShape.refuse`).
     pub(crate) fn takes_no_keywords(&self) -> bool {
         self.no_keywords
-    }
-
-    /// The call of arguments flattened already (`rust/call/kept.rs` joins a kept flatten
-    /// with the others'): `(leaves, sdef, objects)` is `flatten_shared((*args, kwargs))`,
-    /// `kwargs` sorted and no static argument among them. Returns `(result, the trace's
-    /// JitRecord, the computation's outputs)`.
-    pub(crate) fn call_joined<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: &Bound<'py, PyDict>,
-        leaves: Bound<'py, PyList>,
-        sdef: Bound<'py, PyAny>,
-        objects: Bound<'py, PyList>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let flat = Flat {
-            record: (args.clone(), kwargs.clone(), py.None().into_bound(py)),
-            sdef,
-            statics: None,
-            leaves,
-            objects,
-        };
-        self.key_and_call(py, flat)
     }
 
     /// `fun(*args, **kwargs)` under the policy, returning the result and the trace's
@@ -276,6 +262,25 @@ impl LeanCall {
         bound: Option<&Bound<'py, PyAny>>,
         stage: Option<&StageTarget<'py>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (out, info, outputs, leaves) = self.call_joining(py, args, kwargs, bound, stage)?;
+        if let Some(bound) = bound {
+            let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
+            bound_advance(bound, &next_inputs, &leaves, &outputs)?;
+        }
+        Ok((out, info))
+    }
+
+    /// `call_with` up to following the write-back into `bound`, which is the caller's to do
+    /// (`kept.rs` decides first whether to keep its record): `(result, JitRecord, the
+    /// computation's outputs, the call's leaves)`.
+    pub(crate) fn call_joining<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+        bound: Option<&Bound<'py, PyAny>>,
+        stage: Option<&StageTarget<'py>>,
+    ) -> PyResult<Joined<'py>> {
         let flat = self.flatten_call(py, args, kwargs, bound)?;
         let leaves = flat.leaves.clone();
         let (out, info, outputs) = match stage {
@@ -290,11 +295,7 @@ impl LeanCall {
                 self.call_inner_jit(py, &flat, key, Some(&stage.stage))?
             }
         };
-        if let Some(bound) = bound {
-            let next_inputs = info.getattr(intern!(py, "next_inputs"))?;
-            bound_advance(bound, &next_inputs, &leaves, &outputs)?;
-        }
-        Ok((out, info))
+        Ok((out, info, outputs, leaves))
     }
 
     /// The call's arguments, the static ones taken out, flattened with identity; with
