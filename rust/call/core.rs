@@ -234,10 +234,10 @@ pub(crate) fn worded(
     } else {
         intern!(py, "_explain_type_error")
     };
-    match slf.call_method1(method, (value, args, kwargs)) {
-        Ok(explained) if !refused => PyErr::from_value(explained),
-        Ok(_) => err,
-        Err(raised) => raised,
+    match (refused, slf.call_method1(method, (value, args, kwargs))) {
+        (true, Err(raised)) => raised, // `_refuse` raises the error it words
+        (false, Ok(explained)) => PyErr::from_value(explained),
+        _ => err, // (`_explain_type_error` failing: the error as it is)
     }
 }
 
