@@ -12,9 +12,6 @@ import collections
 import dataclasses
 import gc
 import importlib
-import os
-import subprocess
-import sys
 import threading
 import weakref
 
@@ -26,7 +23,7 @@ import pytest
 import treeclone as tc
 from bound_changes import MODE, Built, apply, changes, flip_mode, specs
 from bound_changes import summary as summary_fn
-from helpers import child_env
+from helpers import check_without_internals
 from hypothesis import HealthCheck, example, given, settings
 from node_kinds import MyDict
 
@@ -85,18 +82,7 @@ def test_the_property_holds_with_the_internals_switched_off():
     snapshot could not be checked), with the same results."""
     if not WATCHED:
         pytest.skip("this process already runs with the internals off")
-    here = os.path.abspath(__file__)
-    test = f"{here}::test_jit_equals_plain_python_whatever_changes_between_calls"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider", "-x"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=child_env(TREECLONE_NO_CPYTHON_INTERNALS="1"),
-        cwd=os.path.dirname(os.path.dirname(here)),
-    )
-    detail = f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, detail
+    check_without_internals(__file__, "test_jit_equals_plain_python_whatever_changes_between_calls")
 
 
 def _nnx_model():

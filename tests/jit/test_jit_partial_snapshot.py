@@ -9,8 +9,6 @@ cost."""
 from __future__ import annotations
 
 import collections
-import os
-import subprocess
 import sys
 
 import jax
@@ -31,7 +29,7 @@ from bound_changes import (
     specs,
 )
 from bound_changes import summary as summary_fn
-from helpers import child_env
+from helpers import check_without_internals
 from hypothesis import HealthCheck, example, given, settings
 
 WATCHED = tc._native.cpython_internals()[0] == "on"
@@ -77,19 +75,9 @@ def test_the_property_holds_with_the_internals_switched_off():
     read once at import): every call flattens the bound arguments, with the same results."""
     if not WATCHED:
         pytest.skip("this process already runs with the internals off")
-    env = child_env(TREECLONE_NO_CPYTHON_INTERNALS="1")
-    here = os.path.abspath(__file__)
-    test = f"{here}::test_jit_partial_equals_plain_python_whatever_changes_between_calls"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider", "-x"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-        cwd=os.path.dirname(os.path.dirname(here)),
+    check_without_internals(
+        __file__, "test_jit_partial_equals_plain_python_whatever_changes_between_calls"
     )
-    detail = f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, detail
 
 
 def _both(fun, make, change, *args):

@@ -250,6 +250,23 @@ def child_env(*, drop: Sequence[str] = (), **extra: str) -> dict[str, str]:
     return {**kept, "JAX_PLATFORMS": "cpu", **extra}
 
 
+def check_without_internals(test_file: str, test_name: str) -> None:
+    """Run one test of ``test_file`` again in a child pytest that reads none of CPython's
+    internals (``TREECLONE_NO_CPYTHON_INTERNALS``), and check it passes there too."""
+    here = os.path.abspath(test_file)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", f"{here}::{test_name}", "-q", "-p", "no:cacheprovider"]
+        + ["-x"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=child_env(TREECLONE_NO_CPYTHON_INTERNALS="1"),
+        cwd=os.path.dirname(os.path.dirname(here)),
+    )
+    detail = f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, detail
+
+
 def run_script(
     body: str,
     marker: str = "SCRIPT-OK",
